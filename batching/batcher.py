@@ -1,0 +1,286 @@
+"""The live driver of a batching policy: one queue and dispatch loop per model.
+
+The mechanism owns the queue, the futures and the replicas' busy counts; the policy owns every
+decision. The loop asks ``policy.plan(view, now)`` whenever the queue or a replica changes, or
+when the policy's ``Wait.until_s`` comes, and carries out the answer:
+
+* ``Dispatch`` pops the requests, concatenates their inputs along dim 0 and hands the whole batch
+  to the runner (one call per batch, never per request); each request then gets its own slice;
+* ``Shed`` fails the requests at once with 503 + Retry-After;
+* ``Wait`` parks the loop until the time comes or something changes.
+
+Outcomes are reported to ``on_event`` lazily (the metrics hook), never formatted on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Mapping, Protocol
+
+import numpy as np
+
+from batching.clock import Clock, MonotonicClock
+from batching.policy import BatchPolicy
+from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed, Wait
+from gateway.errors import InternalError, ServingError, TooManyRequests, Unavailable
+
+log = logging.getLogger("sloserve.batching")
+
+
+class BatchRunner(Protocol):
+    """Runs one batch on one replica of ``variant``; the Backend of the gateway implements it."""
+
+    def slots(self, model: str, variant: str) -> int: ...
+
+    def run(self, model: str, variant: str, inputs: dict[str, np.ndarray]) -> Awaitable["RunResult"]: ...
+
+
+@dataclass(slots=True)
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    compute_s: float
+    device_type: str = "cpu"
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one request gets back: its slice of the batch outputs and how it was served."""
+
+    outputs: dict[str, np.ndarray]
+    variant: str
+    batch_rows: int
+    queue_s: float
+    compute_s: float
+
+
+@dataclass(slots=True)
+class _Entry:
+    item: QueuedItem
+    inputs: dict[str, np.ndarray]
+    future: asyncio.Future
+    enqueued_s: float
+
+
+@dataclass(slots=True)
+class BatcherStats:
+    queued_rows: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)
+
+
+EventHook = Callable[[str, object], None]
+
+
+class Batcher:
+    """Queue + dispatch loop for one model.
+
+    >>> # b = Batcher("digits", policy, runner, variants=["large", "medium"], max_batch_size=64)
+    >>> # outcome = await b.submit(inputs, rows=1, deadline_s=now + 0.02, variants=("large",))
+    """
+
+    def __init__(
+        self,
+        model: str,
+        policy: BatchPolicy,
+        runner: BatchRunner,
+        variants: list[str],
+        max_batch_size: int,
+        max_queue_rows: int = 4096,
+        clock: Clock | None = None,
+        on_event: EventHook | None = None,
+    ):
+        self.model = model
+        self.policy = policy
+        self.runner = runner
+        self.variants = list(variants)
+        self.max_batch_size = max_batch_size
+        self.max_queue_rows = max_queue_rows
+        self.clock = clock or MonotonicClock()
+        self.on_event = on_event or (lambda kind, rec: None)
+        self._entries: dict[int, _Entry] = {}
+        self._items: list[QueuedItem] = []
+        self._rows = 0
+        self._busy: dict[str, int] = {v: 0 for v in variants}
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task | None = None
+        self._batches: set[asyncio.Task] = set()
+        self._closed = False
+
+    # ---- public surface -------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.model}")
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._batches:
+            await asyncio.gather(*self._batches, return_exceptions=True)
+        for e in self._entries.values():
+            if not e.future.done():
+                e.future.set_exception(Unavailable("the server is shutting down; retry", retry_after_s=1.0))
+        self._entries.clear()
+        self._items.clear()
+
+    @property
+    def queued_rows(self) -> int:
+        return self._rows
+
+    def in_flight(self) -> Mapping[str, int]:
+        return dict(self._busy)
+
+    async def submit(
+        self,
+        inputs: dict[str, np.ndarray],
+        rows: int,
+        deadline_s: float,
+        variants: tuple[str, ...],
+        priority: int = 0,
+        arrival_s: float | None = None,
+    ) -> Outcome:
+        """Queue one request and wait for its outcome (raises :class:`ServingError`)."""
+        if self._closed:
+            raise Unavailable("the server is shutting down; retry", retry_after_s=1.0)
+        if self._rows + rows > self.max_queue_rows:
+            raise TooManyRequests(
+                f"model '{self.model}' queue is full ({self._rows} rows queued, limit "
+                f"{self.max_queue_rows}); retry later",
+                retry_after_s=1.0,
+            )
+        now = self.clock.now()
+        arrival = now if arrival_s is None else arrival_s
+        item = QueuedItem(next(self._ids), arrival, deadline_s, rows, priority, variants)
+        fut = asyncio.get_running_loop().create_future()
+        self._entries[item.id] = _Entry(item, inputs, fut, now)
+        self._items.append(item)
+        self._rows += rows
+        self._wake.set()
+        return await fut
+
+    # ---- the loop -------------------------------------------------------------------------
+    def _view(self) -> QueueView:
+        idle = {v: self.runner.slots(self.model, v) - self._busy[v] for v in self.variants}
+        return QueueView(self.model, self._items, idle, self.max_batch_size)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            self._wake.clear()
+            if self._items:
+                now = self.clock.now()
+                try:
+                    decision = self.policy.plan(self._view(), now)
+                except Exception:  # a policy bug must not take the model down silently
+                    log.exception("batching policy %s failed; dispatching FIFO", self.policy.name)
+                    decision = Dispatch((self._items[0].id,), self._fallback_variant(), "policy_error")
+                if type(decision) is Dispatch:
+                    if decision.ids and self._busy.get(decision.variant, -1) >= 0:
+                        self._dispatch(decision, now)
+                        continue
+                    log.error("policy %s returned an unusable %r", self.policy.name, decision)
+                    decision = Wait(now + 0.001, "bad_decision")
+                elif type(decision) is Shed:
+                    self._shed(decision, now)
+                    continue
+                if decision.until_s is not None:
+                    delay = max(decision.until_s - now, 20e-6)
+                    self._timer = loop.call_later(delay, self._wake.set)
+            await self._wake.wait()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def _fallback_variant(self) -> str:
+        first = self._items[0]
+        return first.variants[0] if first.variants else self.variants[0]
+
+    def _pop(self, ids: tuple[int, ...]) -> list[_Entry]:
+        n = len(ids)
+        items = self._items
+        if items[:n] and all(items[i].id == ids[i] for i in range(n)):
+            del items[:n]
+        else:
+            drop = set(ids)
+            self._items = [it for it in items if it.id not in drop]
+        out = []
+        for i in ids:
+            e = self._entries.pop(i, None)
+            if e is not None:
+                self._rows -= e.item.size
+                out.append(e)
+        return out
+
+    def _shed(self, d: Shed, now: float) -> None:
+        entries = self._pop(d.ids)
+        lates = d.late_by_s or (0.0,) * len(entries)
+        for e, late in zip(entries, lates):
+            if not e.future.done():
+                budget_ms = (e.item.deadline_s - e.item.arrival_s) * 1e3
+                e.future.set_exception(Unavailable(
+                    f"shed: model '{self.model}' cannot meet this request's {budget_ms:.1f} ms deadline "
+                    f"(predicted late by {late * 1e3:.1f} ms at the current load); retry later or "
+                    f"raise slo_ms / lower min_accuracy",
+                    retry_after_s=max(0.05, late),
+                ))
+        self.on_event("shed", (d, len(entries)))
+
+    def _dispatch(self, d: Dispatch, now: float) -> None:
+        entries = [e for e in self._pop(d.ids) if not e.future.done()]
+        if not entries:
+            return
+        self._busy[d.variant] += 1
+        task = asyncio.get_running_loop().create_task(self._run(entries, d, now))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    async def _run(self, entries: list[_Entry], d: Dispatch, started: float) -> None:
+        variant = d.variant
+        try:
+            if len(entries) == 1:
+                inputs = entries[0].inputs
+            else:
+                names = entries[0].inputs.keys()
+                inputs = {n: np.concatenate([e.inputs[n] for e in entries]) for n in names}
+            rows = sum(e.item.size for e in entries)
+            try:
+                res = await self.runner.run(self.model, variant, inputs)
+                ok = True
+            except ServingError as e:
+                err: Exception = e
+                ok = False
+            except Exception as e:  # noqa: BLE001 - replica failure, answered explicitly
+                log.warning("batch of %d on %s/%s failed: %r", rows, self.model, variant, e)
+                err = InternalError(f"replica for '{self.model}/{variant}' failed on this batch: {e}")
+                ok = False
+            finished = self.clock.now()
+            if not ok:
+                for e in entries:
+                    if not e.future.done():
+                        e.future.set_exception(err)
+                self.policy.observe(BatchResult(self.model, variant, rows, finished - started, finished, ok=False))
+                self.on_event("batch_failed", (variant, rows))
+                return
+            self.policy.observe(BatchResult(self.model, variant, rows, res.compute_s, finished,
+                                            device_type=res.device_type))
+            self.on_event("batch", (variant, rows, res.compute_s, d.reason))
+            off = 0
+            for e in entries:
+                n = e.item.size
+                if not e.future.done():
+                    sl = {k: v[off:off + n] for k, v in res.outputs.items()}
+                    e.future.set_result(Outcome(sl, variant, rows, started - e.item.arrival_s, res.compute_s))
+                off += n
+        except Exception as e:  # noqa: BLE001 - e.g. inputs that would not concatenate
+            log.exception("batch on %s/%s failed before reaching a replica", self.model, variant)
+            for ent in entries:
+                if not ent.future.done():
+                    ent.future.set_exception(InternalError(f"batch assembly failed: {e}"))
+        finally:
+            self._busy[variant] -= 1
+            self._wake.set()

@@ -1,0 +1,60 @@
+"""``timeout``: Ray Serve ``@serve.batch``-style batching (max batch size + max wait).
+
+Dispatch as soon as ``max_batch_size`` rows are queued for an idle variant, or when the oldest
+request has waited ``max_wait_ms``. Deadlines are ignored: this is the baseline the SLO policy
+is compared with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batching.policy import register_policy
+from batching.types import BatchResult, Decision, Dispatch, QueuedItem, QueueView, Wait
+
+
+def take_rows(items, variant: str, max_rows: int) -> tuple[tuple[int, ...], int]:
+    """Ids of the oldest items that allow ``variant``, up to ``max_rows`` rows in all."""
+    ids: list[int] = []
+    rows = 0
+    for item in items:
+        if item.variants and variant not in item.variants:
+            continue
+        if rows + item.size > max_rows:
+            break
+        ids.append(item.id)
+        rows += item.size
+    return tuple(ids), rows
+
+
+def first_variant(item: QueuedItem, default: str) -> str:
+    return item.variants[0] if item.variants else default
+
+
+@register_policy("timeout")
+@dataclass(slots=True)
+class TimeoutPolicy:
+    max_batch_size: int = 32
+    max_wait_ms: float = 2.0
+    default_variant: str = ""
+    name: str = "timeout"
+
+    def plan(self, view: QueueView, now: float) -> Decision:
+        items = view.items
+        if not items:
+            return Wait(None, "empty")
+        oldest = items[0]
+        variant = first_variant(oldest, self.default_variant)
+        if view.idle.get(variant, 0) <= 0:
+            return Wait(None, "no_replica")
+        limit = min(self.max_batch_size, view.max_batch_size)
+        ids, rows = take_rows(items, variant, limit)
+        if rows >= limit:
+            return Dispatch(ids, variant, "full")
+        due = oldest.arrival_s + self.max_wait_ms / 1000.0
+        if now >= due:
+            return Dispatch(ids, variant, "timeout")
+        return Wait(due, "filling")
+
+    def observe(self, result: BatchResult) -> None:
+        return None

@@ -1,0 +1,86 @@
+"""``sloserve``: serve | models build | profile | bench | sim | loadtest."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError, load_settings
+
+    try:
+        settings = load_settings(
+            args.config, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, repo=args.repo,
+            backend=args.backend, ray_address=args.ray_address, instances=args.instances,
+            intra_op_threads=args.intra_op_threads, device=args.device, log_level=args.log_level,
+        )
+    except ConfigError as e:
+        print(f"sloserve: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    from gateway.server import serve
+
+    try:
+        asyncio.run(serve(settings))
+    except FileNotFoundError as e:
+        print(f"sloserve: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _models_build(args: argparse.Namespace) -> int:
+    from models.build import build_demo
+
+    print(f"building demo models into {args.repo} ...", flush=True)
+    build_demo(args.repo, seed=args.seed)
+    print("done", flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sloserve", description="SLO-aware inference serving gateway (KServe V2)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="serve the model repository over KServe V2 REST and gRPC")
+    s.add_argument("--config", help="settings file (.yaml, .toml or .json)")
+    s.add_argument("--repo", help="model repository (default: model_repository)")
+    s.add_argument("--host", help="bind address (default 127.0.0.1)")
+    s.add_argument("--http-port", type=int, help="REST port (default 8000)")
+    s.add_argument("--grpc-port", type=int, help="gRPC port (default 8001)")
+    s.add_argument("--backend", choices=["ray", "inprocess"], help="replicas on Ray Serve (default) or in-process")
+    s.add_argument("--ray-address", help="join an existing Ray cluster: auto | ray://host:port")
+    s.add_argument("--instances", type=int, help="replicas per (model, variant)")
+    s.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per replica")
+    s.add_argument("--device", choices=["auto", "cpu", "cuda"], help="execution provider")
+    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=_serve)
+
+    m = sub.add_parser("models", help="model repository tools")
+    msub = m.add_subparsers(dest="mcmd", required=True)
+    b = msub.add_parser("build", help="build the demo models (digits, heavy) locally, no downloads")
+    b.add_argument("--repo", default="model_repository")
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(func=_models_build)
+
+    from gateway import cli_extra
+
+    cli_extra.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

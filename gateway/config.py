@@ -1,0 +1,105 @@
+"""Settings: pydantic v2, validated at start-up, resolved once.
+
+Precedence: command-line flags > environment (``SLOSERVE_*``, nested with ``__``) > config file
+(``--config sloserve.yaml|.toml|.json``) > defaults. A bad value stops start-up with a message that
+names the key and the value.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+
+
+class ModelOverride(BaseModel):
+    """Per-model overrides of the repository's config.json."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slo_ms: float | None = Field(default=None, gt=0, description="Default latency budget (ms).")
+    batching: dict[str, Any] | None = Field(
+        default=None, description="Batching policy and its arguments, e.g. {policy: timeout, max_wait_ms: 2}."
+    )
+    max_queue_rows: int | None = Field(default=None, ge=1, description="Bound on queued rows for this model.")
+    instances: int | None = Field(default=None, ge=1, le=64, description="Replicas per variant.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SLOSERVE_", env_nested_delimiter="__", extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="Address both servers bind.")
+    http_port: int = Field(default=8000, ge=0, le=65535, description="KServe V2 REST port (0 = any free).")
+    grpc_port: int = Field(default=8001, ge=0, le=65535, description="KServe V2 gRPC port (0 = any free).")
+    repo: Path = Field(default=Path("model_repository"), description="Model repository directory.")
+    backend: Literal["ray", "inprocess"] = Field(
+        default="ray", description="Where replicas run: Ray Serve (default) or in the gateway process."
+    )
+    ray_address: str | None = Field(
+        default=None, description="Join this Ray cluster (auto | ray://host:port); default: start a local Ray."
+    )
+    instances: int = Field(default=1, ge=1, le=64, description="Replicas per (model, variant).")
+    intra_op_threads: int = Field(default=1, ge=1, le=256, description="ONNX Runtime intra-op threads.")
+    allow_spinning: bool = Field(default=False, description="Let ORT threads spin (fast on idle boxes).")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Execution provider choice.")
+    inline_below_us: float = Field(
+        default=100.0, ge=0, description="Run batches predicted faster than this on the event loop."
+    )
+    max_request_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+    )
+    max_queue_rows: int = Field(default=4096, ge=1, description="Bound on queued rows per model (429 above).")
+    default_policy: str = Field(default="timeout", description="Batching policy for models that name none.")
+    models: dict[str, ModelOverride] = Field(default_factory=dict, description="Per-model overrides.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not v:
+            raise ValueError("host must not be empty")
+        return v
+
+
+class ConfigError(ValueError):
+    """Bad configuration: the message names the key and the value."""
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        elif path.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
+        raise ConfigError(f"cannot parse config file {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return data
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Resolve settings from file, environment and explicit overrides (None values are ignored)."""
+    merged: dict[str, Any] = _read_file(Path(config_file)) if config_file else {}
+    merged.update(EnvSettingsSource(Settings)())
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {key}={err.get('input')!r:.80}: {err['msg']}")
+        raise ConfigError("invalid settings:\n" + "\n".join(lines)) from None

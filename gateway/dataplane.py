@@ -1,0 +1,238 @@
+"""One DataPlane behind both transports: metadata, readiness, validation and inference.
+
+REST and gRPC decode the wire into an :class:`~gateway.types.InferRequest`, call
+:meth:`DataPlane.infer`, and encode the :class:`~gateway.types.InferResponse` it returns. Which
+transport a request came from is never part of the request.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from batching.batcher import Batcher
+from batching.clock import Clock, MonotonicClock
+from batching.policy import make_policy
+from gateway.backends import Backend
+from gateway.config import Settings
+from gateway.errors import InvalidArgument, NotFound, ServingError, Unavailable
+from gateway.metrics import Metrics
+from gateway.types import InferRequest, InferResponse, RequestedOutput
+from models.repository import LoadedModel, ModelConfig, ModelRepository
+
+SERVER_NAME = "sloserve"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ["binary_tensor_data", "slo_parameters", "accuracy_variants"]
+
+
+class ModelState:
+    """A model's resolved config (repository + overrides), its batcher and its variant order."""
+
+    def __init__(self, loaded: LoadedModel, settings: Settings, backend: Backend, metrics: Metrics,
+                 clock: Clock):
+        over = settings.models.get(loaded.config.name)
+        cfg = loaded.config
+        if over is not None and over.slo_ms is not None:
+            cfg = cfg.model_copy(update={"slo_ms": over.slo_ms})
+        self.config: ModelConfig = cfg
+        self.inputs = {t.name: t for t in cfg.inputs}
+        self.outputs = {t.name: t for t in cfg.outputs}
+        self.by_accuracy = [v.name for v in cfg.variants_by_accuracy]
+        best = cfg.best_variant
+        self.default_variants = tuple([best] + [v for v in self.by_accuracy if v != best])
+        self.accuracy = {v.name: v.accuracy for v in cfg.variants}
+        batching = dict(cfg.batching)
+        if over is not None and over.batching is not None:
+            batching = dict(over.batching)
+        policy_name = batching.pop("policy", settings.default_policy)
+        batching.setdefault("max_batch_size", cfg.max_batch_size)
+        batching.setdefault("default_variant", best)
+        self.policy = make_policy(policy_name, **batching)
+        hook, depth = metrics.batcher_hook(cfg.name)
+        max_rows = (over.max_queue_rows if over and over.max_queue_rows else settings.max_queue_rows)
+        self.batcher = Batcher(cfg.name, self.policy, backend, self.by_accuracy, cfg.max_batch_size,
+                               max_queue_rows=max_rows, clock=clock, on_event=hook)
+        depth.set_function(lambda: self.batcher.queued_rows)
+
+    def metadata(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "name": c.name,
+            "versions": list(c.versions),
+            "platform": c.platform,
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in c.inputs],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in c.outputs],
+            "parameters": {
+                "max_batch_size": c.max_batch_size,
+                "slo_ms": c.slo_ms,
+                "variants": [{"name": v.name, "accuracy": v.accuracy, "cost_flops": v.cost_flops}
+                             for v in c.variants_by_accuracy],
+                "default_variant": c.best_variant,
+                "batching_policy": self.policy.name,
+            },
+        }
+
+
+class DataPlane:
+    def __init__(self, repo: ModelRepository, backend: Backend, settings: Settings,
+                 metrics: Metrics | None = None, clock: Clock | None = None):
+        self.repo = repo
+        self.backend = backend
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.clock = clock or MonotonicClock()
+        self.models: dict[str, ModelState] = {
+            name: ModelState(m, settings, backend, self.metrics, self.clock) for name, m in repo.models.items()
+        }
+        self._started = False
+
+    async def start(self) -> None:
+        await self.backend.start()
+        for m in self.models.values():
+            m.batcher.start()
+        self._started = True
+
+    async def stop(self) -> None:
+        self._started = False
+        for m in self.models.values():
+            await m.batcher.close()
+        await self.backend.stop()
+
+    # ---- health and metadata --------------------------------------------------------------
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self._started and self.backend.ready()
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+    def model(self, name: str, version: str | None = None) -> ModelState:
+        m = self.models.get(name)
+        if m is None:
+            raise NotFound(f"unknown model '{name:.128}'; this server serves {sorted(self.models)}")
+        if version not in (None, "") and version not in m.config.versions:
+            raise NotFound(f"model '{name}' has no version '{version:.32}'; versions: {list(m.config.versions)}")
+        return m
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        self.model(name, version)
+        return self.ready()
+
+    # ---- inference ------------------------------------------------------------------------
+    def validate(self, m: ModelState, req: InferRequest) -> tuple[dict[str, np.ndarray], int]:
+        """Check inputs against the model's metadata; return the arrays and the batch rows."""
+        cfg = m.config
+        unknown = [n for n in req.inputs if n not in m.inputs]
+        if unknown:
+            raise InvalidArgument(
+                f"model '{cfg.name}' has no input '{unknown[0]:.64}'; inputs: {list(m.inputs)}")
+        arrays: dict[str, np.ndarray] = {}
+        rows = None
+        for name, spec in m.inputs.items():
+            if name not in req.inputs:
+                raise InvalidArgument(
+                    f"missing input '{name}' ({spec.datatype}, shape [-1, {', '.join(map(str, spec.shape))}])")
+            datatype, arr = req.inputs[name]
+            if datatype != spec.datatype:
+                raise InvalidArgument(
+                    f"input '{name}' has datatype {datatype}; model '{cfg.name}' expects {spec.datatype}")
+            want = [-1, *spec.shape]
+            if arr.ndim != len(want) or any(w != -1 and w != d for w, d in zip(want, arr.shape)):
+                raise InvalidArgument(
+                    f"input '{name}' has shape {list(arr.shape)}; model '{cfg.name}' expects {want} "
+                    f"(first dimension = batch rows, 1..{cfg.max_batch_size})")
+            n = arr.shape[0]
+            if n < 1:
+                raise InvalidArgument(f"input '{name}' has an empty batch (shape {list(arr.shape)})")
+            if n > cfg.max_batch_size:
+                raise InvalidArgument(
+                    f"input '{name}' carries {n} rows, over model '{cfg.name}' max_batch_size "
+                    f"{cfg.max_batch_size}; split the request")
+            if rows is None:
+                rows = n
+            elif n != rows:
+                raise InvalidArgument(f"inputs disagree on the batch dimension ({rows} vs {n} rows)")
+            arrays[name] = arr
+        if req.outputs is not None:
+            for o in req.outputs:
+                if o.name not in m.outputs:
+                    raise InvalidArgument(
+                        f"model '{cfg.name}' has no output '{o.name:.64}'; outputs: {list(m.outputs)}")
+        return arrays, rows or 0
+
+    def allowed_variants(self, m: ModelState, req: InferRequest) -> tuple[str, ...]:
+        p = req.params
+        if p.variant is not None:
+            if p.variant not in m.accuracy:
+                raise InvalidArgument(
+                    f"unknown variant '{p.variant:.64}' for model '{m.config.name}'; variants: {m.by_accuracy}")
+            if p.min_accuracy is not None and m.accuracy[p.variant] < p.min_accuracy:
+                raise InvalidArgument(
+                    f"variant '{p.variant}' has accuracy {m.accuracy[p.variant]:.4f}, below the "
+                    f"min_accuracy {p.min_accuracy} asked for")
+            return (p.variant,)
+        if p.min_accuracy is not None:
+            ok = tuple(v for v in m.default_variants if m.accuracy[v] >= p.min_accuracy)
+            if not ok:
+                best = m.by_accuracy[0]
+                raise InvalidArgument(
+                    f"no variant of '{m.config.name}' reaches min_accuracy {p.min_accuracy}; the best is "
+                    f"'{best}' at {m.accuracy[best]:.4f}")
+            return ok
+        return m.default_variants
+
+    async def infer(self, req: InferRequest) -> InferResponse:
+        arrival = req.arrival_s or self.clock.now()
+        variant_label = "none"
+        m = None
+        try:
+            m = self.model(req.model, req.version)
+            if not self._started:
+                raise Unavailable("the server is starting; retry shortly", retry_after_s=1.0)
+            arrays, rows = self.validate(m, req)
+            variants = self.allowed_variants(m, req)
+            slo_ms = req.params.slo_ms if req.params.slo_ms is not None else m.config.slo_ms
+            deadline = arrival + slo_ms / 1000.0
+            out = await m.batcher.submit(arrays, rows, deadline, variants, req.params.priority, arrival)
+        except ServingError as e:
+            self.metrics.observe_request(req.model if m else "unknown", variant_label, _outcome(e), 0.0,
+                                         False if isinstance(e, Unavailable) else None)
+            raise
+        done = self.clock.now()
+        latency = done - arrival
+        self.metrics.observe_request(m.config.name, out.variant, "ok", latency, done <= deadline)
+        outputs = out.outputs
+        if req.outputs is not None:
+            outputs = {o.name: outputs[o.name] for o in req.outputs}
+        return InferResponse(
+            model=m.config.name,
+            version=req.version or m.config.versions[-1],
+            outputs=outputs,
+            id=req.id,
+            requested=req.outputs,
+            binary_output=req.binary_output,
+            parameters={
+                "variant": out.variant,
+                "accuracy": m.accuracy[out.variant],
+                "batch_size": out.batch_rows,
+                "queue_ms": round(out.queue_s * 1e3, 3),
+                "compute_ms": round(out.compute_s * 1e3, 3),
+            },
+        )
+
+
+def _outcome(e: ServingError) -> str:
+    return {400: "invalid", 404: "not_found", 413: "too_large", 429: "rejected", 503: "shed",
+            504: "timeout"}.get(e.http_status, "error")
+
+
+def all_outputs(m: ModelState, binary: bool) -> list[RequestedOutput]:
+    return [RequestedOutput(n, binary) for n in m.outputs]
+
+
+def now_s() -> float:
+    return time.monotonic()

@@ -1,0 +1,67 @@
+"""Prometheus metrics of the gateway (catalogue in docs/operations.md).
+
+Label children are cached per (model, variant, outcome) so the hot path does one dict lookup.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
+                   0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = registry if registry is not None else CollectorRegistry()
+        self.registry = r
+        self.requests = Counter("sloserve_requests", "Inference requests by model, variant and outcome.",
+                                ["model", "variant", "outcome"], registry=r)
+        self.latency = Histogram("sloserve_request_duration_seconds",
+                                 "Time from arrival at the gateway to the response, by model and variant.",
+                                 ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.slo = Counter("sloserve_slo_requests", "Answered requests by whether they met their deadline.",
+                           ["model", "met"], registry=r)
+        self.queue_depth = Gauge("sloserve_queue_rows", "Rows waiting in the batching queue.", ["model"], registry=r)
+        self.batch_size = Histogram("sloserve_batch_rows", "Rows per dispatched batch.", ["model", "variant"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.batch_compute = Histogram("sloserve_batch_compute_seconds", "Replica compute time per batch.",
+                                       ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.shed = Counter("sloserve_shed", "Requests refused or shed, by reason.", ["model", "reason"], registry=r)
+        self._req: dict[tuple, object] = {}
+        self._lat: dict[tuple, object] = {}
+
+    def observe_request(self, model: str, variant: str, outcome: str, latency_s: float, met: bool | None) -> None:
+        key = (model, variant, outcome)
+        c = self._req.get(key)
+        if c is None:
+            c = self._req[key] = self.requests.labels(model, variant, outcome)
+        c.inc()
+        if outcome == "ok":
+            h = self._lat.get((model, variant))
+            if h is None:
+                h = self._lat[(model, variant)] = self.latency.labels(model, variant)
+            h.observe(latency_s)
+        if met is not None:
+            self.slo.labels(model, "true" if met else "false").inc()
+
+    def batcher_hook(self, model: str):
+        depth = self.queue_depth.labels(model)
+        sizes: dict[str, object] = {}
+        computes: dict[str, object] = {}
+
+        def hook(kind: str, rec: object) -> None:
+            if kind == "batch":
+                variant, rows, compute_s, _reason = rec  # type: ignore[misc]
+                h = sizes.get(variant)
+                if h is None:
+                    h = sizes[variant] = self.batch_size.labels(model, variant)
+                    computes[variant] = self.batch_compute.labels(model, variant)
+                h.observe(rows)
+                computes[variant].observe(compute_s)
+            elif kind == "shed":
+                decision, n = rec  # type: ignore[misc]
+                self.shed.labels(model, decision.reason).inc(n)
+
+        return hook, depth

@@ -1,0 +1,103 @@
+"""Run the gateway: REST (uvicorn) and gRPC (grpc.aio) on one event loop over one DataPlane.
+
+SIGINT and SIGTERM stop both servers, drain in-flight batches, and stop the backend (and with it
+any Ray the gateway started), so no process is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import uvicorn
+
+from gateway.backends import Backend, InProcessBackend
+from gateway.config import Settings
+from gateway.dataplane import DataPlane
+from gateway.grpc_service import create_server
+from gateway.metrics import Metrics
+from gateway.rest import create_app
+from models.repository import ModelRepository
+from models.runtime import RuntimeOptions
+
+log = logging.getLogger("sloserve")
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal capture: the Gateway owns SIGINT/SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def make_backend(settings: Settings, repo: ModelRepository) -> Backend:
+    opts = RuntimeOptions(intra_op_threads=settings.intra_op_threads, allow_spinning=settings.allow_spinning,
+                          device=settings.device)
+    if settings.backend == "inprocess":
+        return InProcessBackend(repo, opts, instances=settings.instances,
+                                inline_below_s=settings.inline_below_us / 1e6)
+    from gateway.ray_backend import RayServeBackend
+
+    return RayServeBackend(repo, opts, settings)
+
+
+class Gateway:
+    def __init__(self, settings: Settings, backend: Backend | None = None):
+        self.settings = settings
+        self.repo = ModelRepository(settings.repo).load()
+        self.backend = backend or make_backend(settings, self.repo)
+        self.dataplane = DataPlane(self.repo, self.backend, settings, Metrics())
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self._uvicorn: _Uvicorn | None = None
+        self._uv_task: asyncio.Task | None = None
+        self._grpc = None
+
+    async def start(self) -> None:
+        s = self.settings
+        self._grpc, self.grpc_port = create_server(self.dataplane, f"{s.host}:{s.grpc_port}")
+        await self._grpc.start()
+        cfg = uvicorn.Config(create_app(self.dataplane), host=s.host, port=s.http_port, log_level="warning",
+                             access_log=False, lifespan="off", loop="none", http="httptools",
+                             timeout_graceful_shutdown=5)
+        self._uvicorn = _Uvicorn(cfg)
+        self._uv_task = asyncio.get_running_loop().create_task(self._uvicorn.serve())
+        while not self._uvicorn.started:
+            if self._uv_task.done():
+                self._uv_task.result()
+                raise RuntimeError(f"HTTP server failed to start on {s.host}:{s.http_port}")
+            await asyncio.sleep(0.01)
+        self.http_port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
+        # Models load while the servers already answer liveness (readiness says not ready).
+        await self.dataplane.start()
+        log.info("sloserve ready: HTTP %s:%d  gRPC %s:%d  backend=%s models=%s", s.host, self.http_port,
+                 s.host, self.grpc_port, self.backend.name, sorted(self.repo.models))
+
+    async def stop(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._grpc is not None:
+            await self._grpc.stop(grace=2.0)
+        if self._uv_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._uv_task, timeout=8)
+        await self.dataplane.stop()
+
+
+async def serve(settings: Settings) -> None:
+    gw = Gateway(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await gw.start()
+        print(f"sloserve serving HTTP on {settings.host}:{gw.http_port}, gRPC on {settings.host}:{gw.grpc_port}"
+              f" ({gw.backend.name} backend)", flush=True)
+        await stop.wait()
+        print("sloserve: shutting down", flush=True)
+    finally:
+        await gw.stop()

@@ -1,0 +1,2 @@
+"""Model repository (``<repo>/<model>/config.json`` + ``<repo>/<model>/<variant>/model.onnx``),
+ONNX Runtime replicas, and the demo-model builder."""

@@ -1,0 +1,167 @@
+"""The on-disk model repository and its config schema.
+
+Layout::
+
+    <repo>/<model>/config.json               ModelConfig (below)
+    <repo>/<model>/<variant>/model.onnx       one ONNX file per accuracy variant
+    <repo>/<model>/<variant>/profiles/<device_type>.json   latency profiles (``sloserve profile``)
+
+Shapes in the config exclude the batch dimension: a request's tensors are ``[n, *shape]`` with
+``1 <= n <= max_batch_size``. Names are validated so a config can never point outside the repo.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gateway.types import V2_TO_NUMPY
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Reject names that could escape the repository (``..``, ``/``, absolute paths)."""
+    if not NAME_RE.match(name) or ".." in name:
+        raise ValueError(
+            f"invalid {kind} name {name!r}: use letters, digits, '_', '-', '.' (no '..', no '/')"
+        )
+    return name
+
+
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Tensor name as the ONNX graph and the V2 protocol know it.")
+    datatype: str = Field(description="V2 datatype: FP32, INT64, ...")
+    shape: tuple[int, ...] = Field(description="Shape without the batch dimension; -1 = any.")
+
+    @field_validator("datatype")
+    @classmethod
+    def _known_datatype(cls, v: str) -> str:
+        if v not in V2_TO_NUMPY:
+            raise ValueError(f"unknown V2 datatype {v!r}; known: {sorted(V2_TO_NUMPY)}")
+        return v
+
+
+class VariantConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Variant directory name, e.g. small / medium / large.")
+    accuracy: float = Field(ge=0.0, le=1.0, description="Measured held-out accuracy (0..1).")
+    cost_flops: float = Field(ge=0.0, description="Compute per row (multiply-adds x2).")
+    params: int = Field(default=0, ge=0, description="Number of weights.")
+
+    @field_validator("name")
+    @classmethod
+    def _safe(cls, v: str) -> str:
+        return check_name("variant", v)
+
+
+class ModelConfig(BaseModel):
+    """One model: its tensors, batching limits, default SLO and accuracy variants."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    versions: tuple[str, ...] = Field(default=("1",), description="Versions served (metadata).")
+    platform: str = "onnxruntime_onnx"
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    slo_ms: float = Field(default=50.0, gt=0, description="Default per-request latency budget.")
+    variants: tuple[VariantConfig, ...] = Field(min_length=1)
+    default_variant: str | None = Field(
+        default=None, description="Variant used when a request asks for none (default: most accurate)."
+    )
+    batching: dict = Field(
+        default_factory=lambda: {"policy": "timeout", "max_wait_ms": 2.0},
+        description="Batching policy name and its keyword arguments.",
+    )
+    description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _safe(cls, v: str) -> str:
+        return check_name("model", v)
+
+    @model_validator(mode="after")
+    def _cross(self) -> "ModelConfig":
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate variant names in {names}")
+        if self.default_variant is not None and self.default_variant not in names:
+            raise ValueError(f"default_variant {self.default_variant!r} is not one of {names}")
+        return self
+
+    @property
+    def variants_by_accuracy(self) -> tuple[VariantConfig, ...]:
+        return tuple(sorted(self.variants, key=lambda v: (-v.accuracy, v.cost_flops)))
+
+    @property
+    def best_variant(self) -> str:
+        return self.default_variant or self.variants_by_accuracy[0].name
+
+    def variant(self, name: str) -> VariantConfig:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+
+class LoadedModel(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    config: ModelConfig
+    root: Path
+
+    def onnx_path(self, variant: str) -> Path:
+        check_name("variant", variant)
+        return self.root / variant / "model.onnx"
+
+    def profile_dir(self, variant: str) -> Path:
+        return self.root / variant / "profiles"
+
+
+class ModelRepository:
+    """Reads every ``<repo>/<model>/config.json``; the repo root bounds every file it opens."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        self.models: dict[str, LoadedModel] = {}
+
+    def load(self) -> "ModelRepository":
+        if not self.root.is_dir():
+            raise FileNotFoundError(
+                f"model repository {self.root} does not exist; build the demo one with "
+                f"`sloserve models build --repo {self.root}`"
+            )
+        for cfg_path in sorted(self.root.glob("*/config.json")):
+            cfg = ModelConfig.model_validate(json.loads(cfg_path.read_text()))
+            if cfg.name != cfg_path.parent.name:
+                raise ValueError(f"{cfg_path}: name {cfg.name!r} differs from its directory")
+            model = LoadedModel(config=cfg, root=cfg_path.parent)
+            for v in cfg.variants:
+                path = model.onnx_path(v.name)
+                if not path.resolve().is_relative_to(self.root):
+                    raise ValueError(f"{path} is outside the repository {self.root}")
+                if not path.is_file():
+                    raise FileNotFoundError(f"{cfg_path}: variant {v.name!r} has no {path}")
+            self.models[cfg.name] = model
+        if not self.models:
+            raise FileNotFoundError(f"model repository {self.root} holds no <model>/config.json")
+        return self
+
+
+def write_config(root: Path, cfg: ModelConfig) -> Path:
+    path = root / cfg.name / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+    return path
+
+
+DeviceKind = Literal["cpu", "cuda"]
