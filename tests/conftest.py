@@ -1,0 +1,81 @@
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REPO = Path(os.environ.get("SLOSERVE_TEST_REPO", ROOT / "model_repository"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def model_repo() -> Path:
+    if not (REPO / ".built").exists():
+        subprocess.run([sys.executable, "-m", "gateway.cli", "models", "build", "--repo", str(REPO)],
+                       check=True, cwd=ROOT)
+    return REPO
+
+
+class ServerProcess:
+    """`sloserve serve` in a subprocess on free ports; stopped with SIGTERM."""
+
+    def __init__(self, repo: Path, backend: str, extra: list[str] | None = None, env: dict | None = None):
+        self.http_port, self.grpc_port = free_port(), free_port()
+        self.backend = backend
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--repo", str(repo), "--backend", backend,
+               "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), "--log-level", "warning"]
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="sloserve-test-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd + (extra or []), cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})}, start_new_session=True)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def wait_ready(self, timeout: float = 120.0) -> "ServerProcess":
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except Exception:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server not ready in {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-5000:]
+
+    def stop(self, sig=15, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+                raise
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+        return self.proc.returncode

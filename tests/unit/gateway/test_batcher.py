@@ -1,0 +1,129 @@
+"""The batching mechanism with a fake clock and a fake runner: no sleeps, no real time."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from batching.batcher import Batcher, RunResult
+from batching.clock import FakeClock
+from batching.policy import make_policy
+from batching.types import Dispatch, Shed, Wait
+from gateway.errors import InternalError, TooManyRequests, Unavailable
+
+
+class Runner:
+    """Doubles its input; records every batch; can be told to fail."""
+
+    def __init__(self, slots=1, fail=False):
+        self.batches = []
+        self._slots = slots
+        self.fail = fail
+        self.gate = None
+
+    def slots(self, model, variant):
+        return self._slots
+
+    async def run(self, model, variant, inputs):
+        self.batches.append((variant, inputs["x"].shape[0]))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise RuntimeError("replica crashed")
+        return RunResult({"y": inputs["x"] * 2}, 0.001)
+
+
+def x(v, rows=1):
+    return {"x": np.full((rows, 2), v, np.float32)}
+
+
+async def test_full_batches_dispatch_without_waiting_and_outputs_are_split():
+    clock = FakeClock()
+    runner = Runner()
+    runner.gate = asyncio.Event()
+    b = Batcher("m", make_policy("timeout", max_batch_size=4, max_wait_ms=1e6, default_variant="v"),
+                runner, ["v"], max_batch_size=4, clock=clock)
+    b.start()
+    # The first request dispatches alone only after max_wait (never, on a fake clock), so it waits
+    # for three more: a full batch of 4 goes at once.
+    tasks = [asyncio.create_task(b.submit(x(i), 1, 1.0, ("v",))) for i in range(4)]
+    await asyncio.sleep(0)
+    runner.gate.set()
+    outs = await asyncio.gather(*tasks)
+    assert runner.batches == [("v", 4)]
+    for i, o in enumerate(outs):
+        np.testing.assert_array_equal(o.outputs["y"], np.full((1, 2), 2 * i))
+        assert o.batch_rows == 4 and o.variant == "v"
+    await b.close()
+
+
+async def test_multi_row_requests_keep_their_rows():
+    runner = Runner()
+    b = Batcher("m", make_policy("timeout", max_batch_size=5, max_wait_ms=1e6, default_variant="v"),
+                runner, ["v"], max_batch_size=5, clock=FakeClock())
+    b.start()
+    outs = await asyncio.gather(b.submit(x(1, 2), 2, 1.0, ("v",)), b.submit(x(3, 3), 3, 1.0, ("v",)))
+    assert outs[0].outputs["y"].shape == (2, 2) and outs[1].outputs["y"].shape == (3, 2)
+    assert (outs[1].outputs["y"] == 6).all()
+    await b.close()
+
+
+async def test_queue_bound_is_a_429():
+    b = Batcher("m", make_policy("timeout", max_batch_size=64, max_wait_ms=1e6, default_variant="v"),
+                Runner(), ["v"], max_batch_size=64, max_queue_rows=2, clock=FakeClock())
+    b.start()
+    t = [asyncio.create_task(b.submit(x(0), 1, 1.0, ("v",))) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(TooManyRequests) as e:
+        await b.submit(x(0), 1, 1.0, ("v",))
+    assert e.value.retry_after_s and "queue is full" in e.value.message
+    await b.close()
+    for task in t:
+        with pytest.raises(Unavailable):
+            await task
+
+
+async def test_replica_failure_fails_every_request_explicitly():
+    b = Batcher("m", make_policy("timeout", max_batch_size=2, max_wait_ms=1e6, default_variant="v"),
+                Runner(fail=True), ["v"], max_batch_size=2, clock=FakeClock())
+    b.start()
+    res = await asyncio.gather(*(b.submit(x(0), 1, 1.0, ("v",)) for _ in range(2)), return_exceptions=True)
+    assert all(isinstance(r, InternalError) and "replica crashed" in r.message for r in res)
+    await b.close()
+
+
+class ShedOldest:
+    name = "shed-test"
+
+    def plan(self, view, now):
+        if not view.items:
+            return Wait(None)
+        first = view.items[0]
+        if first.priority < 0:
+            return Shed((first.id,), "deadline", (0.005,))
+        return Dispatch((first.id,), "v", "one")
+
+    def observe(self, result):
+        pass
+
+
+async def test_shed_answers_503_with_how_late():
+    b = Batcher("m", ShedOldest(), Runner(), ["v"], max_batch_size=4, clock=FakeClock())
+    b.start()
+    bad, good = await asyncio.gather(b.submit(x(0), 1, 0.02, ("v",), priority=-1),
+                                     b.submit(x(1), 1, 0.02, ("v",)), return_exceptions=True)
+    assert isinstance(bad, Unavailable) and "late by 5.0 ms" in bad.message and bad.retry_after_s
+    assert good.outputs["y"][0, 0] == 2
+    await b.close()
+
+
+async def test_policy_crash_falls_back_to_fifo():
+    class Broken(ShedOldest):
+        def plan(self, view, now):
+            raise ZeroDivisionError
+
+    b = Batcher("m", Broken(), Runner(), ["v"], max_batch_size=4, clock=FakeClock())
+    b.start()
+    out = await b.submit(x(2), 1, 1.0, ("v",))
+    assert out.outputs["y"][0, 0] == 4
+    await b.close()
