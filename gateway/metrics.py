@@ -29,6 +29,39 @@ class Metrics:
         self.batch_compute = Histogram("sloserve_batch_compute_seconds", "Replica compute time per batch.",
                                        ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
         self.shed = Counter("sloserve_shed", "Requests refused or shed, by reason.", ["model", "reason"], registry=r)
+        # Metrics of the later parts (autoscaler/, placement, training harvest, online profiles). They are
+        # defined here so every exporter uses one name and one label set; a series appears once the part
+        # that owns it sets it (see docs/operations.md, "who exports what").
+        self.replicas = Gauge("sloserve_replicas", "Replicas by model, variant, device type and state "
+                              "(starting, running, stopping).", ["model", "variant", "device_type", "state"],
+                              registry=r)
+        self.replicas_desired = Gauge("sloserve_replicas_desired", "Replicas the autoscaler wants.",
+                                      ["model", "variant", "device_type"], registry=r)
+        self.predicted_rate = Gauge("sloserve_autoscaler_predicted_requests_per_second",
+                                    "Arrival rate the autoscaler predicts over the replica start-up horizon.",
+                                    ["model"], registry=r)
+        self.scaling_decisions = Counter("sloserve_autoscaler_decisions", "Autoscaler decisions by direction "
+                                         "(up, down, hold) and reason.", ["model", "direction", "reason"],
+                                         registry=r)
+        self.replica_start = Histogram("sloserve_replica_start_seconds", "Time from placement to a ready replica.",
+                                       ["model", "device_type"],
+                                       buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300), registry=r)
+        self.gpus = Gauge("sloserve_gpus", "GPUs by device type and use (inference, training, idle).",
+                          ["device_type", "use"], registry=r)
+        self.training_jobs = Gauge("sloserve_training_jobs", "Training jobs by state (queued, running, "
+                                   "checkpointing, preempted, completed).", ["state"], registry=r)
+        self.training_steps = Counter("sloserve_training_steps", "Training steps completed.", ["job"], registry=r)
+        self.training_gpu_seconds = Counter("sloserve_training_gpu_seconds", "GPU time given to training jobs.",
+                                            ["device_type"], registry=r)
+        self.training_lost_seconds = Counter("sloserve_training_lost_work_seconds", "Training work lost to "
+                                             "preemption (time since the last checkpoint).", ["device_type"],
+                                             registry=r)
+        self.checkpoints = Counter("sloserve_training_checkpoints", "Checkpoints written, by trigger "
+                                   "(periodic, preemption).", ["trigger"], registry=r)
+        self.preemptions = Counter("sloserve_preemptions", "Training jobs preempted for inference, by device "
+                                   "type and reason.", ["device_type", "reason"], registry=r)
+        self.profile_drift = Gauge("sloserve_profile_drift_ratio", "Observed over profiled p99 batch latency "
+                                   "(1 = the profile holds).", ["model", "variant", "device_type"], registry=r)
         self._req: dict[tuple, object] = {}
         self._lat: dict[tuple, object] = {}
 
