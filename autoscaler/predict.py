@@ -1,0 +1,76 @@
+"""Rate predictors over a short history of (time_s, rate_rps) points; pure functions.
+
+Each takes ``history`` (oldest first) and ``horizon_s`` (how far past the last point to
+predict) and returns a rate. We tried four (numbers in docs/simulator.md, "Rate prediction"):
+
+* ``last``   -- the latest measured rate: no lag, but no look-ahead and noisy;
+* ``ewma``   -- exponentially weighted mean: smooth, lags every ramp;
+* ``holt``   -- double exponential smoothing (level + trend): follows ramps, overshoots spikes;
+* ``linreg`` -- least-squares line over the window, extrapolated to the horizon, never below
+  the latest rate: what ``swayam`` keeps, because on the Azure traces it under-predicts least
+  for the same over-provisioning, and a window (not a decay) bounds how long a spike counts.
+
+>>> round(predict_linreg(((0, 10.0), (10, 20.0), (20, 30.0)), horizon_s=10), 6)
+40.0
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+History = Sequence[tuple[float, float]]
+
+
+def predict_last(history: History, horizon_s: float) -> float:
+    return history[-1][1] if history else 0.0
+
+
+def predict_ewma(history: History, horizon_s: float, alpha: float = 0.3) -> float:
+    level = None
+    for _, r in history:
+        level = r if level is None else alpha * r + (1 - alpha) * level
+    return level or 0.0
+
+
+def predict_holt(history: History, horizon_s: float, alpha: float = 0.5, beta: float = 0.3) -> float:
+    if not history:
+        return 0.0
+    if len(history) == 1:
+        return history[0][1]
+    level, trend = history[0][1], 0.0
+    dt = max((history[-1][0] - history[0][0]) / (len(history) - 1), 1e-9)
+    for _, r in history[1:]:
+        prev = level
+        level = alpha * r + (1 - alpha) * (level + trend)
+        trend = beta * (level - prev) + (1 - beta) * trend
+    return max(level + trend * horizon_s / dt, 0.0)
+
+
+def predict_linreg(history: History, horizon_s: float) -> float:
+    n = len(history)
+    if n == 0:
+        return 0.0
+    last_t, last_r = history[-1]
+    if n < 3:
+        return last_r
+    st = sr = stt = str_ = 0.0
+    for t, r in history:
+        t -= last_t
+        st += t
+        sr += r
+        stt += t * t
+        str_ += t * r
+    den = n * stt - st * st
+    if den <= 0:
+        return last_r
+    slope = (n * str_ - st * sr) / den
+    intercept = (sr - slope * st) / n
+    return max(intercept + slope * horizon_s, last_r, 0.0)
+
+
+PREDICTORS: dict[str, Callable[[History, float], float]] = {
+    "last": predict_last,
+    "ewma": predict_ewma,
+    "holt": predict_holt,
+    "linreg": predict_linreg,
+}

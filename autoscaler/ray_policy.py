@@ -1,0 +1,103 @@
+"""Plug ``swayam`` into Ray Serve 2.60's custom autoscaling policy API (a thin adapter).
+
+Ray calls ``policy(ctx: AutoscalingContext) -> (num_replicas, policy_state)`` on its controller
+every control-loop tick; a *class* given as ``policy_function`` is instantiated once with
+``policy_kwargs`` (JSON values). Use it as::
+
+    from ray.serve.config import AutoscalingConfig, AutoscalingPolicy
+    AutoscalingConfig(
+        min_replicas=1, max_replicas=8,
+        upscale_delay_s=0, downscale_delay_s=0,   # swayam has its own horizon and keep-alive
+        policy=AutoscalingPolicy(policy_function="autoscaler.ray_policy:SwayamRayPolicy",
+                                 policy_kwargs={"slo_ms": 50, "max_batch_size": 32,
+                                                "batch_sizes": [1, 32], "p99_ms": [4, 30],
+                                                "swayam": {"startup_s": 10}}))
+
+**Where the rates come from.** Each gateway counts a model's arrivals and stamps
+``(gateway_id, rate_rps, share)`` on the batches it sends; each replica keeps the latest stamp per
+gateway and returns them from ``record_autoscaling_stats()`` as custom metrics named
+``sloserve_rate_rps/<gateway_id>`` and ``sloserve_share/<gateway_id>``. Ray aggregates them per
+replica into ``ctx.aggregated_metrics``; this adapter takes, per gateway, the largest value over
+replicas (every replica of the model sees the same stamp; a stale replica reports less), builds
+one :class:`~autoscaler.types.RateWindow` per gateway and calls the same pure
+:func:`autoscaler.swayam.decide` the simulator drives. Without custom metrics it falls back to
+Little's law on Ray's own ``total_num_requests`` (rate ~= ongoing / mean latency).
+
+The policy state lives in ``ctx.policy_state`` under ``"sloserve_swayam"`` as plain lists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoscaler.swayam import SwayamConfig, SwayamState, decide
+from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from batching.profile import Curve
+
+RATE_PREFIX = "sloserve_rate_rps/"
+SHARE_PREFIX = "sloserve_share/"
+STATE_KEY = "sloserve_swayam"
+
+
+def windows_from_metrics(metrics: dict | None, now: float, interval_s: float) -> tuple[RateWindow, ...]:
+    """Gateway reports out of Ray's ``aggregated_metrics`` ({metric: {replica_id: value}})."""
+    if not metrics:
+        return ()
+    out = []
+    for name, per_replica in sorted(metrics.items()):
+        if not name.startswith(RATE_PREFIX) or not per_replica:
+            continue
+        gw = name[len(RATE_PREFIX):]
+        rate = max(float(v) for v in per_replica.values())
+        shares = metrics.get(SHARE_PREFIX + gw) or {}
+        share = max((float(v) for v in shares.values()), default=0.0)
+        out.append(RateWindow(gw, now - interval_s, now, rate * interval_s, share))
+    return tuple(out)
+
+
+def state_to_json(s: SwayamState) -> dict[str, Any]:
+    return {"history": [list(p) for p in s.history], "needs": [list(p) for p in s.needs],
+            "gateways_seen": s.gateways_seen}
+
+
+def state_from_json(d: dict[str, Any] | None) -> SwayamState:
+    if not d:
+        return SwayamState()
+    return SwayamState(tuple((float(t), float(r)) for t, r in d["history"]),
+                       tuple((float(t), int(n)) for t, n in d["needs"]), int(d.get("gateways_seen", 1)))
+
+
+class SwayamRayPolicy:
+    """A Ray Serve custom autoscaling policy (class form) wrapping :func:`autoscaler.swayam.decide`.
+
+    ``policy_kwargs``: ``slo_ms``, ``slo_percentile`` (0.99), ``max_batch_size``, the latency
+    profile of one replica as ``batch_sizes`` + ``p99_ms`` (+ optional ``p50_ms``), and
+    ``swayam`` (a dict of :class:`~autoscaler.swayam.SwayamConfig` fields).
+    """
+
+    def __init__(self, slo_ms: float, batch_sizes: list[int], p99_ms: list[float], max_batch_size: int = 64,
+                 p50_ms: list[float] | None = None, slo_percentile: float = 0.99,
+                 swayam: dict[str, Any] | None = None):
+        curve = Curve(tuple(batch_sizes), tuple(x / 1e3 for x in (p50_ms or p99_ms)), tuple(x / 1e3 for x in p99_ms))
+        self.service = ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile)
+        self.config = SwayamConfig.model_validate(swayam or {})
+
+    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
+        now = float(ctx.current_time)
+        policy_state = dict(ctx.policy_state or {})
+        windows = windows_from_metrics(ctx.aggregated_metrics, now, self.config.interval_s)
+        if not windows:  # no gateway stamps: Little's law on Ray's ongoing-request count
+            mean_latency_s = self.service.curve.at(1, "p50") + self.service.slo_s / 2
+            rate = float(ctx.total_num_requests) / mean_latency_s
+            windows = (RateWindow("ray-ongoing", now - self.config.interval_s, now,
+                                  rate * self.config.interval_s, 1.0),)
+        snap = ScalingSnapshot(
+            model=ctx.deployment_name, target_replicas=int(ctx.target_num_replicas),
+            ready_replicas=int(ctx.current_num_replicas), service=self.service,
+            ongoing_requests=float(ctx.total_num_requests), windows=windows,
+            min_replicas=int(ctx.capacity_adjusted_min_replicas),
+            max_replicas=int(ctx.capacity_adjusted_max_replicas))
+        decision, state = decide(snap, self.config, state_from_json(policy_state.get(STATE_KEY)), now)
+        policy_state[STATE_KEY] = state_to_json(state)
+        policy_state["sloserve_reason"] = decision.reason
+        return decision.target_replicas, policy_state

@@ -1,0 +1,70 @@
+"""The Ray adapter, called with an AutoscalingContext built the way Ray 2.60's controller builds it."""
+
+from ray.serve._private.autoscaling_state import _resolve_policy_callable
+from ray.serve._private.common import DeploymentID, ReplicaID
+from ray.serve.autoscaling_policy import _apply_autoscaling_config
+from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
+
+from autoscaler.ray_policy import STATE_KEY, SwayamRayPolicy
+
+KWARGS = {"slo_ms": 100, "max_batch_size": 16, "batch_sizes": [1, 16], "p99_ms": [10, 40],
+          "swayam": {"startup_s": 5, "interval_s": 1, "keep_alive_s": 30}}
+
+
+def make_ctx(config, *, now, rate_by_gw, current=1, target=1, state=None, ongoing=0.0):
+    dep = DeploymentID(name="heavy", app_name="default")
+    replicas = [ReplicaID(unique_id=f"r{i}", deployment_id=dep) for i in range(current)]
+    metrics = {}
+    for gw, (rate, share) in rate_by_gw.items():
+        metrics[f"sloserve_rate_rps/{gw}"] = {r: rate for r in replicas}
+        metrics[f"sloserve_share/{gw}"] = {r: share for r in replicas}
+    # keyword for keyword as ray/serve/_private/autoscaling_state.py get_autoscaling_context
+    return AutoscalingContext(
+        deployment_id=dep, deployment_name=dep.name, app_name=dep.app_name,
+        current_num_replicas=len(replicas), target_num_replicas=target, running_replicas=replicas,
+        total_num_requests=lambda: ongoing, capacity_adjusted_min_replicas=config.min_replicas,
+        capacity_adjusted_max_replicas=config.max_replicas, policy_state=dict(state or {}),
+        current_time=now, config=config, total_queued_requests=lambda: 0.0,
+        aggregated_metrics=lambda: metrics, raw_metrics=lambda: {}, last_scale_up_time=None,
+        last_scale_down_time=None)
+
+
+def ray_config():
+    return AutoscalingConfig(
+        min_replicas=1, max_replicas=50, upscale_delay_s=0, downscale_delay_s=0,
+        policy=AutoscalingPolicy(policy_function=SwayamRayPolicy, policy_kwargs=KWARGS))
+
+
+def test_direct_call_scales_with_partial_views():
+    cfg = ray_config()
+    policy = SwayamRayPolicy(**KWARGS)
+    low, state = policy(make_ctx(cfg, now=100.0, rate_by_gw={"gw0": (20.0, 0.5), "gw1": (20.0, 0.5)}))
+    assert low == 1 and STATE_KEY in state
+    # one gateway of two reports 400 rps: the aggregate is 800 rps
+    high, state = policy(make_ctx(cfg, now=101.0, rate_by_gw={"gw0": (400.0, 0.5)}, state=state))
+    assert high > 3
+    assert abs(state[STATE_KEY]["history"][-1][1] - 800.0) < 1e-6
+
+
+def test_through_rays_own_wrapper_and_keep_alive():
+    cfg = ray_config()
+    policy = _apply_autoscaling_config(_resolve_policy_callable(cfg.policy))
+    n, state = policy(make_ctx(cfg, now=0.0, rate_by_gw={"gw0": (600.0, 1.0)}))
+    assert n >= 3
+    peak = n
+    # load drops: the replicas stay for the keep-alive (30 s), then go
+    for t in range(1, 30):
+        n, state = policy(make_ctx(cfg, now=float(t), rate_by_gw={"gw0": (10.0, 1.0)}, current=peak,
+                                   target=peak, state=state))
+        assert n == peak, t
+    for t in range(30, 100):
+        n, state = policy(make_ctx(cfg, now=float(t), rate_by_gw={"gw0": (10.0, 1.0)}, current=n,
+                                   target=n, state=state))
+    assert n == 1
+
+
+def test_fallback_without_gateway_metrics():
+    cfg = ray_config()
+    policy = SwayamRayPolicy(**KWARGS)
+    n, _ = policy(make_ctx(cfg, now=5.0, rate_by_gw={}, ongoing=200.0))
+    assert n > 1
