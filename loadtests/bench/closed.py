@@ -1,0 +1,282 @@
+"""Closed-loop benchmark: N requests in flight against each system, with ``wrk``.
+
+One invocation starts each system in turn as a subprocess on the same ONNX file, waits until it
+answers, warms it up, measures for a fixed duration, stops it, and goes on to the next; the
+systems are interleaved over rounds (A B A B ...) so slow drifts of a shared machine hit all of
+them alike, and medians over rounds are reported. Per system: throughput, p50/p90/p99 latency
+(wrk --latency), the server's CPU per request (its whole process tree, from /proc), the load
+generator's own CPU, the rest of the machine's CPU (other tenants), the average batch formed where
+the system exports it, memory; and ratios against Triton.
+
+    sloserve bench closed --model digits --variant small --concurrency 32 --duration 10 --rounds 3 \
+        --systems sloserve,triton --out results/closed-digits-small.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from loadtests.bench.procstat import CpuWindow, tree_memory_mb
+from loadtests.bench.systems import SYSTEMS, BatchingKnobs, Launch, default_tmp, make_launch, request_body
+
+LUA = r"""
+wrk.method = "POST"
+local f = assert(io.open("%(body)s", "rb"))
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"
+%(headers)s
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests":%%d,"duration_us":%%d,"bytes":%%d,"connect":%%d,"read":%%d,"write":%%d,' ..
+    '"status":%%d,"timeout":%%d,"mean_us":%%.1f,"max_us":%%d,"p50_us":%%d,"p90_us":%%d,"p99_us":%%d,"p999_us":%%d}\n',
+    summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status, e.timeout,
+    latency.mean, latency.max, latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(99.9)))
+end
+"""
+
+
+def write_lua(path: Path, body_path: Path, headers: dict[str, str]) -> None:
+    h = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())
+    path.write_text(LUA % {"body": str(body_path), "headers": h})
+
+
+def run_wrk(url: str, lua: Path, concurrency: int, duration_s: float, threads: int) -> dict[str, Any]:
+    """Run wrk; return its summary plus its own CPU seconds (from wait4's rusage)."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise FileNotFoundError("wrk is not installed: run loadtests/peers/setup.sh (apt-get install wrk)")
+    argv = [wrk, f"-t{threads}", f"-c{concurrency}", f"-d{max(1, int(round(duration_s)))}s", "--latency",
+            "--timeout", "10s", "-s", str(lua), url]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.stdout.read().decode(errors="replace")
+    _, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    m = re.search(r"^WRKJSON (\{.*\})$", out, re.M)
+    if proc.returncode != 0 or m is None:
+        raise RuntimeError(f"wrk failed (rc {proc.returncode}):\n{out[-2000:]}")
+    res = json.loads(m.group(1))
+    res["wrk_cpu_s"] = ru.ru_utime + ru.ru_stime
+    res["non_2xx"] = int(re.search(r"Non-2xx or 3xx responses: (\d+)", out).group(1)) \
+        if "Non-2xx" in out else 0
+    return res
+
+
+def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    launch.start(log_dir)
+    try:
+        ready_s = launch.wait_ready(body)
+        if args.warmup > 0:
+            run_wrk(launch.infer_url, lua, args.concurrency, args.warmup, args.threads)
+        time.sleep(0.3)
+        b0 = launch.batch_counters(args.model)
+        win = CpuWindow(launch.pid)
+        win.start()
+        w = run_wrk(launch.infer_url, lua, args.concurrency, args.duration, args.threads)
+        server_s, busy_s, total_s = win.stop()
+        b1 = launch.batch_counters(args.model)
+        mem = tree_memory_mb(launch.pid)
+    finally:
+        launch.stop()
+    secs = w["duration_us"] / 1e6
+    n = w["requests"]
+    ok = n - w["non_2xx"]
+    ncpu = total_s / secs if secs else os.cpu_count()
+    rec: dict[str, Any] = {
+        "requests": n,
+        "errors": {k: w[k] for k in ("connect", "read", "write", "timeout")} | {"non_2xx": w["non_2xx"]},
+        "seconds": round(secs, 3),
+        "rps": round(ok / secs, 1),
+        "p50_ms": w["p50_us"] / 1e3,
+        "p90_ms": w["p90_us"] / 1e3,
+        "p99_ms": w["p99_us"] / 1e3,
+        "p999_ms": w["p999_us"] / 1e3,
+        "mean_ms": round(w["mean_us"] / 1e3, 3),
+        "server_cpu_ms_per_req": round(server_s * 1e3 / max(ok, 1), 4),
+        "server_cores": round(server_s / secs, 3),
+        "wrk_cpu_ms_per_req": round(w["wrk_cpu_s"] * 1e3 / max(n, 1), 4),
+        "wrk_cores": round(w["wrk_cpu_s"] / secs, 3),
+        # busy CPU that is neither the server nor wrk: other tenants of the box (and this harness)
+        "other_cores": round(max(0.0, busy_s - server_s - w["wrk_cpu_s"]) / secs, 3),
+        "machine_cores": round(ncpu, 2),
+        "ready_s": round(ready_s, 2),
+        "memory_after": mem,
+    }
+    if b0 is not None and b1 is not None and b1[1] > b0[1]:
+        rec["avg_batch"] = round((b1[0] - b0[0]) / (b1[1] - b0[1]), 2)
+    return rec
+
+
+SUMMARY_KEYS = ("rps", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "server_cpu_ms_per_req", "server_cores",
+                "wrk_cpu_ms_per_req", "wrk_cores", "other_cores", "avg_batch")
+
+
+def summarise(rounds: dict[str, list[dict[str, Any]]], baseline: str = "triton") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for system, recs in rounds.items():
+        good = [r for r in recs if "error" not in r]
+        med = {}
+        for k in SUMMARY_KEYS:
+            vals = [r[k] for r in good if k in r]
+            if vals:
+                med[k] = round(statistics.median(vals), 4)
+        med["rounds_ok"] = len(good)
+        med["errors_total"] = sum(sum(r["errors"].values()) for r in good)
+        out[system] = med
+    if baseline in out and out[baseline].get("rps"):
+        base = out[baseline]
+        b_rounds = rounds[baseline]
+        for system, med in out.items():
+            if system == baseline or "rps" not in med:
+                continue
+            med[f"rps_ratio_vs_{baseline}"] = round(med["rps"] / base["rps"], 3)
+            med[f"p99_ratio_vs_{baseline}"] = round(med["p99_ms"] / base["p99_ms"], 3)
+            med[f"cpu_per_req_ratio_vs_{baseline}"] = round(
+                med["server_cpu_ms_per_req"] / base["server_cpu_ms_per_req"], 3)
+            paired = [a["rps"] / b["rps"] for a, b in zip(rounds[system], b_rounds)
+                      if "rps" in a and "rps" in b and b["rps"]]
+            if paired:
+                med[f"rps_ratio_vs_{baseline}_paired_median"] = round(statistics.median(paired), 3)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        mem_gb = round(int(open("/proc/meminfo").readline().split()[1]) / 1024 / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        wrk_v = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0].strip()
+    except OSError:
+        wrk_v = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": mem_gb, "kernel": platform.release(),
+            "python": platform.python_version(), "wrk": wrk_v}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    repo = Path(args.repo)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for s in systems:
+        if s not in SYSTEMS:
+            raise SystemExit(f"sloserve bench closed: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+    knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                          triton_instances=args.triton_instances, sloserve_config=args.sloserve_config,
+                          sloserve_policy=args.sloserve_policy)
+    tmp = default_tmp()
+    log_dir = Path(args.log_dir) if args.log_dir else tmp / "logs"
+    body = request_body(repo, args.model)
+    body_path = tmp / "body.json"
+    body_path.write_bytes(body)
+    rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    t_start = time.time()
+    for r in range(args.rounds):
+        order = systems if (r % 2 == 0 or not args.alternate) else systems[::-1]
+        for s in order:
+            launch = make_launch(s, repo, args.model, args.variant, knobs, tmp)
+            lua = tmp / f"{s}.lua"
+            write_lua(lua, body_path, launch.headers)
+            print(f"[round {r + 1}/{args.rounds}] {s}: starting", file=sys.stderr, flush=True)
+            try:
+                rec = measure_once(launch, body, lua, args, log_dir)
+            except Exception as e:  # noqa: BLE001 - a peer that fails is recorded, the run goes on
+                rec = {"error": f"{type(e).__name__}: {e}"[:4000]}
+                print(f"[round {r + 1}] {s}: FAILED {rec['error'][:400]}", file=sys.stderr, flush=True)
+            else:
+                print(f"[round {r + 1}/{args.rounds}] {s}: {rec['rps']:.0f} rps  p50 {rec['p50_ms']:.2f} ms  "
+                      f"p99 {rec['p99_ms']:.2f} ms  server {rec['server_cpu_ms_per_req']:.3f} ms CPU/req  "
+                      f"wrk {rec['wrk_cores']:.2f} cores  other {rec['other_cores']:.2f} cores"
+                      + (f"  batch {rec['avg_batch']}" if "avg_batch" in rec else ""), file=sys.stderr, flush=True)
+            rec["round"] = r + 1
+            rounds[s].append(rec)
+            time.sleep(args.pause)
+    summary = summarise(rounds)
+    result = {
+        "benchmark": "closed",
+        "command": "sloserve bench " + " ".join(sys.argv[sys.argv.index("closed"):]) if "closed" in sys.argv
+        else None,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
+        "wall_s": round(time.time() - t_start, 1),
+        "machine": machine(),
+        "setup": {"model": args.model, "variant": args.variant, "concurrency": args.concurrency,
+                  "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
+                  "wrk_threads": args.threads, "max_batch_size": args.max_batch_size,
+                  "max_wait_ms": args.max_wait_ms, "triton_instances": args.triton_instances,
+                  "sloserve_policy": args.sloserve_policy, "ort_threads": 1, "body_bytes": len(body)},
+        "summary": summary,
+        "rounds": rounds,
+    }
+    if "sloserve" in summary and "triton" in summary and "rps_ratio_vs_triton" in summary["sloserve"]:
+        s = summary["sloserve"]
+        result["goal_issue2"] = {
+            "target": "sloserve >= 0.8x Triton throughput at p99 <= 10 ms",
+            "rps_ratio": s["rps_ratio_vs_triton"], "p99_ms": s["p99_ms"],
+            "met": bool(s["rps_ratio_vs_triton"] >= 0.8 and s["p99_ms"] <= 10.0),
+        }
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="digits", help="model in the repository (default digits)")
+    p.add_argument("--variant", default="small", help="variant whose ONNX file every system serves")
+    p.add_argument("--repo", default="model_repository")
+    p.add_argument("--concurrency", "-c", type=int, default=32, help="requests in flight (wrk connections)")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per system per round")
+    p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds before each measurement")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (A B A B ...); medians reported")
+    p.add_argument("--systems", default="sloserve,triton", help=f"comma list of {', '.join(SYSTEMS)}")
+    p.add_argument("--threads", type=int, default=1, help="wrk threads (1 is the cheapest)")
+    p.add_argument("--max-batch-size", type=int, default=32, help="every system's max batch size")
+    p.add_argument("--max-wait-ms", type=float, default=2.0,
+                   help="every system's batching wait (Triton max_queue_delay, MLServer max_batch_time, "
+                        "@serve.batch batch_wait_timeout_s, sloserve's max_wait_ms)")
+    p.add_argument("--triton-instances", type=int, default=1)
+    p.add_argument("--sloserve-policy", default="timeout")
+    p.add_argument("--sloserve-config", help="sloserve settings file instead of the generated one")
+    p.add_argument("--alternate", action="store_true", help="reverse the system order every other round")
+    p.add_argument("--pause", type=float, default=1.0, help="seconds between runs")
+    p.add_argument("--log-dir", help="where server logs go (default: a temp dir)")
+    p.add_argument("--out", help="write the JSON result here (default: stdout only)")
+
+
+def main_args(args: argparse.Namespace) -> int:
+    result = run(args)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    print(json.dumps({"summary": result["summary"], "goal_issue2": result.get("goal_issue2")}, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.bench.closed", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return main_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

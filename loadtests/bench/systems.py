@@ -1,0 +1,268 @@
+"""The systems a benchmark compares, each started as its own subprocess (its own process group)
+on free 127.0.0.1 ports, serving the same ONNX file, answering the same V2 JSON request.
+
+Shared by ``sloserve bench closed`` and the open-loop ``bench slo``: a :class:`Launch` knows how
+to start a system, wait until it answers, scrape its batch statistics, and stop it (SIGTERM, then
+SIGKILL of every process of its tree after a grace period; never ``ray stop``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadtests.bench.procstat import tree_pids
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS_DIR = ROOT / "loadtests" / "peers"
+PEER_VENVS = ROOT / ".peers"
+SYSTEMS = ("sloserve", "triton", "mlserver", "rayserve")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+@dataclass
+class BatchingKnobs:
+    max_batch_size: int = 32
+    max_wait_ms: float = 2.0
+    triton_instances: int = 1
+    triton_preferred: list[int] | None = None
+    mlserver_workers: int = 1
+    rayserve_num_cpus: float = 0.5
+    sloserve_policy: str = "timeout"
+    sloserve_config: str | None = None  # a full config file instead of the generated one
+    sloserve_backend: str = "inprocess"
+
+
+@dataclass
+class Launch:
+    system: str
+    argv: list[str]
+    infer_url: str
+    metrics_url: str | None
+    headers: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    grace_s: float = 5.0
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+    started_s: float = 0.0
+    ready_s: float = 0.0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self, log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{self.system}-{int(time.time() * 1000)}.log"
+        env = dict(os.environ)
+        env.update(self.env)
+        self.started_s = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def wait_ready(self, body: bytes, timeout_s: float = 180.0) -> float:
+        """Poll the infer endpoint with the benchmark body until it answers 200; seconds taken."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.system} exited with {self.proc.returncode} before it was ready; "
+                                   f"log: {self.log_path}\n{self.log_tail()}")
+            try:
+                req = urllib.request.Request(self.infer_url, data=body, method="POST",
+                                             headers={"Content-Type": "application/json", **self.headers})
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    if r.status == 200:
+                        json.loads(r.read())
+                        self.ready_s = time.monotonic() - self.started_s
+                        return self.ready_s
+                    last = f"HTTP {r.status}"
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}: {e.read()[:200]!r}"
+            except (OSError, ValueError) as e:
+                last = f"{type(e).__name__}: {e}"
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.system} not ready after {timeout_s:.0f}s ({last}); log: {self.log_path}\n"
+                           f"{self.log_tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM the process group, wait, then SIGKILL whatever is left of the process tree."""
+        if self.proc is None:
+            return
+        pids = tree_pids(self.proc.pid)
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(0.3)
+        survivors = [p for p in pids if _alive(p)]
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in survivors:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc = None
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
+        except OSError:
+            return ""
+
+    # ---- batch statistics ----------------------------------------------------------------
+    def batch_counters(self, model: str) -> tuple[float, float] | None:
+        """(requests, batches) executed so far, from the system's Prometheus endpoint, if it has one."""
+        if not self.metrics_url:
+            return None
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+                text = r.read().decode(errors="replace")
+        except OSError:
+            return None
+        if self.system == "sloserve":
+            rows = _prom_sum(text, "sloserve_batch_rows_sum", model)
+            batches = _prom_sum(text, "sloserve_batch_rows_count", model)
+        elif self.system == "triton":
+            rows = _prom_sum(text, "nv_inference_request_success", model)
+            batches = _prom_sum(text, "nv_inference_exec_count", model)
+        else:
+            return None
+        return rows, batches
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _prom_sum(text: str, name: str, model: str) -> float:
+    total = 0.0
+    pat = re.compile(rf'^{re.escape(name)}\{{([^}}]*)\}}\s+(\S+)', re.M)
+    for m in pat.finditer(text):
+        if f'model="{model}"' in m.group(1):
+            total += float(m.group(2))
+    return total
+
+
+def peer_python(name: str) -> str:
+    exe = PEER_VENVS / name / "bin" / "python"
+    if not exe.exists():
+        raise FileNotFoundError(f"{exe} is missing: run loadtests/peers/setup.sh first")
+    return str(exe)
+
+
+def make_launch(system: str, repo: Path, model: str, variant: str, knobs: BatchingKnobs,
+                tmp_dir: Path) -> Launch:
+    onnx = (repo / model / variant / "model.onnx").resolve()
+    if not onnx.exists():
+        raise FileNotFoundError(f"{onnx} is missing: run `sloserve models build --repo {repo}`")
+    http, grpc = free_ports(2)
+    url = f"http://127.0.0.1:{http}/v2/models/{model}/infer"
+    if system == "sloserve":
+        cfg = knobs.sloserve_config
+        if cfg is None:
+            cfg_path = tmp_dir / f"sloserve-{model}.json"
+            cfg_path.parent.mkdir(parents=True, exist_ok=True)
+            cfg_path.write_text(json.dumps({"models": {model: {"batching": {
+                "policy": knobs.sloserve_policy, "max_wait_ms": knobs.max_wait_ms,
+                "max_batch_size": knobs.max_batch_size}}}}))
+            cfg = str(cfg_path)
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--backend", knobs.sloserve_backend,
+                "--repo", str(repo), "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
+                "--config", cfg, "--log-level", "warning"]
+        # the variant is pinned by header so that the JSON body stays byte-identical for every system
+        return Launch(system, argv, url, f"http://127.0.0.1:{http}/metrics", headers={"x-variant": variant})
+    if system == "triton":
+        metrics = free_port()
+        argv = [peer_python("triton"), str(PEERS_DIR / "triton_server.py"), "--onnx", str(onnx), "--model", model,
+                "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                "--max-queue-delay-us", str(int(knobs.max_wait_ms * 1000)),
+                "--instances", str(knobs.triton_instances), "--max-batch-size", str(knobs.max_batch_size)]
+        if knobs.triton_preferred:
+            argv += ["--preferred-batch-size", *map(str, knobs.triton_preferred)]
+        return Launch(system, argv, url, f"http://127.0.0.1:{metrics}/metrics", grace_s=2.0)
+    if system == "mlserver":
+        metrics = free_port()
+        argv = [peer_python("mlserver"), str(PEERS_DIR / "mlserver_runtime.py"), "--onnx", str(onnx),
+                "--model", model, "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                "--max-batch-size", str(knobs.max_batch_size), "--max-batch-time-ms", str(knobs.max_wait_ms),
+                "--parallel-workers", str(knobs.mlserver_workers)]
+        return Launch(system, argv, url, None)
+    if system == "rayserve":
+        argv = [sys.executable, str(PEERS_DIR / "rayserve_server.py"), "--onnx", str(onnx), "--model", model,
+                "--http-port", str(http), "--max-batch-size", str(knobs.max_batch_size),
+                "--batch-wait-ms", str(knobs.max_wait_ms), "--num-cpus", str(knobs.rayserve_num_cpus)]
+        return Launch(system, argv, url, None, grace_s=15.0)
+    raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+
+
+def request_body(repo: Path, model: str, index: int = 0) -> bytes:
+    """A real input as a V2 JSON body: a digits image (64 values) or its 32x32 upsampling (1,024)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    cfg = json.loads((repo / model / "config.json").read_text())
+    inp = cfg["inputs"][0]
+    feats = int(np.prod(inp["shape"]))
+    x = load_digits().data[index:index + 1].astype(np.float32)
+    if feats == 1024:
+        from models.build import _upsample
+
+        x = _upsample(x)
+    elif feats != 64:
+        x = np.random.default_rng(index).random((1, feats), dtype=np.float32)
+    data = [float(v) for v in x.ravel()]
+    return json.dumps({"inputs": [{"name": inp["name"], "shape": [1, feats], "datatype": inp["datatype"],
+                                   "data": data}]}, separators=(",", ":")).encode()
+
+
+def default_tmp() -> Path:
+    return Path(tempfile.mkdtemp(prefix="sloserve-bench-"))
