@@ -45,7 +45,7 @@ def make_policy(name: str, **kwargs: Any) -> BatchPolicy:
 
 def _register_builtins() -> None:
     # Import for the side effect of registration, kept here so `make_policy` always sees them.
-    from batching import timeout  # noqa: F401
+    from batching import aimd, fixed, nexus, slo, timeout  # noqa: F401
 
 
 _register_builtins()

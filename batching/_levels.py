@@ -1,0 +1,87 @@
+"""Load signals and the degrade level with hysteresis, private machinery of the ``slo`` policy.
+
+*Level* ``k`` means the ``k + 1`` most accurate variants may serve (level 0: only the best). The
+level rises at once when the queue is predicted to miss deadlines at the current level, and falls
+one step only after the lower level has looked comfortable (arrival rate below
+``(1 - restore_headroom)`` of its sustainable throughput and no predicted miss for the queue) for
+``restore_hold_s`` without a break. Rising fast and falling slowly is the hysteresis: a burst
+degrades within one decision, and the best variant returns only once load has really fallen, so
+a load that hovers at the best variant's capacity does not flap between variants.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Iterable
+
+from batching.types import QueuedItem
+
+
+class ArrivalRate:
+    """Rows per second that arrived during the last ``window_s`` (by ``arrival_s``; no clock)."""
+
+    __slots__ = ("window_s", "_events", "_rows", "slo_s")
+
+    def __init__(self, window_s: float = 1.0):
+        self.window_s = window_s
+        self._events: deque = deque()
+        self._rows = 0
+        self.slo_s = 0.0  # EWMA of deadline - arrival of arrivals: the typical budget
+
+    def add(self, items: Iterable[QueuedItem]) -> None:
+        ev = self._events
+        for it in items:
+            ev.append((it.arrival_s, it.size))
+            self._rows += it.size
+            budget = it.deadline_s - it.arrival_s
+            self.slo_s = budget if self.slo_s == 0.0 else 0.95 * self.slo_s + 0.05 * budget
+
+    def rate(self, now: float) -> float:
+        ev = self._events
+        oldest = now - self.window_s
+        while ev and ev[0][0] < oldest:
+            self._rows -= ev.popleft()[1]
+        return self._rows / self.window_s
+
+
+class LevelController:
+    """The degrade level and its hysteresis (see the module docstring)."""
+
+    __slots__ = ("restore_headroom", "restore_hold_s", "level", "switches", "_calm_since_s")
+
+    def __init__(self, restore_headroom: float = 0.25, restore_hold_s: float = 0.5):
+        if not 0.0 <= restore_headroom < 1.0 or restore_hold_s < 0:
+            raise ValueError("restore_headroom in [0, 1), restore_hold_s >= 0")
+        self.restore_headroom = restore_headroom
+        self.restore_hold_s = restore_hold_s
+        self.level = 0
+        self.switches = 0
+        self._calm_since_s: float | None = None
+
+    def update(self, now: float, max_level: int, need_level: int,
+               overloaded: Callable[[int], bool], comfortable: Callable[[int], bool]) -> int:
+        """One step: ``overloaded(k)`` predicts misses at level k, ``comfortable(k)`` says k would do."""
+        lvl = min(self.level, max_level)
+        target = min(max(lvl, need_level), max_level)
+        while target < max_level and overloaded(target):
+            target += 1
+        if target > lvl:
+            self._set(target)
+            self._calm_since_s = None
+            return target
+        if lvl > 0 and comfortable(lvl - 1):
+            if self._calm_since_s is None:
+                self._calm_since_s = now
+            elif now - self._calm_since_s >= self.restore_hold_s:
+                self._set(lvl - 1)
+                self._calm_since_s = None
+        else:
+            self._calm_since_s = None
+        if lvl != self.level or self.level > max_level:
+            self._set(min(self.level, max_level))
+        return self.level
+
+    def _set(self, level: int) -> None:
+        if level != self.level:
+            self.switches += 1
+            self.level = level

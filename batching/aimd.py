@@ -1,0 +1,72 @@
+"""``aimd``: Clipper's adaptive batching (additive increase, multiplicative decrease).
+
+Per variant, a batch-size cap starts at ``initial_batch_size``; each observed batch whose latency
+stays under the SLO (``slo_ms``; else the tightest budget seen in the queue) raises it by
+``increase``, a batch over the SLO multiplies it by ``backoff`` (Clipper: 10% decrease). An idle
+replica takes the oldest requests up to the cap at once, or after ``max_wait_ms`` if set
+(Clipper's optional delayed batching). No request is shed.
+
+>>> from batching.types import BatchResult
+>>> p = AIMDPolicy(max_batch_size=16, slo_ms=10.0, default_variant="v")
+>>> p.observe(BatchResult("m", "v", 1, 0.002, 0.0)); p.cap("v")
+2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batching.policy import register_policy
+from batching.timeout import first_variant, take_rows
+from batching.types import BatchResult, Decision, Dispatch, QueueView, Wait
+
+
+@register_policy("aimd")
+@dataclass(slots=True)
+class AIMDPolicy:
+    max_batch_size: int = 32
+    slo_ms: float | None = None
+    initial_batch_size: int = 1
+    increase: int = 1
+    backoff: float = 0.9
+    max_wait_ms: float = 0.0
+    default_variant: str = ""
+    name: str = "aimd"
+    _caps: dict[str, float] = field(default_factory=dict)
+    _slo_s: float = 0.0
+
+    def cap(self, variant: str) -> int:
+        c = self._caps.get(variant, float(self.initial_batch_size))
+        return max(1, min(self.max_batch_size, int(c)))
+
+    def plan(self, view: QueueView, now: float) -> Decision:
+        items = view.items
+        if not items:
+            return Wait(None, "empty")
+        oldest = items[0]
+        if self.slo_ms is None:
+            budget = oldest.deadline_s - oldest.arrival_s
+            self._slo_s = budget if self._slo_s == 0.0 else min(self._slo_s, budget)
+        variant = first_variant(oldest, self.default_variant)
+        if view.idle.get(variant, 0) <= 0:
+            return Wait(None, "no_replica")
+        limit = min(self.cap(variant), view.max_batch_size)
+        ids, rows = take_rows(items, variant, limit)
+        if rows >= limit:
+            return Dispatch(ids, variant, "full")
+        due = oldest.arrival_s + self.max_wait_ms / 1000.0
+        if now >= due:
+            return Dispatch(ids, variant, "timeout")
+        return Wait(due, "filling")
+
+    def observe(self, result: BatchResult) -> None:
+        slo_s = self.slo_ms / 1000.0 if self.slo_ms is not None else self._slo_s
+        if slo_s <= 0.0 or not result.ok:
+            return
+        c = self._caps.get(result.variant, float(self.initial_batch_size))
+        if result.latency_s <= slo_s:
+            if result.rows >= int(c):  # only a full batch says the cap can grow
+                c = min(float(self.max_batch_size), c + self.increase)
+        else:
+            c = max(1.0, c * self.backoff)
+        self._caps[result.variant] = c

@@ -1,0 +1,348 @@
+"""``slo``: deadline-aware batching with early shedding and accuracy variants.
+
+Decision rules, in the order ``plan`` applies them (docs/batching.md has the long form):
+
+1. **Order.** Requests are kept in deadline order (arrival + SLO), higher priority first on ties.
+2. **Shed.** A request that cannot meet its deadline even if dispatched alone, right now, on the
+   earliest free replica of any variant it allows (``busy_until_s`` when the driver gives it,
+   else a busy variant counts as free now: shedding is never speculative) is shed with
+   ``late_by_s``, before it wastes device time.
+3. **Level.** The degrade level (``batching._levels``) says which variants may serve: it rises at
+   once when the queue is predicted to miss deadlines at the current level, and falls with
+   hysteresis. A cheaper variant takes work only when the more accurate ones are predicted to
+   miss for the current queue, so it serves the overflow, not the whole load.
+4. **Dispatch or wait**, per variant with an idle replica, most accurate first: the batch is the
+   earliest-deadline requests that fit in the largest batch whose predicted completion
+   (``now + p99(b)``) meets the earliest deadline in it. It goes now if it is full (by size or
+   by deadline), if no larger batch would raise throughput by ``min_gain``, or if the expected
+   arrivals could not grow it before the head's latest start; else the policy waits until that
+   latest start (the driver re-plans on every arrival anyway).
+
+``admit(view, item, now)`` refuses at the door a request whose predicted queueing (rows ahead
+of it in deadline order at the best throughput of the variants it allows) + compute already
+misses its deadline. Per-decision cost: O(new arrivals * log n) to keep the order, O(k) for the
+k requests near their deadline, O(n / max_batch) capacity checks per degrade-level evaluation.
+
+>>> from batching.types import QueuedItem, QueueView
+>>> p = SLOPolicy(max_batch_size=8, latency_fn=lambda v, n: 0.002 + 0.001 * n)
+>>> q = QueueView("m", [QueuedItem(0, 0.0, 0.010, variants=("v",))], {"v": 1}, 8)
+>>> p.plan(q, now=0.0).reason
+'no_gain'
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Mapping, Sequence
+
+from batching._edf import DeadlineOrder
+from batching._levels import ArrivalRate, LevelController
+from batching.latency import LatencyFn, LatencyModel, LatencySource
+from batching.policy import register_policy
+from batching.profile import ProfileTable
+from batching.types import BatchResult, Decision, Dispatch, QueuedItem, QueueView, Shed, Wait
+
+_INF = math.inf
+EPS_S = 1e-9
+
+
+class _Pool:
+    __slots__ = ("idle", "replicas", "start_s", "free_s")
+
+    def __init__(self, idle: int, replicas: int, start_s: float, free_s: list[float]):
+        self.idle = idle  # replicas free now
+        self.replicas = replicas
+        self.start_s = start_s  # earliest a new batch could start (for shedding)
+        self.free_s = free_s  # when each replica frees (for capacity estimates)
+
+
+@register_policy("slo")
+class SLOPolicy:
+    """The SLO-aware policy. Construct with keyword arguments; see the module docstring.
+
+    Latency source, first given wins: ``latency_fn(variant, rows) -> s``, ``profile`` (a
+    ProfileTable, a Calibrator, or a model repository path). With ``calibrate`` (default) a
+    ProfileTable is wrapped in a :class:`~batching.calibration.Calibrator` fed by ``observe``;
+    ``calibrator`` exposes it (its ``drift()`` is the metric).
+    """
+
+    name = "slo"
+
+    def __init__(self, *, max_batch_size: int = 32, default_variant: str = "",
+                 profile: LatencySource = None, latency_fn: LatencyFn | None = None,
+                 model: str = "", device_type: str = "cpu", variants: Sequence[str] | None = None,
+                 accuracy: Mapping[str, float] | None = None, calibrate: bool = True,
+                 min_gain: float = 0.05, max_wait_ms: float | None = None, min_wait_ms: float = 0.1,
+                 safety_ms: float = 0.0, spill_derate: float = 0.9, restore_headroom: float = 0.25,
+                 restore_hold_ms: float = 500.0, rate_window_ms: float = 1000.0,
+                 predict_busy: bool = False):
+        self.max_batch_size = max_batch_size
+        self.default_variant = default_variant
+        self.lat = LatencyModel(latency_fn if latency_fn is not None else profile, max_batch_size,
+                                model=model, device_type=device_type, calibrate=calibrate)
+        self.calibrator = self.lat.calibrator
+        if variants is None and accuracy:
+            variants = sorted(accuracy, key=lambda v: -accuracy[v])
+        table = self.calibrator.prior if self.calibrator is not None else profile
+        if variants is None and isinstance(table, ProfileTable) and model:
+            acc = {v: a for (m, v), a in table.accuracy.items() if m == model}
+            variants = sorted(acc, key=lambda v: -acc[v]) or None
+        self._variants: list[str] = list(variants or ([default_variant] if default_variant else []))
+        self._rank = {v: i for i, v in enumerate(self._variants)}
+        self.min_gain = min_gain
+        self.max_wait_s = None if max_wait_ms is None else max_wait_ms / 1e3
+        self.min_wait_s = min_wait_ms / 1e3
+        self.safety_s = safety_ms / 1e3
+        self.spill_derate = spill_derate
+        self.predict_busy = predict_busy
+        self.levels = LevelController(restore_headroom, restore_hold_ms / 1e3)
+        self.rate = ArrivalRate(rate_window_ms / 1e3)
+        self._q = DeadlineOrder()
+        self._busy_pred: dict[str, list[float]] = {}  # heap of predicted finishes per variant
+
+    # ---- variants ---------------------------------------------------------------------------
+    def _learn_variants(self, names) -> None:
+        for v in names:
+            if v not in self._rank:
+                self._rank[v] = len(self._variants)
+                self._variants.append(v)
+
+    def _allowed(self, item: QueuedItem) -> tuple[str, ...]:
+        return item.variants or tuple(self._variants)
+
+    @property
+    def level(self) -> int:
+        return self.levels.level
+
+    # ---- pools ------------------------------------------------------------------------------
+    def _pools(self, view: QueueView, now: float) -> dict[str, _Pool]:
+        pools = {}
+        busy_all = view.busy_until_s
+        for v, idle in view.idle.items():
+            idle = max(0, idle)
+            pred = self._busy_pred.get(v, ())
+            if busy_all is not None and v in busy_all:
+                busy = [max(now, t) for t in busy_all[v]]
+                known = True
+            else:
+                busy = [max(now, t) for t in pred]
+                known = self.predict_busy
+            n = idle + len(busy)
+            if n == 0:
+                continue
+            start = now if idle > 0 or not busy or not known else min(busy)
+            pools[v] = _Pool(idle, n, start, [now] * idle + busy)
+        return pools
+
+    # ---- plan -------------------------------------------------------------------------------
+    def _sync(self, view: QueueView) -> DeadlineOrder:
+        q = self._q
+        new = q.sync(view.items)
+        if new:
+            self.rate.add(new)
+            for it in new:
+                if it.variants and it.variants[-1] not in self._rank:
+                    self._learn_variants(it.variants)
+        return q
+
+    def plan(self, view: QueueView, now: float) -> Decision:
+        q = self._sync(view)
+        ents = q.entries
+        if not ents:
+            return Wait(None, "empty")
+        if not self.lat.model:
+            self.lat.model = view.model
+        self._learn_variants(view.idle)
+        pools = self._pools(view, now)
+        shed, lates, wake_s, need = self._scan(ents, pools, now, min(self.max_batch_size, view.max_batch_size))
+        if shed:
+            q.forget(shed)
+            return Shed(tuple(shed), "deadline", tuple(lates))
+        if not any(p.idle > 0 for p in pools.values()):
+            return Wait(wake_s if wake_s < _INF else None, "no_replica")
+        B = min(self.max_batch_size, view.max_batch_size)
+        memo: dict[tuple[int, float], bool] = {}
+
+        def overloaded(level: int, derate: float = 1.0) -> bool:
+            k = (level, derate)
+            if k not in memo:
+                memo[k] = self._overloaded(ents, pools, level, now, derate, B)
+            return memo[k]
+
+        max_level = max((self._rank[v] for v in pools), default=0)
+        level = self.levels.update(now, max_level, need, overloaded,
+                                   lambda k: self._comfortable(k, pools, now, B) and not overloaded(k))
+        reserved: set[int] = set()
+        for v in self._variants:
+            p = pools.get(v)
+            if p is None or p.idle <= 0:
+                continue
+            r = self._rank[v]
+            spill = 0 < r <= level and (need >= r or overloaded(r - 1, self.spill_derate))
+            d = self._plan_pool(v, r, spill, ents, reserved, now, B)
+            if type(d) is Dispatch:
+                q.forget(d.ids)
+                rows = sum(q.known[i].size for i in d.ids)
+                heapq.heappush(self._busy_pred.setdefault(v, []), now + self.lat.latency_s(v, rows))
+                return d
+            if d is not None and d < wake_s:
+                wake_s = d
+        return Wait(wake_s if wake_s < _INF else None, "filling" if reserved else "no_work")
+
+    def _scan(self, ents, pools, now: float, B: int):
+        """Shed what cannot make it; also the next time something becomes infeasible, and the
+        level the near-deadline requests need."""
+        lat = self.lat
+        reach = [p.start_s + lat.latency_s(v, B) for v, p in pools.items()]
+        horizon = max(reach) if reach else now
+        l_max = max((lat.latency_s(v, B) for v in pools), default=0.0)
+        shed: list[int] = []
+        lates: list[float] = []
+        wake = _INF
+        need = 0
+        for e in ents:
+            d = e[0]
+            if d >= horizon:
+                wake = min(wake, d - l_max)
+                break
+            it = e[4]
+            best_fin = _INF
+            first_ok = None
+            latest = -_INF
+            for v in self._allowed(it):
+                p = pools.get(v)
+                if p is None:
+                    continue
+                L = lat.latency_s(v, it.size)
+                fin = p.start_s + L
+                if fin <= d + EPS_S:
+                    if first_ok is None:
+                        first_ok = v
+                    latest = max(latest, d - L)
+                best_fin = min(best_fin, fin)
+            if first_ok is None:
+                shed.append(it.id)
+                lates.append(best_fin - d if best_fin < _INF else d - it.arrival_s)
+                continue
+            wake = min(wake, latest + EPS_S)
+            allowed = self._allowed(it)
+            if first_ok != allowed[0]:
+                need = max(need, self._rank.get(first_ok, 0))
+        return shed, lates, wake, need
+
+    def _capacity(self, v: str, window_s: float, B: int) -> int:
+        lat = self.lat
+        lb = lat.latency_s(v, B)
+        full = int(window_s // lb)
+        return full * B + lat.max_rows_within(v, window_s - full * lb)
+
+    def _overloaded(self, ents, pools, level: int, now: float, derate: float, B: int) -> bool:
+        """Would the variants of rank <= level miss a deadline serving the whole queue (EDF)?"""
+        reps = [(f, v) for v, p in pools.items() if self._rank[v] <= level for f in p.free_s]
+        if not reps:
+            return True
+        cum = 0
+        check_at = 0
+        last = len(ents) - 1
+        for i, e in enumerate(ents):
+            cum += e[4].size
+            if cum < check_at and i != last:
+                continue
+            check_at = cum + B
+            d = e[0]
+            cap = 0
+            for f, v in reps:
+                if d > f:
+                    cap += self._capacity(v, d - f, B)
+            if cum > cap * derate:
+                return True
+        return False
+
+    def _comfortable(self, level: int, pools, now: float, B: int) -> bool:
+        """Arrivals fit in the sustainable throughput of ranks <= level, with headroom."""
+        slo = self.rate.slo_s
+        tput = 0.0
+        for v, p in pools.items():
+            if self._rank[v] <= level:
+                b = max(1, self.lat.max_rows_within(v, slo / 2.0)) if slo > 0 else B
+                tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
+        return self.rate.rate(now) <= (1.0 - self.levels.restore_headroom) * tput
+
+    def _plan_pool(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int):
+        """Dispatch for variant ``v``, or the time it wants to be asked again, or None."""
+        lat = self.lat
+        ids: list[int] = []
+        rows = cap = skips = 0
+        head = None
+        for e in ents:
+            it = e[4]
+            allowed = self._allowed(it)
+            if v not in allowed or it.id in reserved:
+                continue
+            if rank > 0 and allowed[0] != v and not spill:
+                continue  # a cheaper variant serves only the overflow, and only when degraded
+            if head is None:
+                c = min(B, lat.max_rows_within(v, e[0] - now - self.safety_s))
+                if c < it.size:
+                    continue  # v cannot make this one; a faster variant may
+                head, cap = it, c
+            if rows + it.size > cap:
+                skips += 1
+                if skips > 8:
+                    break
+                continue
+            ids.append(it.id)
+            rows += it.size
+            if rows >= cap:
+                break
+        if not ids:
+            return None
+        if rows >= cap:
+            return Dispatch(tuple(ids), v, "full" if cap >= B else "deadline")
+        if skips:
+            return Dispatch(tuple(ids), v, "packed")
+        latest = head.deadline_s - lat.latency_s(v, rows) - self.safety_s
+        if self.max_wait_s is not None:
+            latest = min(latest, min(self._q.known[i].arrival_s for i in ids) + self.max_wait_s)
+        nb = lat.next_better(v, rows, self.min_gain)
+        if nb > cap:
+            return Dispatch(tuple(ids), v, "no_gain")
+        room = latest - now
+        if room < self.min_wait_s:
+            return Dispatch(tuple(ids), v, "deadline")
+        rate = self.rate.rate(now)
+        if rate <= 0.0 or (nb - rows) / rate > room:
+            return Dispatch(tuple(ids), v, "no_gain")
+        reserved.update(ids)
+        return latest
+
+    # ---- admission and learning -------------------------------------------------------------
+    def admit(self, view: QueueView, item: QueuedItem, now: float) -> Shed | None:
+        """``None`` to admit, or a :class:`Shed` (reason ``admission``) if it cannot make it."""
+        q = self._sync(view)
+        self._learn_variants(view.idle)
+        pools = self._pools(view, now)
+        B = min(self.max_batch_size, view.max_batch_size)
+        tput = 0.0
+        start = _INF
+        compute = _INF
+        for v in self._allowed(item):
+            p = pools.get(v)
+            if p is None:
+                continue
+            tput += p.replicas * self.lat.throughput_rps(v, B)
+            start = min(start, p.start_s)
+            compute = min(compute, self.lat.latency_s(v, item.size))
+        if tput <= 0.0:
+            return Shed((item.id,), "admission", (item.deadline_s - item.arrival_s,))
+        finish = start + q.rows_before(item) / tput + compute
+        if finish > item.deadline_s + EPS_S:
+            return Shed((item.id,), "admission", (finish - item.deadline_s,))
+        return None
+
+    def observe(self, result: BatchResult) -> None:
+        pred = self._busy_pred.get(result.variant)
+        if pred:
+            heapq.heappop(pred)
+        self.lat.observe(result)
