@@ -9,3 +9,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     from gateway import bench_cli
 
     bench_cli.register(sub)
+    _register_loadtest(sub)
+
+
+def _register_loadtest(sub: argparse._SubParsersAction) -> None:
+    """``sloserve loadtest``: lives in loadtests/run.py (beside the locustfiles), loaded by path."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "loadtests" / "run.py"
+    if not path.is_file():  # an installed wheel without the source tree
+        return
+    spec = importlib.util.spec_from_file_location("sloserve_loadtest_run", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.register(sub)

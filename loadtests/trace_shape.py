@@ -1,0 +1,46 @@
+"""A Locust LoadTestShape that replays a per-minute arrival trace, time-compressed and scaled.
+
+    locust -f loadtests/locustfile.py,loadtests/trace_shape.py --headless -H http://127.0.0.1:8000 \
+        --trace-column aggregate_1350fn --trace-start-minute 540 --trace-minutes 15 \
+        --seconds-per-minute 1 --peak-rps 150
+
+Minutes ``start .. start+minutes-1`` of one column of the trace become ``minutes *
+seconds_per_minute`` seconds of test; the busiest of those minutes maps to ``--peak-rps`` and the
+others keep their proportion (linear interpolation between minutes). Users pace themselves to
+``--rps-per-user`` requests/s (loadtests/locustfile.py), so the shape asks for
+``ceil(target_rps / rps_per_user)`` users. Options are the locustfile's (``--trace-*``,
+``--seconds-per-minute``, ``--peak-rps``; environment variables ``SLOSERVE_TRACE_*`` ...).
+The default trace is the Azure Functions 2019 slice in loadtests/traces/ (CC-BY-4.0, Shahrad et
+al., ATC'20).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from locust import LoadTestShape
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trace_rates import DEFAULT_TRACE, load_trace, rate_at  # noqa: E402
+
+__all__ = ["TraceShape", "DEFAULT_TRACE", "load_trace", "rate_at"]
+
+
+class TraceShape(LoadTestShape):
+    """Users follow the trace; the test ends when the slice does."""
+
+    def tick(self):
+        env = self.runner.environment
+        o = env.parsed_options
+        if not hasattr(self, "_counts"):
+            self._counts = load_trace(o.trace_file or DEFAULT_TRACE, o.trace_column, o.trace_start_minute,
+                                      o.trace_minutes)
+        rps = rate_at(self._counts, self.get_run_time(), o.seconds_per_minute, o.peak_rps)
+        if rps is None:
+            return None
+        env.sloserve_target_rps = round(rps, 2)
+        per_user = o.rps_per_user if o.rps_per_user > 0 else 50.0
+        users = max(1, math.ceil(rps / per_user))
+        return users, max(10, users)

@@ -1,0 +1,113 @@
+"""Locust SLO runs against a live sloserve: a sane SLO passes, an impossible one fails the run.
+
+``sloserve loadtest`` drives loadtests/locustfile.py (REST via FastHttpUser and gRPC via
+tritonclient) headless; the trace-shaped run replays a slice of the Azure Functions 2019 trace.
+Load stays short (about 10 s, then 4 s) and light: this is a gate, not a benchmark.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+def _load(name: str):
+    """Import a loadtests/ module by path (no Locust import here: gevent must not patch pytest)."""
+    spec = importlib.util.spec_from_file_location(f"sloserve_loadtests_{name}", ROOT / "loadtests" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+trace_rates = _load("trace_rates")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    http_port, grpc_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--backend", "inprocess",
+                             "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                             "--repo", str(ROOT / "model_repository"), "--log-level", "warning"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < end, "sloserve not ready after 60 s"
+            time.sleep(0.1)
+        yield http_port, grpc_port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def loadtest(http_port: int, grpc_port: int, *args: str, timeout: float = 90) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "gateway.cli", "loadtest", "--host", f"http://127.0.0.1:{http_port}",
+           "--grpc-host", f"127.0.0.1:{grpc_port}", "-q", *args]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_trace_shape_scales_and_compresses_the_trace():
+    counts = trace_rates.load_trace(trace_rates.DEFAULT_TRACE, "aggregate_1350fn", 540, 10)
+    assert len(counts) == 10
+    rates = [trace_rates.rate_at(counts, t, 1.0, 100.0) for t in range(10)]
+    assert max(rates) == pytest.approx(100.0)
+    assert all(0 < r <= 100.0 for r in rates)
+    assert trace_rates.rate_at(counts, 10.0, 1.0, 100.0) is None  # 10 minutes at 1 s each: over at 10 s
+    assert trace_rates.rate_at(counts, 19.0, 2.0, 100.0) is not None
+
+
+def test_trace_shaped_run_meets_a_sane_slo(server, tmp_path):
+    http_port, grpc_port = server
+    out = tmp_path / "results.json"
+    rc, log = loadtest(http_port, grpc_port, "--shape", "trace", "--duration", "10", "--peak-rps", "60",
+                       "--rps-per-user", "15", "--models", "digits:3,heavy:1", "--slo-ms", "250",
+                       "--min-attainment", "0.9", "--max-error-rate", "0.01", "--results-json", str(out))
+    assert rc == 0, log[-4000:]
+    assert "sloserve SLO check: PASS" in log, log[-2000:]
+    res = json.loads(out.read_text())
+    assert res["passed"] and res["requests"] > 100 and res["failed"] == 0
+    assert "REST digits" in log and "gRPC digits" in log and "REST heavy" in log, log[-3000:]
+    assert any(s["target_rps"] for s in res["timeline"]), res["timeline"][:3]
+
+
+def test_impossible_slo_fails_the_run(server):
+    http_port, grpc_port = server
+    rc, log = loadtest(http_port, grpc_port, "--duration", "4", "--users", "2", "--slo-ms", "0.01")
+    assert rc == 3, log[-4000:]
+    assert "sloserve SLO check: FAIL" in log, log[-2000:]
+
+
+def test_loadtest_refuses_unbounded_runs(server):
+    http_port, grpc_port = server
+    rc, log = loadtest(http_port, grpc_port, "--duration", "3600", timeout=30)
+    assert rc != 0 and "--duration" in log, log
