@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -34,39 +32,12 @@ def _load(name: str):
 trace_rates = _load("trace_rates")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server():
-    http_port, grpc_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--backend", "inprocess",
-                             "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                             "--repo", str(ROOT / "model_repository"), "--log-level", "warning"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        end = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < end, "sloserve not ready after 60 s"
-            time.sleep(0.1)
-        yield http_port, grpc_port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+def gateway(model_repo):
+    """A sloserve of this module's own (in-process backend), so its load is the only load."""
+    srv = ServerProcess(model_repo, "inprocess").wait_ready(60)
+    yield srv.http_port, srv.grpc_port
+    srv.stop()
 
 
 def loadtest(http_port: int, grpc_port: int, *args: str, timeout: float = 90) -> tuple[int, str]:
@@ -86,8 +57,8 @@ def test_trace_shape_scales_and_compresses_the_trace():
     assert trace_rates.rate_at(counts, 19.0, 2.0, 100.0) is not None
 
 
-def test_trace_shaped_run_meets_a_sane_slo(server, tmp_path):
-    http_port, grpc_port = server
+def test_trace_shaped_run_meets_a_sane_slo(gateway, tmp_path):
+    http_port, grpc_port = gateway
     out = tmp_path / "results.json"
     rc, log = loadtest(http_port, grpc_port, "--shape", "trace", "--duration", "10", "--peak-rps", "60",
                        "--rps-per-user", "15", "--models", "digits:3,heavy:1", "--slo-ms", "250",
@@ -100,14 +71,14 @@ def test_trace_shaped_run_meets_a_sane_slo(server, tmp_path):
     assert any(s["target_rps"] for s in res["timeline"]), res["timeline"][:3]
 
 
-def test_impossible_slo_fails_the_run(server):
-    http_port, grpc_port = server
+def test_impossible_slo_fails_the_run(gateway):
+    http_port, grpc_port = gateway
     rc, log = loadtest(http_port, grpc_port, "--duration", "4", "--users", "2", "--slo-ms", "0.01")
     assert rc == 3, log[-4000:]
     assert "sloserve SLO check: FAIL" in log, log[-2000:]
 
 
-def test_loadtest_refuses_unbounded_runs(server):
-    http_port, grpc_port = server
+def test_loadtest_refuses_unbounded_runs(gateway):
+    http_port, grpc_port = gateway
     rc, log = loadtest(http_port, grpc_port, "--duration", "3600", timeout=30)
     assert rc != 0 and "--duration" in log, log

@@ -25,7 +25,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -35,6 +34,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -231,17 +232,13 @@ def promtools() -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(promtools, tmp_path_factory):
+def stack(promtools, model_repo, tmp_path_factory):
     prom_bin, _ = promtools
     tmp = tmp_path_factory.mktemp("prometheus")
-    http_port, grpc_port, prom_port = free_port(), free_port(), free_port()
-    srv = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--backend", "inprocess",
-                            "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                            "--repo", str(ROOT / "model_repository"), "--log-level", "warning"],
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    srv = ServerProcess(model_repo, "inprocess").wait_ready(60)  # this module's own gateway
+    http_port, grpc_port, prom_port = srv.http_port, srv.grpc_port, free_port()
     prom = None
     try:
-        wait_for(f"http://127.0.0.1:{http_port}/v2/health/ready", srv, 60, "sloserve")
         cfg = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
         cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
         cfg["rule_files"] = [str(PROM_DIR / f) for f in cfg["rule_files"]]
@@ -266,7 +263,7 @@ def stack(promtools, tmp_path_factory):
     finally:
         if prom is not None:
             stop(prom)
-        stop(srv)
+        srv.stop()
 
 
 def query(base: str, expr: str) -> list:
