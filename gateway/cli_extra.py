@@ -10,6 +10,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     bench_cli.register(sub)
     _register_loadtest(sub)
+    _register_train(sub)
+
+
+def _register_train(sub: argparse._SubParsersAction) -> None:
+    """``sloserve train submit|list|preempt|resume|cancel``: autoscaler/training_cli.py."""
+    from autoscaler import training_cli
+
+    training_cli.register(sub)
 
 
 def _register_loadtest(sub: argparse._SubParsersAction) -> None:
