@@ -25,7 +25,7 @@ def entry(item: QueuedItem) -> Entry:
 
 
 class DeadlineOrder:
-    __slots__ = ("entries", "known", "_gone", "rows", "big_items")
+    __slots__ = ("entries", "known", "_gone", "rows", "big_items", "max_size")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
@@ -33,6 +33,7 @@ class DeadlineOrder:
         self._gone: set[int] = set()
         self.rows = 0
         self.big_items = 0  # items with size > 1 (if none, rows ahead == items ahead)
+        self.max_size = 1  # largest item size ever seen (bounds the shed scan)
 
     def forget(self, ids: Iterable[int]) -> None:
         """The policy decided these leave the queue (dispatched or shed)."""
@@ -65,6 +66,7 @@ class DeadlineOrder:
         self.entries = sorted(entry(it) for it in items)
         self.rows = sum(it.size for it in items)
         self.big_items = sum(1 for it in items if it.size > 1)
+        self.max_size = max([self.max_size] + [it.size for it in items])
         return [it for it in items if it.id not in old]
 
     def sync(self, items: Sequence[QueuedItem]) -> list[QueuedItem]:
@@ -83,6 +85,8 @@ class DeadlineOrder:
             known[it.id] = it
             self.rows += it.size
             self.big_items += it.size > 1
+            if it.size > self.max_size:
+                self.max_size = it.size
             bisect.insort(ents, entry(it))
         return new
 

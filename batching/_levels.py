@@ -20,17 +20,20 @@ from batching.types import QueuedItem
 class ArrivalRate:
     """Rows per second that arrived during the last ``window_s`` (by ``arrival_s``; no clock)."""
 
-    __slots__ = ("window_s", "_events", "_rows", "slo_s")
+    __slots__ = ("window_s", "_events", "_rows", "slo_s", "_first_s")
 
     def __init__(self, window_s: float = 1.0):
         self.window_s = window_s
         self._events: deque = deque()
         self._rows = 0
         self.slo_s = 0.0  # EWMA of deadline - arrival of arrivals: the typical budget
+        self._first_s: float | None = None  # first arrival ever: a young window is shorter
 
     def add(self, items: Iterable[QueuedItem]) -> None:
         ev = self._events
         for it in items:
+            if self._first_s is None:
+                self._first_s = it.arrival_s
             ev.append((it.arrival_s, it.size))
             self._rows += it.size
             budget = it.deadline_s - it.arrival_s
@@ -41,7 +44,10 @@ class ArrivalRate:
         oldest = now - self.window_s
         while ev and ev[0][0] < oldest:
             self._rows -= ev.popleft()[1]
-        return self._rows / self.window_s
+        if self._first_s is None or len(ev) < 2:
+            return 0.0  # one arrival says nothing about a rate
+        span = min(self.window_s, max(now - self._first_s, 1e-3))
+        return self._rows / span
 
 
 class LevelController:

@@ -128,9 +128,7 @@ class SLOPolicy:
             else:
                 busy = [max(now, t) for t in pred]
                 known = self.predict_busy
-            n = idle + len(busy)
-            if n == 0:
-                continue
+            n = max(1, idle + len(busy))  # a variant the driver lists has a replica, maybe busy
             start = now if idle > 0 or not busy or not known else min(busy)
             pools[v] = _Pool(idle, n, start, [now] * idle + busy)
         return pools
@@ -155,7 +153,7 @@ class SLOPolicy:
             self.lat.model = view.model
         self._learn_variants(view.idle)
         pools = self._pools(view, now)
-        shed, lates, wake_s, need = self._scan(ents, pools, now, min(self.max_batch_size, view.max_batch_size))
+        shed, lates, wake_s, need = self._scan(ents, pools, now, q.max_size)
         if shed:
             q.forget(shed)
             return Shed(tuple(shed), "deadline", tuple(lates))
@@ -190,46 +188,46 @@ class SLOPolicy:
                 wake_s = d
         return Wait(wake_s if wake_s < _INF else None, "filling" if reserved else "no_work")
 
-    def _scan(self, ents, pools, now: float, B: int):
+    def _scan(self, ents, pools, now: float, max_size: int):
         """Shed what cannot make it; also the next time something becomes infeasible, and the
-        level the near-deadline requests need."""
+        level the near-deadline requests need. Stops at the first deadline every variant meets."""
         lat = self.lat
-        reach = [p.start_s + lat.latency_s(v, B) for v, p in pools.items()]
-        horizon = max(reach) if reach else now
-        l_max = max((lat.latency_s(v, B) for v in pools), default=0.0)
+        reach = [(p.start_s, lat.latency_s(v, max_size)) for v, p in pools.items()]
+        if not reach:
+            return [], [], _INF, 0
+        horizon = max(s + L for s, L in reach)
+        l_max = max(L for _, L in reach)
         shed: list[int] = []
         lates: list[float] = []
         wake = _INF
         need = 0
+        memo: dict = {}
         for e in ents:
             d = e[0]
             if d >= horizon:
                 wake = min(wake, d - l_max)
                 break
             it = e[4]
-            best_fin = _INF
-            first_ok = None
+            key = (it.variants, it.size)
+            opts = memo.get(key)
+            if opts is None:  # (finish if started at the earliest, latency, rank), best first
+                opts = memo[key] = [(pools[v].start_s + lat.latency_s(v, it.size), lat.latency_s(v, it.size),
+                                     self._rank.get(v, 0)) for v in self._allowed(it) if v in pools]
+            first = True
             latest = -_INF
-            for v in self._allowed(it):
-                p = pools.get(v)
-                if p is None:
-                    continue
-                L = lat.latency_s(v, it.size)
-                fin = p.start_s + L
+            for fin, L, rank in opts:
                 if fin <= d + EPS_S:
-                    if first_ok is None:
-                        first_ok = v
-                    latest = max(latest, d - L)
-                best_fin = min(best_fin, fin)
-            if first_ok is None:
+                    if latest == -_INF and not first and rank > need:
+                        need = rank
+                    if d - L > latest:
+                        latest = d - L
+                first = False
+            if latest == -_INF:
                 shed.append(it.id)
-                lates.append(best_fin - d if best_fin < _INF else d - it.arrival_s)
-                continue
-            wake = min(wake, latest + EPS_S)
-            allowed = self._allowed(it)
-            if first_ok != allowed[0]:
-                need = max(need, self._rank.get(first_ok, 0))
-        return shed, lates, wake, need
+                lates.append(min(o[0] for o in opts) - d if opts else d - it.arrival_s)
+            elif latest < wake:
+                wake = latest
+        return shed, lates, wake + EPS_S, need
 
     def _capacity(self, v: str, window_s: float, B: int) -> int:
         lat = self.lat
