@@ -117,3 +117,34 @@ def _waited(p: subprocess.Popen, timeout: float) -> bool:
         return True
     except subprocess.TimeoutExpired:
         return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SLOSERVE_RAY_TESTS"), reason="starts Ray (~15 s); set SLOSERVE_RAY_TESTS=1")
+def test_ray_actor_preempt_checkpoints_and_frees_emulated_gpu(tmp_path):
+    import ray
+
+    from autoscaler.training_actor import RayLauncher
+    from autoscaler.training_manager import TrainingManager
+
+    ray.init(num_cpus=1, include_dashboard=False, resources={"gpu_T4": 1})
+    try:
+        m = TrainingManager(tmp_path, launcher=RayLauncher())
+        m.submit(TrainingSpec(job_id="a", **{**SPEC, "total_iterations": None, "iteration_delay_s": 0.01}))
+        deadline = time.monotonic() + 60
+        while m.get("a").iteration < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        info = m.preempt("a", grace_s=1.0)
+        assert info.state == "preempted" and info.iteration == info.checkpoint_iteration
+        deadline = time.monotonic() + 10
+        while ray.available_resources().get("gpu_T4", 0) < 1:  # the emulated GPU is free again
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        m.start("a")
+        while m.get("a").iteration <= info.iteration:
+            assert time.monotonic() < deadline + 30
+            time.sleep(0.05)
+        assert m.cancel("a").checkpoint_iteration > info.checkpoint_iteration
+    finally:
+        ray.shutdown()

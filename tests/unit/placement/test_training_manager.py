@@ -1,0 +1,85 @@
+"""TrainingManager, its HTTP router and the placement metrics, in-process (thread launcher)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from autoscaler.placement import decide
+from autoscaler.placement_metrics import PlacementMetrics, gpu_usage
+from autoscaler.placement_types import (Gpu, PlacementConfig, PlacementSnapshot, PlacementState, Replica,
+                                        ReplicaTarget)
+from autoscaler.training import TrainingSpec
+from autoscaler.training_manager import ThreadLauncher, TrainingManager, make_router
+from tests.unit.placement.factories import job
+
+
+def _spec(job_id="j", **kw):
+    return TrainingSpec(job_id=job_id, dataset="synthetic", hidden=8, **{"total_iterations": 30,
+                                                                         "checkpoint_every": 10, **kw})
+
+
+def test_submit_run_list_and_resume_after_preempt(tmp_path):
+    m = TrainingManager(tmp_path, launcher=ThreadLauncher())
+    m.submit(_spec(), start=False)
+    assert [(i.job_id, i.state) for i in m.list()] == [("j", "queued")]
+    m.start("j")
+    info = m.wait("j", timeout_s=60)
+    assert (info.state, info.iteration, info.checkpoint_iteration) == ("finished", 30, 30)
+    with pytest.raises(ValueError):
+        m.submit(_spec())
+    with pytest.raises(ValueError):
+        m.start("j")  # finished jobs do not restart
+    with pytest.raises(KeyError):
+        m.get("../etc")
+
+
+def test_preempt_then_resume_continues_from_checkpoint(tmp_path):
+    m = TrainingManager(tmp_path, launcher=ThreadLauncher())
+    m.submit(_spec(total_iterations=None), start=False)
+    # preempting before it runs just marks it; a running thread stops at its next boundary
+    m.start("j")
+    info = m.preempt("j", grace_s=30)
+    assert info.state == "preempted" and info.iteration == info.checkpoint_iteration
+    again = m.start("j")
+    assert again.state == "running"
+    done = m.cancel("j", grace_s=30)
+    assert done.state == "cancelled" and done.checkpoint_iteration >= info.checkpoint_iteration
+
+
+def test_http_router(tmp_path):
+    m = TrainingManager(tmp_path, launcher=ThreadLauncher())
+    app = FastAPI()
+    app.include_router(make_router(m))
+    c = TestClient(app)
+    r = c.post("/v2/training/jobs", json=_spec("h").model_dump(mode="json"))
+    assert r.status_code == 201 and r.json()["job_id"] == "h"
+    m.wait("h", timeout_s=60)
+    assert c.get("/v2/training/jobs").json()["jobs"][0]["state"] == "finished"
+    assert c.get("/v2/training/jobs/nope").status_code == 404
+    assert c.post("/v2/training/jobs", json=_spec("h").model_dump(mode="json")).status_code == 409
+    assert c.post("/v2/training/jobs", json={"job_id": "../x"}).status_code == 422
+    assert c.delete("/v2/training/jobs/h").json()["state"] == "finished"
+
+
+def test_metrics_gpu_usage_and_decisions():
+    snap = PlacementSnapshot(gpus=(Gpu("a", "T4", 16384), Gpu("b", "T4", 16384), Gpu("c", "A100", 40960)),
+                             targets=(ReplicaTarget("m", "v", "T4", 2, 8192),),
+                             replicas=(Replica("r", "m", "v", "a", 1024),),
+                             jobs=(job("j", ["a"], memory_mib=4096), job("k", ["b"], memory_mib=12288)))
+    usage = gpu_usage(snap)
+    assert usage[("T4", "shared")] == 1 and usage[("T4", "training")] == 1 and usage[("A100", "idle")] == 1
+    reg = CollectorRegistry()
+    pm = PlacementMetrics(reg)
+    pm.observe_snapshot(snap)
+    d, _ = decide("cost-aware", snap, PlacementConfig(substitute_types=False), PlacementState(), 0.0)
+    pm.observe_decision(d)
+    pm.observe_preemption("cost-aware", "reclaim-for-inference", "checkpointed", 0.05)
+    pm.observe_jobs(["running", "queued", "running"])
+    assert reg.get_sample_value("sloserve_gpus", {"gpu_type": "T4", "use": "shared"}) == 1
+    assert reg.get_sample_value("sloserve_training_preemptions_total",
+                                {"policy": "cost-aware", "reason": "reclaim-for-inference", "outcome": "planned"}) == 1
+    assert reg.get_sample_value("sloserve_training_jobs", {"state": "running"}) == 2
+    assert reg.get_sample_value("sloserve_training_reclaim_seconds_count") == 1
