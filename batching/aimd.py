@@ -50,7 +50,7 @@ class AIMDPolicy:
         variant = first_variant(oldest, self.default_variant)
         if view.idle.get(variant, 0) <= 0:
             return Wait(None, "no_replica")
-        limit = min(self.cap(variant), view.max_batch_size)
+        limit = min(max(self.cap(variant), oldest.size), view.max_batch_size)
         ids, rows = take_rows(items, variant, limit)
         if rows >= limit:
             return Dispatch(ids, variant, "full")

@@ -57,7 +57,7 @@ class NexusPolicy:
         if view.idle.get(variant, 0) <= 0:
             return Wait(None, "no_replica")
         slo = self.slo_s if self.slo_s is not None else head.deadline_s - head.arrival_s
-        b = min(self.target(variant, slo), view.max_batch_size)
+        b = min(max(self.target(variant, slo), head.size), view.max_batch_size)
         ids, rows = take_rows(items, variant, b)
         if rows >= b:
             return Dispatch(ids, variant, "full")

@@ -281,7 +281,7 @@ class SLOPolicy:
             if rank > 0 and allowed[0] != v and not spill:
                 continue  # a cheaper variant serves only the overflow, and only when degraded
             if head is None:
-                c = min(B, lat.max_rows_within(v, e[0] - now - self.safety_s))
+                c = min(B, lat.max_rows_within(v, e[0] - now - self.safety_s + EPS_S))
                 if c < it.size:
                     continue  # v cannot make this one; a faster variant may
                 head, cap = it, c

@@ -1,0 +1,138 @@
+"""Invariants of every policy, through the offline driver, on generated workloads (hypothesis)."""
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batching import make_policy
+from batching.offline import Request, replay
+
+from batching_factories import ACC, two_variants
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def make(name, lat, B, variants=None):
+    kw = {"max_batch_size": B, "default_variant": "big"}
+    if name in ("slo", "nexus"):
+        kw["latency_fn"] = lat
+    if name == "slo":
+        kw["variants"] = variants or ["big", "small"]
+    if name == "fixed":
+        kw["preferred_batch_sizes"] = (2, 4)
+    return make_policy(name, **kw)
+
+
+workloads = st.lists(
+    st.tuples(st.floats(0.0, 0.004), st.floats(0.002, 0.04), st.integers(1, 4), st.integers(0, 2),
+              st.sampled_from([("big", "small"), ("big",), ("small",)])),
+    min_size=1, max_size=40)
+
+
+def to_requests(spec):
+    t, out = 0.0, []
+    for i, (gap, slo, size, prio, vs) in enumerate(spec):
+        t += gap
+        out.append(Request(i, t, slo, size, prio, vs))
+    return out
+
+
+@FAST
+@given(spec=workloads, name=st.sampled_from(["slo", "timeout", "fixed", "aimd", "nexus"]),
+       B=st.integers(1, 16), reps=st.integers(1, 2), busy=st.booleans(), admission=st.booleans())
+def test_every_request_answered_exactly_once_and_no_batch_over_max(spec, name, B, reps, busy, admission):
+    reqs = to_requests(spec)
+    B = max(B, 4)  # a request may carry up to 4 rows
+    r = replay(make(name, two_variants, B), reqs, two_variants, {"big": reps, "small": reps},
+               max_batch_size=B, busy_until=busy, admission=admission)
+    assert r.stranded == ()
+    served = Counter(i for b in r.batches for i in b.ids)
+    assert all(c == 1 for c in served.values())
+    for o in r.outcomes:
+        assert o.shed != (o.id in served)
+        assert o.finish_s is not None
+    by_id = {q.id: q for q in reqs}
+    for b in r.batches:
+        assert b.rows == sum(by_id[i].size for i in b.ids) <= B
+        assert all(not by_id[i].variants or b.variant in by_id[i].variants for i in b.ids)
+
+
+@FAST
+@given(a_ms=st.floats(0.2, 5.0), b_ms=st.floats(0.0, 2.0), B=st.integers(1, 32),
+       slo_factor=st.floats(1.0, 8.0), gaps=st.lists(st.floats(1.0, 6.0), min_size=1, max_size=50),
+       busy=st.booleans())
+def test_feasible_load_meets_every_deadline(a_ms, b_ms, B, slo_factor, gaps, busy):
+    """One replica; each request could be served alone after the previous one (gap >= l(1),
+    SLO >= l(1)); latency is exactly the profile's. The SLO policy then meets every deadline."""
+    lat = lambda v, n: (a_ms + b_ms * n) / 1e3  # noqa: E731
+    l1 = lat("v", 1)
+    t, reqs = 0.0, []
+    for i, g in enumerate(gaps):
+        t += g * l1
+        reqs.append(Request(i, t, slo_factor * l1, variants=("v",)))
+    p = make_policy("slo", max_batch_size=B, latency_fn=lat)
+    r = replay(p, reqs, lat, {"v": 1}, max_batch_size=B, busy_until=busy)
+    late = [o for o in r.outcomes if not o.on_time]
+    assert not late, late[:3]
+
+
+@FAST
+@given(spec=workloads, B=st.integers(4, 16), busy=st.booleans())
+def test_only_infeasible_requests_are_shed(spec, B, busy):
+    reqs = to_requests(spec)
+    by_id = {q.id: q for q in reqs}
+    r = replay(make("slo", two_variants, B), reqs, two_variants, {"big": 1, "small": 1},
+               max_batch_size=B, busy_until=busy)
+    for o in r.outcomes:
+        if not o.shed:
+            continue
+        q = by_id[o.id]
+        t = o.finish_s  # the shed instant
+        for v in q.variants or ("big", "small"):
+            start = t
+            if busy:  # the replica of v was running a batch that ends after t
+                start = max([t] + [b.finish_s for b in r.batches
+                                   if b.variant == v and b.start_s <= t < b.finish_s])
+            assert start + two_variants(v, q.size) > o.deadline_s + 1e-12, (o, v)
+        assert o.late_by_s > 0
+
+
+def burst_trace(rate_light=400.0, rate_burst=2500.0, t_burst=(1.0, 2.0), end_s=4.0, slo_s=0.02,
+                variants=("big", "small")):
+    # deterministic evenly spaced arrivals: a light phase, a burst, a light phase
+    reqs, t, i = [], 0.0, 0
+    while t < end_s:
+        rate = rate_burst if t_burst[0] <= t < t_burst[1] else rate_light
+        reqs.append(Request(i, t, slo_s, variants=variants))
+        i += 1
+        t += 1.0 / rate
+    return reqs
+
+
+def test_variants_degrade_under_overload_and_return_with_hysteresis():
+    reqs = burst_trace()
+    p = make("slo", two_variants, 32)
+    r = replay(p, reqs, two_variants, {"big": 1, "small": 1}, max_batch_size=32)
+    phase = lambda o: 0 if o.arrival_s < 1.0 else (1 if o.arrival_s < 2.0 else 2)  # noqa: E731
+    per = [Counter(o.variant for o in r.outcomes if phase(o) == k) for k in range(3)]
+    assert per[0]["small"] == 0  # light: the best variant only
+    assert per[1]["small"] > 0.2 * sum(per[1].values())  # burst: overflow goes to the cheap one
+    assert per[1]["big"] > 0.3 * sum(per[1].values())  # ... while the best keeps working
+    late_light = [o for o in r.outcomes if o.arrival_s > 2.8]
+    assert all(o.variant == "big" for o in late_light)  # back to the best once load fell
+    assert p.levels.switches <= 6  # no flapping
+    assert r.attainment > 0.99
+    # degrading beats holding on to the best variant: effective accuracy (Model-Switching)
+    only_big = replay(make("slo", two_variants, 32, ["big"]),
+                      [Request(q.id, q.arrival_s, q.slo_s, variants=("big",)) for q in reqs],
+                      two_variants, {"big": 1, "small": 1}, max_batch_size=32)
+    assert r.effective_accuracy(ACC) > only_big.effective_accuracy(ACC) + 0.02
+
+
+def test_hysteresis_holds_the_level_through_a_short_lull():
+    p = make("slo", two_variants, 32)
+    p.levels.restore_hold_s = 0.5
+    reqs = burst_trace(t_burst=(1.0, 1.5), end_s=1.7)  # 0.2 s of light load after the burst
+    replay(p, reqs, two_variants, {"big": 1, "small": 1}, max_batch_size=32)
+    assert p.level >= 1  # not yet restored: the lull is shorter than the hold
