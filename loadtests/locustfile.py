@@ -12,8 +12,9 @@ Users:
 Every request carries ``parameters.slo_ms``. A request *attains* its SLO when it succeeds and its
 client-side latency is within its slo_ms. At the end of a headless run the attainment (attained /
 all requests) and the error rate (failed / all) are checked against ``--min-attainment`` and
-``--max-error-rate``; when either misses, the process exits with code 3 (Locust's own codes: 1
-failures without these checks, 2 unhandled exceptions). Options take environment variables too
+``--max-error-rate``; when either misses, the process exits with code 3. A run within both exits 0
+even with a few failed requests; exceptions raised in user code keep Locust's own codes (1, or 2
+for unhandled greenlet exceptions). Options take environment variables too
 (``SLOSERVE_SLO_MS`` ...); ``--results-json`` writes the summary and a per-second timeline.
 """
 
@@ -28,6 +29,7 @@ from urllib.parse import urlparse
 
 import gevent
 from locust import FastHttpUser, User, events, task
+from locust import log as locust_log
 from locust.runners import WorkerRunner
 from locust.user.wait_time import constant_throughput
 
@@ -184,7 +186,8 @@ def _verdict(environment, **_kw) -> None:
           f"(max {opts.max_error_rate})", file=sys.stderr, flush=True)
     if not s["passed"]:
         environment.process_exit_code = EXIT_SLO_MISSED
-    elif environment.process_exit_code is None:
+    elif environment.process_exit_code is None and not environment.runner.exceptions \
+            and not locust_log.unhandled_greenlet_exception:
         environment.process_exit_code = 0  # failures under --max-error-rate are within the contract
 
 
