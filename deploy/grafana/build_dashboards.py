@@ -125,9 +125,9 @@ def overview() -> Board:
             "s")
     b.panel("Outcomes/s", [(f"sum by (outcome) (rate(sloserve_requests_total{{{M}}}[{RI}]))", "{{outcome}}")],
             "reqps")
-    b.panel("SLO budget burn rate (1h, 6h)", [(f"model:sloserve_slo_misses:ratio_rate1h{{{M}}} / 0.01", "{{model}} 1h"),
-                                              (f"model:sloserve_slo_misses:ratio_rate6h{{{M}}} / 0.01", "{{model}} 6h")],
-            "x")
+    b.panel("SLO budget burn rate (1h, 6h)",
+            [(f"model:sloserve_slo_misses:ratio_rate1h{{{M}}} / 0.01", "{{model}} 1h"),
+             (f"model:sloserve_slo_misses:ratio_rate6h{{{M}}} / 0.01", "{{model}} 6h")], "x")
     b.panel("Availability budget burn rate (1h, 6h)",
             [(f"model:sloserve_request_errors:ratio_rate1h{{{M}}} / 0.001", "{{model}} 1h"),
              (f"model:sloserve_request_errors:ratio_rate6h{{{M}}} / 0.001", "{{model}} 6h")], "x")
@@ -160,8 +160,9 @@ def per_model() -> Board:
     b.panel("Latency quantiles by variant", [
         (f"histogram_quantile({q}, sum by (variant, le) (rate(sloserve_request_duration_seconds_bucket{{{M}}}"
          f"[{RI}])))", f"{{{{variant}}}} p{int(float(q) * 100)}") for q in ("0.5", "0.9", "0.99")], "s")
-    b.panel("Latency distribution", [(f"sum by (le) (rate(sloserve_request_duration_seconds_bucket{{{M}}}[{RI}]))",
-                                      "{{le}}")], "reqps", "heatmap",
+    b.panel("Latency distribution",
+            [(f"sum by (le) (rate(sloserve_request_duration_seconds_bucket{{{M}}}[{RI}]))", "{{le}}")],
+            "reqps", "heatmap",
             options={"calculate": False, "yAxis": {"unit": "s"}, "cellGap": 1,
                      "color": {"mode": "scheme", "scheme": "Oranges"}},
             targets_format="heatmap")
@@ -225,8 +226,8 @@ def autoscaler() -> Board:
                                             "{{deployment}}")], "short")
     b.panel("Ray Serve autoscaling target replicas", [("sum by (deployment) (ray_serve_autoscaling_target_replicas)",
                                                        "{{deployment}}")], "short")
-    b.panel("Ray Serve queries in flight per deployment", [("sum by (deployment) (ray_serve_replica_processing_queries)",
-                                                            "{{deployment}}")], "short")
+    b.panel("Ray Serve queries in flight per deployment",
+            [("sum by (deployment) (ray_serve_replica_processing_queries)", "{{deployment}}")], "short")
     return b
 
 
@@ -256,18 +257,30 @@ def training() -> Board:
     return b
 
 
-def main() -> None:
-    OUT.mkdir(exist_ok=True)
+def build() -> dict[str, dict]:
+    """Every dashboard as Grafana JSON, keyed by file name."""
+    out = {}
     for board in (overview(), per_model(), autoscaler(), training()):
-        path = OUT / f"{board.uid}.json"
         data = board.json()
         for p in data["panels"]:
             fmt = p.pop("targets_format", None)
             if fmt:
                 for t in p["targets"]:
                     t["format"] = fmt
-        path.write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+        out[f"{board.uid}.json"] = data
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="write the sloserve Grafana dashboards")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"folder (default {OUT})")
+    out = ap.parse_args(argv).out
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in build().items():
+        (out / name).write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {out / name}")
 
 
 if __name__ == "__main__":
