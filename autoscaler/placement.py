@@ -144,8 +144,16 @@ def _run(mode: Mode, snap: PlacementSnapshot, cfg: PlacementConfig, state: Place
 def cost_aware(snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementState,
                now_s: float) -> tuple[PlacementDecision, PlacementState]:
     """Ours: preempt the job whose preemption costs least (``placement_cost.preemption_cost``)."""
+    keys: dict[str, tuple] = {}
+
+    def key(j: TrainingJob) -> tuple:
+        k = keys.get(j.job_id)
+        if k is None:
+            k = keys[j.job_id] = (preemption_cost(j, cfg).key, j.job_id)
+        return k
+
     def least_cost(jobs: list[TrainingJob]) -> TrainingJob:
-        return min(jobs, key=lambda j: (preemption_cost(j, cfg).key, j.job_id))
+        return min(jobs, key=key)
 
     return _run(Mode("cost-aware", least_cost, pack=True), snap, cfg, state, now_s)
 

@@ -46,6 +46,10 @@ class Cluster:
         self.preempts: list[Preempt] = []
         self.starts: list[StartReplica] = []
         in_flight = set(in_flight)
+        self._by_type: dict[str, list[str]] = {}
+        self._no_fit: set[tuple] = set()
+        for g in sorted(self.gpus):
+            self._by_type.setdefault(self.gpus[g].gpu_type, []).append(g)
         for r in snap.replicas:
             if r.gpu_id in self.slots:
                 self.slots[r.gpu_id].replicas.append((r.model, r.variant, r.memory_mib))
@@ -59,10 +63,10 @@ class Cluster:
 
     # ------------------------------------------------------------ queries
     def of_type(self, gpu_type: str) -> list[str]:
-        return sorted(g for g, x in self.gpus.items() if x.gpu_type == gpu_type)
+        return self._by_type.get(gpu_type, [])
 
     def types(self) -> list[str]:
-        return sorted({g.gpu_type for g in self.gpus.values()})
+        return sorted(self._by_type)
 
     def used_mib(self, gid: str) -> int:
         s = self.slots[gid]
@@ -129,7 +133,7 @@ class Cluster:
                 reason = "substitute-type" if substitute else (
                     "after-preemption" if s[g].freeing else "shared-gpu" if s[g].replicas else "idle-gpu")
                 return self._add(g, model, variant, mem, reason, after=s[g].freeing)
-        for t in types:  # 2. beside a training job (AntMan)
+        for t in types if self._small(mem) else ():  # 2. beside a training job (AntMan)
             cands = [g for g in self.of_type(t) if self.slots[g].job is not None and self.replica_fits(g, mem, True)]
             if cands:
                 g = min(cands, key=lambda g: (-self.used_mib(g), g))
@@ -149,14 +153,9 @@ class Cluster:
         return None
 
     def _victims(self, gpu_type: str, mem: int) -> list[TrainingJob]:
-        out = []
-        for j in sorted({s.job for s in self.slots.values() if s.job is not None}):
-            job = self.jobs[j]
-            for g in job.gpu_ids:
-                if g in self.slots and self.gpus[g].gpu_type == gpu_type and self._fits_without_job(g, mem):
-                    out.append(job)
-                    break
-        return out
+        ids = {self.slots[g].job for g in self.of_type(gpu_type)
+               if self.slots[g].job is not None and self._fits_without_job(g, mem)}
+        return [self.jobs[j] for j in sorted(ids)]
 
     def _fits_without_job(self, gid: str, mem: int) -> bool:
         s = self.slots[gid]
@@ -179,15 +178,20 @@ class Cluster:
     def place_training(self, job: TrainingJob, headroom: dict[str, int]) -> tuple[str, ...] | None:
         """GPUs of one type for the whole gang, or None. Best fit: the type with the fewest spare GPUs
         that still fit the job, fully idle GPUs before GPUs shared with small replicas."""
+        shape = (job.num_gpus, job.memory_mib, job.gpu_type)
+        if shape in self._no_fit:  # capacity only shrinks within a round
+            return None
         best: tuple[int, str, list[str]] | None = None
         for t in self.types():
-            ok = [g for g in self.of_type(t) if self.training_fits(g, job)]
+            ok = [g for g in self.of_type(t) if self.slots[g].job is None and self.slots[g].freeing is None
+                  and self.training_fits(g, job)]
             idle = [g for g in ok if not self.slots[g].replicas]
             spare_idle = len(idle) - headroom.get(t, 0)
-            usable = sorted(idle, key=lambda g: g)[: max(spare_idle, 0)] + sorted(g for g in ok if g not in idle)
+            usable = idle[: max(spare_idle, 0)] + [g for g in ok if self.slots[g].replicas]
             if len(usable) >= job.num_gpus and (best is None or len(usable) < best[0]):
                 best = (len(usable), t, usable)
         if best is None:
+            self._no_fit.add(shape)
             return None
         gids = tuple(best[2][: job.num_gpus])
         for g in gids:
