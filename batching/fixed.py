@@ -44,9 +44,9 @@ class FixedPolicy:
         fits = [b for b in self.preferred_batch_sizes if b <= rows]
         if fits:
             want = max(fits)
-            ids, _ = take_rows(items, variant, want)
-            if ids:
-                return Dispatch(ids, variant, "preferred")
+            pref, _ = take_rows(items, variant, want)
+            if pref:
+                return Dispatch(pref, variant, "preferred")
         due = items[0].arrival_s + self.max_queue_delay_ms / 1000.0
         if now >= due:
             return Dispatch(ids, variant, "timeout")
