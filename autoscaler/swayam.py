@@ -86,6 +86,8 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     if rate is not None:
         horizon_start = now - config.window_s
         history = tuple(p for p in history if p[0] > horizon_start) + ((now, rate),)
+    if not history:  # nothing measured yet: keep what runs
+        return ScaleDecision(snap.target_replicas, "no-data"), SwayamState(history, state.needs, seen)
     horizon_s = config.startup_s + config.interval_s
     predicted = PREDICTORS[config.predictor](history, horizon_s)
     span = max(config.window_s if len(history) > 1 else config.interval_s, 1e-9)

@@ -9,6 +9,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from gateway import bench_cli
 
     bench_cli.register(sub)
+    __import__("sim.cli", fromlist=["register"]).register(sub)
     _register_loadtest(sub)
     _register_train(sub)
 

@@ -42,7 +42,7 @@ def test_direct_call_scales_with_partial_views():
     assert low == 1 and STATE_KEY in state
     # one gateway of two reports 400 rps: the aggregate is 800 rps
     high, state = policy(make_ctx(cfg, now=101.0, rate_by_gw={"gw0": (400.0, 0.5)}, state=state))
-    assert high > 3
+    assert high >= 3
     assert abs(state[STATE_KEY]["history"][-1][1] - 800.0) < 1e-6
 
 

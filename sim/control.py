@@ -1,0 +1,61 @@
+"""The autoscaling round both simulator modes share: snapshots in, placement-granted targets out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoscaler.registry import Autoscaler
+from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from sim.placement import PlacementHook
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One simulated model: its arrivals, its replicas' service model and bounds."""
+
+    name: str
+    arrivals: "object"  # sim.arrivals.Arrivals
+    service: ServiceModel
+    device_type: str = "a100"
+    min_replicas: int = 1
+    max_replicas: int = 10_000
+    initial_replicas: int = 1
+    autoscaler_kwargs: dict | None = None  # per policy name: this model's config overrides
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the driver measured for one model since the previous round."""
+
+    target: int
+    ready: int
+    ongoing: float
+    windows: tuple[RateWindow, ...]
+    future_peak_rps: float
+
+
+class Controller:
+    """Runs one autoscaler over every model each round, then asks placement what it may hold."""
+
+    def __init__(self, autoscaler: Autoscaler, specs: list[ModelSpec], placement: PlacementHook):
+        self.autoscaler = autoscaler
+        self.specs = specs
+        self.placement = placement
+        self.states = [autoscaler.initial_state() for _ in specs]
+        self.decide = autoscaler.spec.decide
+        base = autoscaler.config.model_dump()
+        self.configs = [autoscaler.config if not (s.autoscaler_kwargs or {}).get(autoscaler.name) else
+                        autoscaler.spec.config_type.model_validate({**base, **s.autoscaler_kwargs[autoscaler.name]})
+                        for s in specs]
+
+    def round(self, now: float, obs: list[Observation]) -> list[int]:
+        wants: dict[str, int] = {}
+        holding: dict[str, int] = {}
+        for i, (spec, o) in enumerate(zip(self.specs, obs)):
+            snap = ScalingSnapshot(spec.name, o.target, o.ready, spec.service, o.ongoing, o.windows,
+                                   spec.min_replicas, spec.max_replicas, o.future_peak_rps)
+            decision, self.states[i] = self.decide(snap, self.configs[i], self.states[i], now)
+            wants[spec.name] = decision.target_replicas
+            holding[spec.name] = o.target
+        grant = self.placement.allocate(wants, holding, now)
+        return [grant[s.name] for s in self.specs]
