@@ -122,6 +122,8 @@ class SLOPolicy:
         for v, idle in view.idle.items():
             idle = max(0, idle)
             pred = self._busy_pred.get(v, ())
+            while pred and pred[0] < now - 1.0:  # a completion we never heard of: forget it
+                heapq.heappop(pred)
             if busy_all is not None and v in busy_all:
                 busy = [max(now, t) for t in busy_all[v]]
                 known = True
