@@ -25,7 +25,7 @@ import numpy as np
 from batching.clock import Clock, MonotonicClock
 from batching.policy import BatchPolicy
 from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed, Wait
-from gateway.errors import InternalError, ServingError, TooManyRequests, Unavailable
+from gateway.errors import InternalError, ReplicaFailed, ServingError, TooManyRequests, Unavailable
 
 log = logging.getLogger("sloserve.batching")
 
@@ -35,7 +35,8 @@ class BatchRunner(Protocol):
 
     def slots(self, model: str, variant: str) -> int: ...
 
-    def run(self, model: str, variant: str, inputs: dict[str, np.ndarray]) -> Awaitable["RunResult"]: ...
+    def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
+            timeout_s: float | None = None) -> Awaitable["RunResult"]: ...
 
 
 @dataclass(slots=True)
@@ -90,6 +91,7 @@ class Batcher:
         max_queue_rows: int = 4096,
         clock: Clock | None = None,
         on_event: EventHook | None = None,
+        late_grace_s: float | None = None,
     ):
         self.model = model
         self.policy = policy
@@ -99,6 +101,8 @@ class Batcher:
         self.max_queue_rows = max_queue_rows
         self.clock = clock or MonotonicClock()
         self.on_event = on_event or (lambda kind, rec: None)
+        # A dispatched batch is awaited at most until its latest deadline + late_grace_s (None: no bound).
+        self.late_grace_s = late_grace_s
         self._entries: dict[int, _Entry] = {}
         self._items: list[QueuedItem] = []
         self._rows = 0
@@ -248,16 +252,32 @@ class Batcher:
                 names = entries[0].inputs.keys()
                 inputs = {n: np.concatenate([e.inputs[n] for e in entries]) for n in names}
             rows = sum(e.item.size for e in entries)
-            try:
-                res = await self.runner.run(self.model, variant, inputs)
-                ok = True
-            except ServingError as e:
-                err: Exception = e
-                ok = False
-            except Exception as e:  # noqa: BLE001 - replica failure, answered explicitly
-                log.warning("batch of %d on %s/%s failed: %r", rows, self.model, variant, e)
-                err = InternalError(f"replica for '{self.model}/{variant}' failed on this batch: {e}")
-                ok = False
+            attempt = 0
+            while True:
+                try:
+                    timeout = None
+                    if self.late_grace_s is not None:
+                        latest = max(ent.item.deadline_s for ent in entries)
+                        timeout = max(latest + self.late_grace_s - self.clock.now(), 1e-3)
+                    res = await self.runner.run(self.model, variant, inputs, timeout)
+                    ok = True
+                except ReplicaFailed as e:
+                    earliest = min(ent.item.deadline_s for ent in entries)
+                    if attempt == 0 and self.clock.now() < earliest:
+                        attempt += 1
+                        self.on_event("retry", (variant, rows))
+                        continue
+                    why = "retried once" if attempt else "its deadline had passed, so it was not retried"
+                    err = ReplicaFailed(f"{e.message}; {why}", retry_after_s=1.0)
+                    ok = False
+                except ServingError as e:
+                    err = e
+                    ok = False
+                except Exception as e:  # noqa: BLE001 - replica failure, answered explicitly
+                    log.warning("batch of %d on %s/%s failed: %r", rows, self.model, variant, e)
+                    err = InternalError(f"replica for '{self.model}/{variant}' failed on this batch: {e}")
+                    ok = False
+                break
             finished = self.clock.now()
             if not ok:
                 for e in entries:

@@ -29,7 +29,8 @@ class Backend(Protocol):
 
     def slots(self, model: str, variant: str) -> int: ...
 
-    async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray]) -> RunResult: ...
+    async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
+                  timeout_s: float | None = None) -> RunResult: ...
 
 
 class InProcessBackend:
@@ -95,7 +96,9 @@ class InProcessBackend:
     def slots(self, model: str, variant: str) -> int:
         return len(self._replicas.get((model, variant), ()))
 
-    async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray]) -> RunResult:
+    async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
+                  timeout_s: float | None = None) -> RunResult:
+        """``timeout_s`` is ignored: an ORT call in this process cannot be abandoned half-way."""
         key = (model, variant)
         free = self._free[key]
         rep = free.pop() if free else self._replicas[key][0]

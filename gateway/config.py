@@ -27,6 +27,13 @@ class ModelOverride(BaseModel):
     )
     max_queue_rows: int | None = Field(default=None, ge=1, description="Bound on queued rows for this model.")
     instances: int | None = Field(default=None, ge=1, le=64, description="Replicas per variant.")
+    device_type: str | None = Field(
+        default=None, description="Device type its Ray replicas run on: cpu, or a GPU type such as T4 / A100."
+    )
+    fault_delay_ms: float = Field(
+        default=0.0, ge=0, le=600_000,
+        description="Chaos drills only: each Ray replica sleeps this long inside every batch before computing.",
+    )
 
 
 class Settings(BaseSettings):
@@ -43,6 +50,27 @@ class Settings(BaseSettings):
         default=None, description="Join this Ray cluster (auto | ray://host:port); default: start a local Ray."
     )
     instances: int = Field(default=1, ge=1, le=64, description="Replicas per (model, variant).")
+    ray_num_cpus: float | None = Field(
+        default=None, gt=0, description="CPUs the embedded local Ray offers (default: all cores)."
+    )
+    emulated_gpus: dict[str, int] = Field(
+        default_factory=dict,
+        description="Typed GPUs the embedded local Ray pretends to have, e.g. {T4: 2, A100: 1} (CPU boxes).",
+    )
+    replica_num_cpus: float = Field(default=0.25, gt=0, le=64, description="num_cpus of each Ray replica.")
+    replica_gpu_fraction: float = Field(default=0.5, gt=0, le=8, description="num_gpus of each GPU replica.")
+    pipeline_depth: int = Field(
+        default=2, ge=1, le=8, description="Batches in flight per Ray replica (2 overlaps Ray's hand-off with compute)."
+    )
+    batch_timeout_s: float = Field(default=30.0, gt=0, description="A batch not back by then fails (504).")
+    late_grace_s: float | None = Field(
+        default=1.0, ge=0,
+        description="A dispatched batch still out this long after its latest deadline fails (504); "
+                    "null waits up to batch_timeout_s. Bounds Ray's own re-routing after a replica dies.",
+    )
+    ray_deploy: bool = Field(
+        default=True, description="Deploy the replicas on start; False attaches to already deployed ones."
+    )
     intra_op_threads: int = Field(default=1, ge=1, le=256, description="ONNX Runtime intra-op threads.")
     allow_spinning: bool = Field(default=False, description="Let ORT threads spin (fast on idle boxes).")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Execution provider choice.")

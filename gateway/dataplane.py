@@ -53,7 +53,8 @@ class ModelState:
         hook, depth = metrics.batcher_hook(cfg.name)
         max_rows = (over.max_queue_rows if over and over.max_queue_rows else settings.max_queue_rows)
         self.batcher = Batcher(cfg.name, self.policy, backend, self.by_accuracy, cfg.max_batch_size,
-                               max_queue_rows=max_rows, clock=clock, on_event=hook)
+                               max_queue_rows=max_rows, clock=clock, on_event=hook,
+                               late_grace_s=settings.late_grace_s)
         depth.set_function(lambda: self.batcher.queued_rows)
 
     def metadata(self) -> dict[str, Any]:

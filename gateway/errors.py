@@ -70,3 +70,8 @@ class DeadlineExceeded(ServingError):
 class InternalError(ServingError):
     http_status = 500
     grpc_code = grpc.StatusCode.INTERNAL
+
+
+class ReplicaFailed(Unavailable):
+    """The replica died or vanished mid-batch (503 / UNAVAILABLE, Retry-After); the batcher
+    retries the batch once if its deadline still allows."""

@@ -29,6 +29,9 @@ class Metrics:
         self.batch_compute = Histogram("sloserve_batch_compute_seconds", "Replica compute time per batch.",
                                        ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
         self.shed = Counter("sloserve_shed", "Requests refused or shed, by reason.", ["model", "reason"], registry=r)
+        self.batch_failures = Counter("sloserve_batch_failures", "Batches whose replica failed, by what followed "
+                                      "(retried once elsewhere, or failed explicitly).",
+                                      ["model", "variant", "action"], registry=r)
         # Metrics of the later parts (autoscaler/, placement, training harvest, online profiles). They are
         # defined here so every exporter uses one name and one label set; a series appears once the part
         # that owns it sets it (see docs/operations.md, "who exports what").
@@ -93,6 +96,9 @@ class Metrics:
                     computes[variant] = self.batch_compute.labels(model, variant)
                 h.observe(rows)
                 computes[variant].observe(compute_s)
+            elif kind in ("retry", "batch_failed"):
+                variant = rec[0]  # type: ignore[index]
+                self.batch_failures.labels(model, variant, "retried" if kind == "retry" else "failed").inc()
             elif kind == "shed":
                 decision, n = rec  # type: ignore[misc]
                 self.shed.labels(model, decision.reason).inc(n)

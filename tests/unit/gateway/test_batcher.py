@@ -9,7 +9,7 @@ from batching.batcher import Batcher, RunResult
 from batching.clock import FakeClock
 from batching.policy import make_policy
 from batching.types import Dispatch, Shed, Wait
-from gateway.errors import InternalError, TooManyRequests, Unavailable
+from gateway.errors import InternalError, ReplicaFailed, TooManyRequests, Unavailable
 
 
 class Runner:
@@ -20,12 +20,14 @@ class Runner:
         self._slots = slots
         self.fail = fail
         self.gate = None
+        self.timeouts = []
 
     def slots(self, model, variant):
         return self._slots
 
-    async def run(self, model, variant, inputs):
+    async def run(self, model, variant, inputs, timeout_s=None):
         self.batches.append((variant, inputs["x"].shape[0]))
+        self.timeouts.append(timeout_s)
         if self.gate is not None:
             await self.gate.wait()
         if self.fail:
@@ -126,4 +128,58 @@ async def test_policy_crash_falls_back_to_fifo():
     b.start()
     out = await b.submit(x(2), 1, 1.0, ("v",))
     assert out.outputs["y"][0, 0] == 4
+    await b.close()
+
+
+class DiesOnce(Runner):
+    """The first batch's replica dies (after the fake clock moves ``dead_for_s``); later ones work."""
+
+    def __init__(self, clock, dead_for_s):
+        super().__init__()
+        self.clock, self.dead_for_s, self.calls = clock, dead_for_s, 0
+
+    async def run(self, model, variant, inputs, timeout_s=None):
+        self.calls += 1
+        if self.calls == 1:
+            self.clock.advance(self.dead_for_s)
+            raise ReplicaFailed("replica for 'm/v' died while running this batch (ActorDiedError)")
+        return await super().run(model, variant, inputs, timeout_s)
+
+
+def one_shot(clock, runner, **kw):
+    events = []
+    b = Batcher("m", make_policy("timeout", max_batch_size=1, max_wait_ms=0, default_variant="v"), runner, ["v"],
+                max_batch_size=1, clock=clock, on_event=lambda k, r: events.append(k), **kw)
+    return b, events
+
+
+async def test_replica_death_is_retried_once_when_the_deadline_allows():
+    clock = FakeClock()
+    runner = DiesOnce(clock, dead_for_s=0.005)
+    b, events = one_shot(clock, runner)
+    b.start()
+    out = await b.submit(x(5), 1, deadline_s=0.020, variants=("v",))
+    assert out.outputs["y"][0, 0] == 10 and runner.calls == 2 and events.count("retry") == 1
+    await b.close()
+
+
+async def test_replica_death_past_the_deadline_fails_explicitly():
+    clock = FakeClock()
+    runner = DiesOnce(clock, dead_for_s=0.050)
+    b, events = one_shot(clock, runner)
+    b.start()
+    with pytest.raises(ReplicaFailed) as e:
+        await b.submit(x(5), 1, deadline_s=0.020, variants=("v",))
+    assert "not retried" in e.value.message and e.value.http_status == 503 and runner.calls == 1
+    assert "batch_failed" in events
+    await b.close()
+
+
+async def test_a_batch_is_bounded_by_its_latest_deadline_plus_grace():
+    clock = FakeClock(10.0)
+    runner = Runner()
+    b, _ = one_shot(clock, runner, late_grace_s=0.5)
+    b.start()
+    await b.submit(x(1), 1, deadline_s=10.2, variants=("v",))
+    assert runner.timeouts == [pytest.approx(0.7)]
     await b.close()

@@ -1,0 +1,208 @@
+"""Replicas on Ray Serve: the gateway crosses into Ray once per batch, never once per request.
+
+Each (model, variant, device type) is a Serve application with one deployment of
+:class:`models.ray_replica.OnnxReplica`. The gateway keeps one queue per model (the SLO policy
+needs every queued deadline in one view to order, batch and pick variants) and sends each batch
+through a DeploymentHandle; Ray Serve's router places it on a replica with spare capacity
+(``max_ongoing_requests`` = pipeline depth). Slots the batcher may fill = running replicas x
+pipeline depth, refreshed from Serve's status.
+
+A replica that dies mid-batch surfaces as :class:`~gateway.errors.ReplicaFailed`; the batcher
+retries the batch once if its deadline still allows, else fails it explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from batching.batcher import RunResult
+from gateway.config import Settings
+from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
+from models.ray_replica import build_app, deployment_name
+from models.repository import ModelRepository
+from models.runtime import RuntimeOptions
+
+log = logging.getLogger("sloserve.ray")
+APP_PREFIX = "sloserve-"
+
+
+class RayServeBackend:
+    name = "ray"
+
+    def __init__(self, repo: ModelRepository, opts: RuntimeOptions, settings: Settings):
+        self.repo = repo
+        self.opts = opts
+        self.settings = settings
+        self._handles: dict[tuple[str, str], Any] = {}
+        self._replicas: dict[tuple[str, str], int] = {}
+        self._apps: dict[tuple[str, str], str] = {}
+        self._started_ray = False
+        self._ready = False
+        self._poller: asyncio.Task | None = None
+
+    # ---- life cycle -----------------------------------------------------------------------
+    def device_of(self, model: str) -> str:
+        over = self.settings.models.get(model)
+        return (over.device_type if over and over.device_type else "cpu")
+
+    def replicas_of(self, model: str) -> int:
+        over = self.settings.models.get(model)
+        return over.instances if over and over.instances else self.settings.instances
+
+    def _fault_delay_s(self, model: str) -> float:
+        over = self.settings.models.get(model)
+        return over.fault_delay_ms / 1e3 if over else 0.0
+
+    def _init_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Ray gives its GCS 30 s to come up; a busy 2-core box can take longer.
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+        s = self.settings
+        if s.ray_address:
+            ray.init(address=s.ray_address, namespace="sloserve", log_to_driver=False)
+            return
+        resources = {f"accelerator_type:{t}": float(n) for t, n in s.emulated_gpus.items()}
+        ray.init(num_cpus=s.ray_num_cpus or os.cpu_count(), num_gpus=sum(s.emulated_gpus.values()) or None,
+                 resources=resources or None, include_dashboard=False, namespace="sloserve",
+                 log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+        self._started_ray = True
+        print(f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
+              f"(attach with ray.init(address=...) or `ray status --address ...`)", flush=True)
+
+    def _deploy(self) -> None:
+        from ray import serve
+
+        serve.start(proxy_location="Disabled")
+        runtime = {"intra_op_threads": self.opts.intra_op_threads, "allow_spinning": self.opts.allow_spinning,
+                   "device": self.opts.device}
+        for name, model in self.repo.models.items():
+            device = self.device_of(name)
+            for v in model.config.variants:
+                dep = deployment_name(name, v.name, device)
+                app = APP_PREFIX + dep
+                if self.settings.ray_deploy:
+                    serve.run(build_app({
+                        "repo": str(self.repo.root), "model": name, "variant": v.name, "device": device,
+                        "num_replicas": self.replicas_of(name), "num_cpus": self.settings.replica_num_cpus,
+                        "gpu_fraction": self.settings.replica_gpu_fraction,
+                        "pipeline_depth": self.settings.pipeline_depth, "runtime": runtime,
+                        "fault_delay_s": self._fault_delay_s(name),
+                    }), name=app, route_prefix=None, blocking=False)
+                self._apps[(name, v.name)] = app
+                self._handles[(name, v.name)] = serve.get_deployment_handle(dep, app_name=app)
+                self._replicas[(name, v.name)] = self.replicas_of(name)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._init_ray)
+        await loop.run_in_executor(None, self._deploy)
+        await self._wait_running()
+        self._ready = True
+        self._poller = loop.create_task(self._poll_replicas())
+
+    async def _wait_running(self, timeout_s: float = 300.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            counts = await loop.run_in_executor(None, self._running_counts)
+            if all(counts.get(k, 0) >= 1 for k in self._handles):
+                self._replicas.update(counts)
+                return
+            await asyncio.sleep(0.25)
+        raise TimeoutError("Ray Serve replicas did not start in time; see `ray status` / Serve logs")
+
+    def _running_counts(self) -> dict[tuple[str, str], int]:
+        from ray import serve
+
+        status = serve.status()
+        out = {}
+        for key, app in self._apps.items():
+            st = status.applications.get(app)
+            if st is None:
+                continue
+            for dep in st.deployments.values():
+                out[key] = int(dep.replica_states.get("RUNNING", 0))
+        return out
+
+    async def _poll_replicas(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                self._replicas.update(await loop.run_in_executor(None, self._running_counts))
+            except Exception:  # noqa: BLE001 - the controller may be restarting; keep the last view
+                log.debug("serve.status failed", exc_info=True)
+
+    async def stop(self) -> None:
+        self._ready = False
+        if self._poller is not None:
+            self._poller.cancel()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._shutdown)
+
+    def _shutdown(self) -> None:
+        import ray
+        from ray import serve
+
+        if not ray.is_initialized():
+            return
+        try:
+            if self.settings.ray_deploy:
+                for app in self._apps.values():
+                    serve.delete(app, _blocking=False)
+            if self._started_ray:
+                serve.shutdown()
+        finally:
+            if self._started_ray:
+                ray.shutdown()
+
+    def ready(self) -> bool:
+        return self._ready
+
+    # ---- batches --------------------------------------------------------------------------
+    def slots(self, model: str, variant: str) -> int:
+        return self._replicas.get((model, variant), 0) * self.settings.pipeline_depth
+
+    def handle(self, model: str, variant: str):
+        return self._handles[(model, variant)]
+
+    async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
+                  timeout_s: float | None = None) -> RunResult:
+        """One Ray call for the whole batch, bounded by the batch's deadline (``timeout_s``, from the
+        batcher: latest deadline + late_grace_s) and by ``batch_timeout_s`` for hung replicas.
+
+        Ray Serve 2.60's router itself re-sends a request whose replica died to another replica,
+        in an unbounded loop that knows no deadline (serve/_private/router.py); the bound here is
+        what turns that into "answered in time, or failed explicitly"."""
+        from ray import exceptions as rex
+
+        limit = self.settings.batch_timeout_s if timeout_s is None else min(timeout_s, self.settings.batch_timeout_s)
+        call = self._handles[(model, variant)].run_batch.remote(inputs)
+        try:
+            outputs, compute_s, device = await asyncio.wait_for(call, limit)
+        except asyncio.TimeoutError:
+            call.cancel()
+            if timeout_s is not None and timeout_s <= self.settings.batch_timeout_s:
+                raise DeadlineExceeded(
+                    f"the batch on '{model}/{variant}' was not back {limit:.2f} s after dispatch, past its "
+                    f"requests' deadlines plus late_grace_s (its replica may have died and been replaced); "
+                    f"retry, or raise slo_ms") from None
+            raise DeadlineExceeded(
+                f"replica for '{model}/{variant}' did not return a batch within batch_timeout_s="
+                f"{self.settings.batch_timeout_s}") from None
+        except (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError,
+                rex.ObjectLostError) as e:
+            raise ReplicaFailed(f"replica for '{model}/{variant}' died while running this batch "
+                                f"({type(e).__name__})") from None
+        except rex.RayTaskError as e:
+            raise InternalError(f"replica for '{model}/{variant}' failed: {e.cause!r:.200}") from None
+        return RunResult(outputs, compute_s, device)

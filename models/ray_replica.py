@@ -1,0 +1,85 @@
+"""The Ray Serve replica: one ONNX Runtime session per (model, variant, device type).
+
+A replica receives a whole batch (a dict of numpy arrays, zero-copy through Ray's object store)
+and returns a whole batch plus its compute time and device type, which the gateway feeds back
+into profile calibration. ``build_app`` is the import path the Serve config file and the
+gateway's own deployment both use (``models.ray_replica:build_app``), so both deploy the same thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from models.repository import ModelRepository, check_name
+from models.runtime import Replica, RuntimeOptions, device_type
+
+
+class OnnxReplica:
+    """Runs batches one at a time on a single ORT thread pool; a second batch may wait in the
+    replica (``max_ongoing_requests`` = pipeline depth) so Ray's hand-off overlaps compute."""
+
+    def __init__(self, repo: str, model: str, variant: str, device: str = "cpu",
+                 runtime: dict[str, Any] | None = None, fault_delay_s: float = 0.0):
+        check_name("model", model)
+        check_name("variant", variant)
+        loaded = ModelRepository(repo).load().models[model]
+        opts = RuntimeOptions(**(runtime or {}))
+        self.replica = Replica(loaded.onnx_path(variant), opts, [o.name for o in loaded.config.outputs])
+        self.device_type = device_type(opts.device) if device == "cpu" else device.lower()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
+        self.batches = 0
+        self.model, self.variant = model, variant
+        self.fault_delay_s = fault_delay_s
+
+    async def run_batch(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, str]:
+        if self.fault_delay_s:
+            await asyncio.sleep(self.fault_delay_s)  # chaos drill: a batch that takes long
+        t0 = time.perf_counter()
+        outputs = await asyncio.get_running_loop().run_in_executor(self.pool, self.replica.run, inputs)
+        self.batches += 1
+        return outputs, time.perf_counter() - t0, self.device_type
+
+    async def pid(self) -> int:
+        """For failure tests and operators: the replica's worker process id."""
+        return os.getpid()
+
+    def check_health(self) -> None:
+        return None
+
+
+def deployment_name(model: str, variant: str, device: str) -> str:
+    return f"{model}-{variant}-{device.lower()}"
+
+
+def actor_options(device: str, num_cpus: float, gpu_fraction: float) -> dict[str, Any]:
+    """CPU replicas take a fraction of a CPU; GPU replicas a GPU fraction plus the
+    ``accelerator_type:<T>`` resource Ray puts on nodes with that GPU (declared by hand when
+    emulating typed GPUs on a CPU machine)."""
+    opts: dict[str, Any] = {"num_cpus": num_cpus}
+    if device.lower() != "cpu":
+        opts["num_gpus"] = gpu_fraction
+        opts["resources"] = {f"accelerator_type:{device}": 0.001}
+    return opts
+
+
+def build_app(args: dict[str, Any]) -> serve.Application:
+    """Serve application builder: ``{repo, model, variant, device, num_replicas, num_cpus, ...}``."""
+    device = str(args.get("device", "cpu"))
+    dep = serve.deployment(OnnxReplica).options(
+        name=deployment_name(args["model"], args["variant"], device),
+        num_replicas=int(args.get("num_replicas", 1)),
+        max_ongoing_requests=int(args.get("pipeline_depth", 2)),
+        ray_actor_options=actor_options(device, float(args.get("num_cpus", 0.25)),
+                                        float(args.get("gpu_fraction", 0.5))),
+        health_check_period_s=float(args.get("health_check_period_s", 2.0)),
+        graceful_shutdown_timeout_s=5.0,
+    )
+    return dep.bind(str(args["repo"]), args["model"], args["variant"], device, args.get("runtime"),
+                    float(args.get("fault_delay_s", 0.0)))
