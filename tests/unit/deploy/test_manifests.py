@@ -1,0 +1,337 @@
+"""deploy/ manifests, checked without a cluster: they parse, Ray's own Serve schema accepts the Serve
+configs, the import paths and their args build real Serve applications (without starting Ray), the
+resources the replicas ask for are offered by a worker group, and the gateway pods' command and
+settings are ones sloserve itself accepts and that find the deployed applications."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy"
+SERVE_CONFIG = DEPLOY / "serve" / "sloserve.yaml"
+RAYSERVICE = DEPLOY / "kuberay" / "rayservice.yaml"
+EXAMPLE = DEPLOY / "sloserve.example.yaml"
+
+
+def _yaml_files() -> list[Path]:
+    return sorted(p for ext in ("*.yaml", "*.yml") for p in DEPLOY.rglob(ext))
+
+
+def _docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def _kind(kind: str, name: str | None = None) -> dict:
+    found = [d for d in _docs(RAYSERVICE) if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''} in {RAYSERVICE.name}, found {len(found)}"
+    return found[0]
+
+
+def _rayservice() -> dict:
+    return _kind("RayService")
+
+
+def _embedded_serve_config() -> dict:
+    return yaml.safe_load(_rayservice()["spec"]["serveConfigV2"])
+
+
+def _serve_configs() -> dict[str, dict]:
+    return {"deploy/serve/sloserve.yaml": yaml.safe_load(SERVE_CONFIG.read_text()),
+            "RayService serveConfigV2": _embedded_serve_config()}
+
+
+def _groups() -> list[dict]:
+    return _rayservice()["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+
+
+def _ray_start_resources(params: dict) -> dict[str, float]:
+    """KubeRay's rayStartParams.resources: a JSON object inside a quoted string, '"{\\"T\\": 1}"'."""
+    raw = params.get("resources")
+    if raw is None:
+        return {}
+    words = shlex.split(raw)  # the shell quoting KubeRay passes through to `ray start`
+    assert len(words) == 1, raw
+    return {k: float(v) for k, v in json.loads(words[0]).items()}
+
+
+def _containers(pod_spec: dict) -> list[dict]:
+    return pod_spec.get("containers", [])
+
+
+def _demo_models() -> dict[str, list[str]]:
+    from models.build import DIGITS_VARIANTS, HEAVY_VARIANTS
+
+    return {"digits": [v[0] for v in DIGITS_VARIANTS], "heavy": [v[0] for v in HEAVY_VARIANTS]}
+
+
+# ---- parsing ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", _yaml_files(), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_yaml_parses(path):
+    docs = list(yaml.safe_load_all(path.read_text()))
+    assert any(d is not None for d in docs), f"{path} is empty"
+
+
+def test_the_manifests_this_suite_checks_exist():
+    names = {p.relative_to(DEPLOY).as_posix() for p in _yaml_files()}
+    assert {"serve/sloserve.yaml", "kuberay/rayservice.yaml", "sloserve.example.yaml"} <= names
+    kinds = [d["kind"] for d in _docs(RAYSERVICE)]
+    for kind in ("RayService", "Deployment", "Service", "ConfigMap", "PersistentVolumeClaim"):
+        assert kind in kinds
+    assert _rayservice()["apiVersion"] == "ray.io/v1"
+
+
+# ---- Ray's own schema -----------------------------------------------------------------------------
+@pytest.mark.parametrize("which", ["deploy/serve/sloserve.yaml", "RayService serveConfigV2"])
+def test_ray_serve_deploy_schema_accepts_the_serve_config(which):
+    from ray.serve.schema import ServeDeploySchema
+
+    cfg = _serve_configs()[which]
+    schema = ServeDeploySchema.model_validate(cfg) if hasattr(ServeDeploySchema, "model_validate") \
+        else ServeDeploySchema.parse_obj(cfg)
+    assert len(schema.applications) == sum(len(v) for v in _demo_models().values())
+    # The gateway is the front door: no application is routed through a Serve HTTP proxy.
+    assert all(app.route_prefix is None for app in schema.applications)
+    assert str(schema.proxy_location.value) in ("Disabled", "HeadOnly")
+
+
+def test_the_rayservice_deploys_the_same_applications_as_the_serve_config():
+    plain, embedded = _serve_configs().values()
+    assert plain["applications"] == embedded["applications"]
+    assert plain["proxy_location"] == "Disabled"  # a plain cluster needs no proxy at all
+
+
+def test_every_demo_model_and_variant_is_deployed_once():
+    for which, cfg in _serve_configs().items():
+        pairs = sorted((a["args"]["model"], a["args"]["variant"]) for a in cfg["applications"])
+        want = sorted((m, v) for m, vs in _demo_models().items() for v in vs)
+        assert pairs == want, which
+
+
+# ---- import paths and builders ----------------------------------------------------------------------
+def _build(app_cfg: dict):
+    """Resolve and call the builder as `serve deploy` does (import_attr + Serve's own arg handling)."""
+    from ray._common.utils import import_attr
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    builder = import_attr(app_cfg["import_path"])
+    assert callable(builder), app_cfg["import_path"]
+    return call_user_app_builder_with_args_if_necessary(builder, app_cfg.get("args", {}))
+
+
+def _applications() -> list[tuple[str, dict]]:
+    return [(which, a) for which, cfg in _serve_configs().items() for a in cfg["applications"]]
+
+
+@pytest.mark.parametrize("which,app_cfg", _applications(), ids=lambda x: x if isinstance(x, str) else x["name"])
+def test_import_path_builds_an_application_without_starting_ray(which, app_cfg):
+    import ray
+    from ray.serve import Application
+
+    from models.ray_replica import OnnxReplica, deployment_name
+
+    was_up = ray.is_initialized()
+    app = _build(app_cfg)
+    assert isinstance(app, Application)
+    assert ray.is_initialized() == was_up, "building a Serve application must not start Ray"
+    dep = app._bound_deployment
+    args = app_cfg["args"]
+    assert dep.func_or_class is OnnxReplica
+    assert dep.name == deployment_name(args["model"], args["variant"], args["device"])
+    # The app name is the one the gateway looks for: sloserve-<deployment name>.
+    assert app_cfg["name"] == "sloserve-" + dep.name
+    assert dep.num_replicas == args["num_replicas"]
+    assert dep.max_ongoing_requests == args["pipeline_depth"]
+    assert dep.init_args[:4] == (args["repo"], args["model"], args["variant"], args["device"])
+
+
+def test_builder_args_name_real_runtime_options():
+    from models.runtime import RuntimeOptions
+
+    for _, app_cfg in _applications():
+        RuntimeOptions(**app_cfg["args"].get("runtime", {}))  # unknown keys would raise TypeError
+
+
+# ---- resources: what the replicas ask for, the worker groups offer ----------------------------------
+def _actor_options(app_cfg: dict) -> dict:
+    return _build(app_cfg)._bound_deployment.ray_actor_options
+
+
+def test_every_accelerator_a_replica_asks_for_is_offered_by_a_worker_group():
+    offered = {}
+    for g in _groups():
+        for res, n in _ray_start_resources(g["rayStartParams"]).items():
+            offered.setdefault(res, []).append(g["groupName"])
+    asked = set()
+    for _, app_cfg in _applications():
+        for res in _actor_options(app_cfg).get("resources", {}):
+            asked.add(res)
+            assert res in offered, f"{app_cfg['name']} needs {res}; no worker group offers it"
+    assert {"accelerator_type:T4", "accelerator_type:A100"} <= asked
+
+
+def test_each_gpu_type_has_room_for_its_replicas():
+    """Per accelerator type: GPUs and CPUs the groups offer (initial pod count) cover the replicas'
+    demand, and one replica fits on one pod."""
+    apps = _embedded_serve_config()["applications"]
+    demand: dict[str, dict[str, float]] = {}
+    for app_cfg in apps:
+        opts = _actor_options(app_cfg)
+        n = app_cfg["args"]["num_replicas"]
+        for res in opts.get("resources", {}):
+            d = demand.setdefault(res, {"GPU": 0.0, "CPU": 0.0, "max_gpu": 0.0, "max_cpu": 0.0})
+            d["GPU"] += n * opts.get("num_gpus", 0)
+            d["CPU"] += n * opts.get("num_cpus", 1)
+            d["max_gpu"] = max(d["max_gpu"], opts.get("num_gpus", 0))
+            d["max_cpu"] = max(d["max_cpu"], opts.get("num_cpus", 1))
+    assert demand
+    for res, d in demand.items():
+        groups = [g for g in _groups() if res in _ray_start_resources(g["rayStartParams"])]
+        gpus = sum(g["replicas"] * float(g["rayStartParams"]["num-gpus"]) for g in groups)
+        cpus = sum(g["replicas"] * float(g["rayStartParams"]["num-cpus"]) for g in groups)
+        assert gpus >= d["GPU"], f"{res}: replicas need {d['GPU']} GPUs, groups offer {gpus}"
+        assert cpus >= d["CPU"], f"{res}: replicas need {d['CPU']} CPUs, groups offer {cpus}"
+        assert all(float(g["rayStartParams"]["num-gpus"]) >= d["max_gpu"] for g in groups)
+        assert all(float(g["rayStartParams"]["num-cpus"]) >= d["max_cpu"] for g in groups)
+
+
+def test_worker_groups_match_their_gpu_type_in_kubernetes_too():
+    """Each group: GPUs asked of Kubernetes = num-gpus given to Ray, and the pods are pinned to nodes
+    with that accelerator (nodeSelector or node affinity on an accelerator label)."""
+    for g in _groups():
+        params = g["rayStartParams"]
+        (acc,) = [r.split(":", 1)[1] for r in _ray_start_resources(params) if r.startswith("accelerator_type:")]
+        spec = g["template"]["spec"]
+        (c,) = _containers(spec)
+        for kind in ("requests", "limits"):
+            assert float(c["resources"][kind]["nvidia.com/gpu"]) == float(params["num-gpus"]), g["groupName"]
+            assert float(c["resources"][kind]["cpu"]) == float(params["num-cpus"]), g["groupName"]
+        selector = json.dumps([spec.get("nodeSelector"), spec.get("affinity")])
+        assert "nvidia.com/gpu.product" in selector or "gke-accelerator" in selector, g["groupName"]
+        assert acc.lower() in selector.lower(), f"group {g['groupName']} is not pinned to {acc} nodes"
+        assert g["template"]["metadata"]["labels"]["sloserve.io/accelerator"] == acc
+        assert g["minReplicas"] <= g["replicas"] <= g["maxReplicas"]
+
+
+def test_head_runs_no_replicas_and_exposes_the_ray_client_port():
+    head = _rayservice()["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    ports = {p["containerPort"] for c in _containers(head["template"]["spec"]) for p in c.get("ports", [])}
+    assert {6379, 8265, 10001} <= ports
+
+
+# ---- the model repository volume ------------------------------------------------------------------
+def _pod_specs() -> dict[str, dict]:
+    rc = _rayservice()["spec"]["rayClusterConfig"]
+    specs = {"head": rc["headGroupSpec"]["template"]["spec"]}
+    specs.update({f"worker:{g['groupName']}": g["template"]["spec"] for g in rc["workerGroupSpecs"]})
+    specs["gateway"] = _kind("Deployment", "sloserve-gateway")["spec"]["template"]["spec"]
+    return specs
+
+
+def test_every_pod_mounts_the_model_repository_where_the_replicas_read_it():
+    claim = _kind("PersistentVolumeClaim")["metadata"]["name"]
+    assert "ReadWriteMany" in _kind("PersistentVolumeClaim")["spec"]["accessModes"]
+    repos = {a["args"]["repo"] for a in _embedded_serve_config()["applications"]}
+    assert len(repos) == 1
+    (repo,) = repos
+    for name, spec in _pod_specs().items():
+        vols = {v["name"]: v for v in spec.get("volumes", [])}
+        mounts = [m for c in _containers(spec) for m in c.get("volumeMounts", [])
+                  if vols.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") == claim]
+        assert [m["mountPath"] for m in mounts] == [repo], name
+
+
+# ---- the gateways -----------------------------------------------------------------------------------
+def _gateway_container() -> dict:
+    (c,) = _containers(_kind("Deployment", "sloserve-gateway")["spec"]["template"]["spec"])
+    return c
+
+
+def _gateway_settings(tmp_path: Path):
+    """What `sloserve serve` resolves in the gateway pod: its command line parsed by sloserve's own
+    parser, over the ConfigMap's settings file mounted where the command says."""
+    from gateway.cli import build_parser
+    from gateway.config import load_settings
+
+    c = _gateway_container()
+    argv = c["command"] + c.get("args", [])
+    assert argv[0] == "sloserve"
+    args = build_parser().parse_args(argv[1:])
+    assert args.cmd == "serve"
+    spec = _kind("Deployment", "sloserve-gateway")["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    (mount,) = [m for m in c["volumeMounts"] if "configMap" in vols[m["name"]]]
+    cm = _kind("ConfigMap", vols[mount["name"]]["configMap"]["name"])
+    rel = Path(args.config).relative_to(mount["mountPath"])
+    local = tmp_path / rel
+    local.write_text(cm["data"][str(rel)])
+    # The same overrides gateway/cli.py's _serve passes.
+    settings = load_settings(local, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+                             repo=args.repo, backend=args.backend, ray_address=args.ray_address,
+                             instances=args.instances, intra_op_threads=args.intra_op_threads,
+                             device=args.device, log_level=args.log_level)
+    return args, settings
+
+
+def test_gateway_command_parses_and_its_settings_validate(tmp_path):
+    _, s = _gateway_settings(tmp_path)
+    assert s.backend == "ray"
+    assert s.ray_deploy is False, "gateways attach to the RayService's replicas; they must not deploy them"
+    assert s.host == "0.0.0.0"
+    head_svc = _rayservice()["metadata"]["name"] + "-head-svc"
+    assert s.ray_address == f"ray://{head_svc}:10001"
+    ports = {p["name"]: p["containerPort"] for p in _gateway_container()["ports"]}
+    assert (ports["http"], ports["grpc"]) == (s.http_port, s.grpc_port)
+    svc = _kind("Service", "sloserve-gateway")
+    assert svc["spec"]["selector"].items() <= _kind("Deployment", "sloserve-gateway")["spec"]["template"][
+        "metadata"]["labels"].items()
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} == {"http", "grpc"}
+    assert _kind("Deployment", "sloserve-gateway")["spec"]["replicas"] >= 2  # no single point of failure
+
+
+def test_gateway_finds_exactly_the_applications_the_rayservice_deploys(tmp_path):
+    """With ray_deploy false the gateway derives app and deployment names from the repository and its
+    models.<m>.device_type; they must be the ones serveConfigV2 deploys, with the same pipeline depth."""
+    from gateway.ray_backend import APP_PREFIX, RayServeBackend
+    from models.ray_replica import deployment_name
+
+    _, s = _gateway_settings(tmp_path)
+    backend = RayServeBackend(repo=SimpleNamespace(models={}), opts=None, settings=s)
+    expected = {APP_PREFIX + deployment_name(m, v, backend.device_of(m))
+                for m, vs in _demo_models().items() for v in vs}
+    apps = _embedded_serve_config()["applications"]
+    assert expected == {a["name"] for a in apps}
+    assert {a["args"]["pipeline_depth"] for a in apps} == {s.pipeline_depth}
+    assert s.repo == Path(apps[0]["args"]["repo"])
+
+
+def test_example_settings_file_validates_including_its_commented_examples(tmp_path):
+    from gateway.config import load_settings
+
+    s = load_settings(EXAMPLE)
+    assert s.backend == "ray" and s.ray_deploy is True
+    # Uncomment the "example:" blocks and lines: they must validate too.
+    text = EXAMPLE.read_text()
+    lines = []
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if stripped.startswith("# ") and ":" in stripped and not stripped.startswith("# example") \
+                and line.startswith(("# ", "#   ")) and not stripped[2:].startswith(("-", "(")):
+            body = line.split("# ", 1)[1]
+            if body.split(":", 1)[0].strip().replace("_", "").isalnum():
+                lines.append(body)
+                continue
+        lines.append(line)
+    uncommented = "\n".join(lines).replace("\nmodels: {}\n", "\n")
+    f = tmp_path / "example.yaml"
+    f.write_text(uncommented)
+    s2 = load_settings(f)
+    assert s2.ray_address == "auto" and s2.ray_num_cpus == 2
+    assert s2.models["digits"].device_type == "T4" and s2.models["heavy"].device_type == "A100"
