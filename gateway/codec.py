@@ -33,6 +33,8 @@ def shape_of(raw: Any, where: str) -> tuple[int, ...]:
     for d in raw:
         if isinstance(d, bool) or not isinstance(d, int) or d < 0:
             raise InvalidArgument(f"{where}: shape {list(raw)!r:.120} must hold non-negative integers")
+        if d > MAX_ELEMENTS:
+            raise InvalidArgument(f"{where}: shape dimension {d} is over {MAX_ELEMENTS:,}")
         dims.append(d)
     if math.prod(dims) > MAX_ELEMENTS:
         raise InvalidArgument(f"{where}: shape {dims} has {math.prod(dims):,} elements, over {MAX_ELEMENTS:,}")
@@ -95,7 +97,8 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], where: str
             info = np.iinfo(dtype)
             if arr.min() < info.min or arr.max() > info.max:
                 raise InvalidArgument(f"{where}: values out of range for {datatype} [{info.min}, {info.max}]")
-        arr = arr.astype(dtype, copy=False)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf: InputLimits refuses it
+            arr = arr.astype(dtype, copy=False)
     if arr.size != count:
         raise InvalidArgument(
             f"{where}: shape {list(shape)} needs {count} elements but 'data' has {arr.size}"
@@ -298,3 +301,43 @@ def _raw_bytes(arr: np.ndarray) -> bytes:
             parts.append(struct.pack("<I", len(b)) + b)
         return b"".join(parts)
     return np.ascontiguousarray(arr).tobytes()
+
+
+class InputLimits:
+    """Per-request bounds from the settings, checked on every decoded request (REST and gRPC).
+
+    ``max_elements`` per input tensor, ``max_rows`` on the batch (first) dimension, and whether
+    NaN / +-Inf may appear in floating-point inputs (``allow_nonfinite``). Each refusal is a 400
+    naming the input, the bound and the setting that moves it.
+    """
+
+    __slots__ = ("max_elements", "max_rows", "allow_nonfinite")
+
+    def __init__(self, max_elements: int = MAX_ELEMENTS, max_rows: int | None = None,
+                 allow_nonfinite: bool = False):
+        self.max_elements = max_elements
+        self.max_rows = max_rows
+        self.allow_nonfinite = allow_nonfinite
+
+    @classmethod
+    def from_settings(cls, s: Any) -> "InputLimits":
+        return cls(s.max_tensor_elements, s.max_batch_rows, s.allow_nonfinite)
+
+    def check(self, req: InferRequest) -> None:
+        for name, (datatype, arr) in req.inputs.items():
+            where = f"input '{name:.64}'"
+            if arr.size > self.max_elements:
+                raise InvalidArgument(f"{where} holds {arr.size:,} elements, over the limit of "
+                                      f"{self.max_elements:,} (max_tensor_elements)")
+            if self.max_rows is not None and arr.ndim and arr.shape[0] > self.max_rows:
+                raise InvalidArgument(f"{where} carries {arr.shape[0]} batch rows, over the limit of "
+                                      f"{self.max_rows} (max_batch_rows); split the request")
+            if not self.allow_nonfinite and arr.dtype.kind == "f" and arr.size:
+                finite = np.isfinite(arr)
+                if not finite.all():
+                    i = int(np.argmin(finite.ravel()))
+                    v = arr.ravel()[i]
+                    raise InvalidArgument(
+                        f"{where} ({datatype}) holds a non-finite value ({v}) at flat index {i} "
+                        f"(NaN, Inf, or a number too large for {datatype}); the server refuses them "
+                        f"unless allow_nonfinite is set")

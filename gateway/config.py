@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 
@@ -81,6 +81,35 @@ class Settings(BaseSettings):
         default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
     )
     max_queue_rows: int = Field(default=4096, ge=1, description="Bound on queued rows per model (429 above).")
+    max_tensor_elements: int = Field(
+        default=1 << 24, ge=1, le=1 << 31,
+        description="Most elements one input tensor may hold (400 above); bounds memory per request.",
+    )
+    max_batch_rows: int | None = Field(
+        default=None, ge=1,
+        description="Most batch rows (first dimension) one request may carry, over every model; "
+                    "null leaves each model's max_batch_size as the only bound.",
+    )
+    allow_nonfinite: bool = Field(
+        default=False,
+        description="Accept NaN and +-Inf in FP16/FP32/FP64 inputs (REST JSON, REST binary, gRPC); "
+                    "by default they are refused with a 400 naming the input and the element.",
+    )
+    auth_tokens_file: Path | None = Field(
+        default=None,
+        description="Bearer tokens, one a line: `TOKEN [model,model...]` (no models or `*` = all); "
+                    "'#' starts a comment. When set (or auth_tokens), inference and model metadata "
+                    "need `Authorization: Bearer TOKEN`; health, /v2 and /metrics stay open.",
+    )
+    auth_tokens: SecretStr | None = Field(
+        default=None,
+        description="Bearer tokens inline, in the file's format with ';' or newlines between entries; "
+                    "meant for the environment (SLOSERVE_AUTH_TOKENS), merged with auth_tokens_file.",
+    )
+    tls_cert_file: Path | None = Field(
+        default=None, description="PEM certificate (chain): serve REST and gRPC over TLS with it."
+    )
+    tls_key_file: Path | None = Field(default=None, description="PEM private key of tls_cert_file.")
     default_policy: str = Field(default="timeout", description="Batching policy for models that name none.")
     models: dict[str, ModelOverride] = Field(default_factory=dict, description="Per-model overrides.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -91,6 +120,15 @@ class Settings(BaseSettings):
         if not v:
             raise ValueError("host must not be empty")
         return v
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "Settings":
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        for f in (self.tls_cert_file, self.tls_key_file, self.auth_tokens_file):
+            if f is not None and not f.is_file():
+                raise ValueError(f"{f} is not a readable file")
+        return self
 
 
 class ConfigError(ValueError):

@@ -17,7 +17,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from gateway.codec import MAX_ELEMENTS, array_from_binary, parse_params
+from gateway.auth import GrpcGuard, TokenTable, grpc_server_credentials
+from gateway.codec import MAX_ELEMENTS, InputLimits, array_from_binary, parse_params
 from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, ServingError
 from gateway.types import NUMPY_TO_V2, V2_TO_NUMPY, InferRequest, RequestedOutput
@@ -57,7 +58,7 @@ def decode_grpc(req: pb.ModelInferRequest) -> InferRequest:
         shape = tuple(t.shape)
         if any(d < 0 for d in shape) or len(shape) > 16:
             raise InvalidArgument(f"{where}: shape {list(shape)} must hold at most 16 non-negative dimensions")
-        if math.prod(shape) > MAX_ELEMENTS:
+        if any(d > MAX_ELEMENTS for d in shape) or math.prod(shape) > MAX_ELEMENTS:
             raise InvalidArgument(f"{where}: shape {list(shape)} has too many elements (max {MAX_ELEMENTS:,})")
         if raw:
             if t.HasField("contents"):
@@ -81,7 +82,8 @@ def decode_grpc(req: pb.ModelInferRequest) -> InferRequest:
                     info = np.iinfo(dtype)
                     if arr.min() < info.min or arr.max() > info.max:
                         raise InvalidArgument(f"{where}: values out of range for {t.datatype}")
-                arr = arr.astype(dtype).reshape(shape)
+                with np.errstate(over="ignore", invalid="ignore"):  # inf: InputLimits refuses it
+                    arr = arr.astype(dtype).reshape(shape)
         inputs[t.name] = (t.datatype, arr)
     params_raw = {k: param_value(v) for k, v in req.parameters.items()}
     params = parse_params(params_raw)
@@ -104,6 +106,7 @@ def _set_param(p: pb.InferParameter, v: Any) -> None:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dp: DataPlane):
         self.dp = dp
+        self.limits = InputLimits.from_settings(dp.settings)
 
     async def _fail(self, context: grpc.aio.ServicerContext, e: ServingError):
         if e.retry_after_s is not None:
@@ -143,6 +146,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             arrival = self.dp.clock.now()
             req = decode_grpc(request)
+            self.limits.check(req)
             md = dict(context.invocation_metadata() or ())
             if "x-slo-ms" in md and req.params.slo_ms is None:
                 req.params.slo_ms = parse_params({"slo_ms": md["x-slo-ms"]}).slo_ms
@@ -171,9 +175,10 @@ def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
         ("grpc.so_reuseport", 0),
-    ])
+    ], interceptors=[GrpcGuard(TokenTable.from_settings(dp.settings))])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dp), server)
-    port = server.add_insecure_port(address)
+    creds = grpc_server_credentials(dp.settings)
+    port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"cannot bind gRPC on {address}")
     return server, port

@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.codec import decode_rest, encode_rest
+from gateway.auth import BearerAuthMiddleware, TokenTable
+from gateway.codec import InputLimits, decode_rest, encode_rest
 from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, PayloadTooLarge, ServingError
 
@@ -97,6 +98,7 @@ def create_app(dp: DataPlane) -> FastAPI:
     app = FastAPI(title="sloserve", version="0.1.0",
                   description="KServe V2 (Open Inference Protocol) with SLO-aware batching")
     limit = dp.settings.max_request_bytes
+    limits = InputLimits.from_settings(dp.settings)
 
     @app.exception_handler(ServingError)
     async def _serving_error(request: Request, e: ServingError):
@@ -160,6 +162,7 @@ def create_app(dp: DataPlane) -> FastAPI:
         slo_headers = {k: headers[k] for k in ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant")
                        if k in headers} or None
         req = decode_rest(body, header_len, model, version, slo_headers)
+        limits.check(req)
         req.arrival_s = arrival
         resp = await dp.infer(req)
         payload, json_len = encode_rest(resp)
@@ -180,4 +183,7 @@ def create_app(dp: DataPlane) -> FastAPI:
     async def metrics():
         return Response(generate_latest(dp.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    tokens = TokenTable.from_settings(dp.settings)
+    if tokens is not None:  # see gateway/auth.py for what stays open
+        app.add_middleware(BearerAuthMiddleware, table=tokens)
     return app

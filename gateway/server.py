@@ -13,6 +13,7 @@ import signal
 
 import uvicorn
 
+from gateway.auth import uvicorn_tls_kwargs
 from gateway.backends import Backend, InProcessBackend
 from gateway.config import Settings
 from gateway.dataplane import DataPlane
@@ -62,7 +63,7 @@ class Gateway:
         await self._grpc.start()
         cfg = uvicorn.Config(create_app(self.dataplane), host=s.host, port=s.http_port, log_level="warning",
                              access_log=False, lifespan="off", loop="none", http="httptools",
-                             timeout_graceful_shutdown=5)
+                             timeout_graceful_shutdown=5, **uvicorn_tls_kwargs(s))
         self._uvicorn = _Uvicorn(cfg)
         self._uv_task = asyncio.get_running_loop().create_task(self._uvicorn.serve())
         while not self._uvicorn.started:
