@@ -196,11 +196,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for r in range(args.rounds):
         order = systems if (r % 2 == 0 or not args.alternate) else systems[::-1]
         for s in order:
-            launch = make_launch(s, repo, args.model, args.variant, knobs, tmp)
-            lua = tmp / f"{s}.lua"
-            write_lua(lua, body_path, launch.headers)
             print(f"[round {r + 1}/{args.rounds}] {s}: starting", file=sys.stderr, flush=True)
             try:
+                launch = make_launch(s, repo, args.model, args.variant, knobs, tmp)
+                lua = tmp / f"{s}.lua"
+                write_lua(lua, body_path, launch.headers)
                 rec = measure_once(launch, body, lua, args, log_dir)
             except Exception as e:  # noqa: BLE001 - a peer that fails is recorded, the run goes on
                 rec = {"error": f"{type(e).__name__}: {e}"[:4000]}
