@@ -160,6 +160,17 @@ class Batcher:
         now = self.clock.now()
         arrival = now if arrival_s is None else arrival_s
         item = QueuedItem(next(self._ids), arrival, deadline_s, rows, priority, variants)
+        admit = getattr(self.policy, "admit", None)
+        if admit is not None:
+            refused = admit(self._view(), item, now)
+            if refused is not None:
+                late = refused.late_by_s[0] if refused.late_by_s else 0.0
+                self.on_event("shed", (refused, 1))
+                raise Unavailable(
+                    f"refused at admission: model '{self.model}' cannot meet this request's "
+                    f"{(deadline_s - arrival) * 1e3:.1f} ms deadline at the current load (predicted late by "
+                    f"{late * 1e3:.1f} ms); retry later or raise slo_ms / lower min_accuracy",
+                    retry_after_s=max(0.05, late))
         fut = asyncio.get_running_loop().create_future()
         self._entries[item.id] = _Entry(item, inputs, fut, now)
         self._items.append(item)
@@ -286,7 +297,9 @@ class Batcher:
                 self.policy.observe(BatchResult(self.model, variant, rows, finished - started, finished, ok=False))
                 self.on_event("batch_failed", (variant, rows))
                 return
-            self.policy.observe(BatchResult(self.model, variant, rows, res.compute_s, finished,
+            # Calibrate on the round trip (dispatch to result), not the replica's compute alone: a
+            # deadline also pays the thread or Ray hand-off, and that is what the policy predicts.
+            self.policy.observe(BatchResult(self.model, variant, rows, finished - started, finished,
                                             device_type=res.device_type))
             self.on_event("batch", (variant, rows, res.compute_s, d.reason))
             off = 0

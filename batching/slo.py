@@ -76,7 +76,7 @@ class SLOPolicy:
                  min_gain: float = 0.05, max_wait_ms: float | None = None, min_wait_ms: float = 0.1,
                  safety_ms: float = 0.0, spill_derate: float = 0.9, restore_headroom: float = 0.25,
                  restore_hold_ms: float = 500.0, rate_window_ms: float = 1000.0,
-                 predict_busy: bool = False):
+                 predict_busy: bool = False, wait_load: float = 0.5):
         self.max_batch_size = max_batch_size
         self.default_variant = default_variant
         self.lat = LatencyModel(latency_fn if latency_fn is not None else profile, max_batch_size,
@@ -94,6 +94,9 @@ class SLOPolicy:
         self.max_wait_s = None if max_wait_ms is None else max_wait_ms / 1e3
         self.min_wait_s = min_wait_ms / 1e3
         self.safety_s = safety_ms / 1e3
+        # Wait to grow a batch only when arrivals exceed this share of what the current batch size
+        # sustains on one replica (below it, dispatching at once costs no throughput that matters).
+        self.wait_load = wait_load
         self.spill_derate = spill_derate
         self.predict_busy = predict_busy
         self.levels = LevelController(restore_headroom, restore_hold_ms / 1e3)
@@ -285,6 +288,10 @@ class SLOPolicy:
             if head is None:
                 c = min(B, lat.max_rows_within(v, e[0] - now - self.safety_s + EPS_S))
                 if c < it.size:
+                    # Past the safety margin but not the deadline: go now, alone, rather than wait
+                    # and shed a request that can still make it.
+                    if lat.latency_s(v, it.size) <= e[0] - now + EPS_S:
+                        return Dispatch((it.id,), v, "late_start")
                     continue  # v cannot make this one; a faster variant may
                 head, cap = it, c
             if rows + it.size > cap:
@@ -314,6 +321,10 @@ class SLOPolicy:
         rate = self.rate.rate(now)
         if rate <= 0.0 or (nb - rows) / rate > room:
             return Dispatch(tuple(ids), v, "no_gain")
+        if rate < self.wait_load * rows / lat.latency_s(v, rows):
+            # Batches of this size already keep up with the arrivals: waiting would buy throughput
+            # nobody needs and cost every request latency (the low-load case).
+            return Dispatch(tuple(ids), v, "idle")
         reserved.update(ids)
         return latest
 

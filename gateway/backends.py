@@ -93,6 +93,9 @@ class InProcessBackend:
     def ready(self) -> bool:
         return self._ready
 
+    def device_type_of(self, model: str) -> str:
+        return self.device_type
+
     def slots(self, model: str, variant: str) -> int:
         return len(self._replicas.get((model, variant), ()))
 

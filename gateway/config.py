@@ -110,7 +110,14 @@ class Settings(BaseSettings):
         default=None, description="PEM certificate (chain): serve REST and gRPC over TLS with it."
     )
     tls_key_file: Path | None = Field(default=None, description="PEM private key of tls_cert_file.")
-    default_policy: str = Field(default="timeout", description="Batching policy for models that name none.")
+    default_policy: str = Field(
+        default="slo", description="Batching policy for models that name none: slo | timeout | fixed | aimd | nexus."
+    )
+    dispatch_margin_ms: float = Field(
+        default=2.0, ge=0, le=1000,
+        description="Slack the slo policy keeps between a planned dispatch and a deadline, for timer and "
+                    "hand-off jitter of the live event loop (the simulator uses 0).",
+    )
     models: dict[str, ModelOverride] = Field(default_factory=dict, description="Per-model overrides.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

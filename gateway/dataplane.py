@@ -7,6 +7,7 @@ transport a request came from is never part of the request.
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -14,7 +15,8 @@ import numpy as np
 
 from batching.batcher import Batcher
 from batching.clock import Clock, MonotonicClock
-from batching.policy import make_policy
+from batching.policy import POLICIES, make_policy
+from batching.profile import ProfileTable
 from gateway.backends import Backend
 from gateway.config import Settings
 from gateway.errors import InvalidArgument, NotFound, ServingError, Unavailable
@@ -31,7 +33,7 @@ class ModelState:
     """A model's resolved config (repository + overrides), its batcher and its variant order."""
 
     def __init__(self, loaded: LoadedModel, settings: Settings, backend: Backend, metrics: Metrics,
-                 clock: Clock):
+                 clock: Clock, profiles: ProfileTable | None = None):
         over = settings.models.get(loaded.config.name)
         cfg = loaded.config
         if over is not None and over.slo_ms is not None:
@@ -46,10 +48,14 @@ class ModelState:
         batching = dict(cfg.batching)
         if over is not None and over.batching is not None:
             batching = dict(over.batching)
-        policy_name = batching.pop("policy", settings.default_policy)
-        batching.setdefault("max_batch_size", cfg.max_batch_size)
-        batching.setdefault("default_variant", best)
-        self.policy = make_policy(policy_name, **batching)
+        policy_name = batching.pop("policy", None) or settings.default_policy
+        context = {
+            "max_batch_size": cfg.max_batch_size, "default_variant": best, "model": cfg.name,
+            "profile": profiles, "device_type": _device_type(backend, cfg.name),
+            "accuracy": dict(self.accuracy), "variants": list(self.by_accuracy),
+            "safety_ms": settings.dispatch_margin_ms,
+        }
+        self.policy = make_policy(policy_name, **_accepted(policy_name, {**context, **batching}))
         hook, depth = metrics.batcher_hook(cfg.name)
         max_rows = (over.max_queue_rows if over and over.max_queue_rows else settings.max_queue_rows)
         self.batcher = Batcher(cfg.name, self.policy, backend, self.by_accuracy, cfg.max_batch_size,
@@ -84,9 +90,12 @@ class DataPlane:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.clock = clock or MonotonicClock()
+        self.profiles = ProfileTable.load(repo.root)
         self.models: dict[str, ModelState] = {
-            name: ModelState(m, settings, backend, self.metrics, self.clock) for name, m in repo.models.items()
+            name: ModelState(m, settings, backend, self.metrics, self.clock, self.profiles)
+            for name, m in repo.models.items()
         }
+        self.metrics.watch_policies({name: m.policy for name, m in self.models.items()})
         self._started = False
 
     async def start(self) -> None:
@@ -224,6 +233,24 @@ class DataPlane:
                 "compute_ms": round(out.compute_s * 1e3, 3),
             },
         )
+
+
+def _accepted(policy: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments a policy factory takes (context it does not use is left out)."""
+    factory = POLICIES.get(policy)
+    if factory is None:
+        return kwargs  # make_policy names the known policies
+    params = inspect.signature(factory).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    context_only = {"model", "profile", "device_type", "accuracy", "variants", "default_variant", "max_batch_size",
+                    "safety_ms"}
+    return {k: v for k, v in kwargs.items() if k in params or k not in context_only}
+
+
+def _device_type(backend: Backend, model: str) -> str:
+    fn = getattr(backend, "device_type_of", None)
+    return fn(model) if fn is not None else "cpu"
 
 
 def _outcome(e: ServingError) -> str:

@@ -63,10 +63,14 @@ class Metrics:
                                    "(periodic, preemption).", ["trigger"], registry=r)
         self.preemptions = Counter("sloserve_preemptions", "Training jobs preempted for inference, by device "
                                    "type and reason.", ["device_type", "reason"], registry=r)
-        self.profile_drift = Gauge("sloserve_profile_drift_ratio", "Observed over profiled p99 batch latency "
-                                   "(1 = the profile holds).", ["model", "variant", "device_type"], registry=r)
+        self._policies: dict[str, object] = {}
+        r.register(_DriftCollector(self._policies))
         self._req: dict[tuple, object] = {}
         self._lat: dict[tuple, object] = {}
+
+    def watch_policies(self, policies: dict[str, object]) -> None:
+        """Export the online calibrators' drift of these policies at scrape time (no hot-path cost)."""
+        self._policies.update(policies)
 
     def observe_request(self, model: str, variant: str, outcome: str, latency_s: float, met: bool | None) -> None:
         key = (model, variant, outcome)
@@ -104,3 +108,28 @@ class Metrics:
                 self.shed.labels(model, decision.reason).inc(n)
 
         return hook, depth
+
+
+class _DriftCollector:
+    """``sloserve_profile_drift_ratio{model,variant,device_type}``: observed / profiled median batch
+    latency from each policy's online calibrator (1 = the profile holds; 2 = twice as slow)."""
+
+    def __init__(self, policies: dict[str, object]):
+        self.policies = policies
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        g = GaugeMetricFamily("sloserve_profile_drift_ratio",
+                              "Observed over profiled median batch latency (1 = the profile holds).",
+                              labels=["model", "variant", "device_type"])
+        for policy in list(self.policies.values()):
+            cal = getattr(policy, "calibrator", None)
+            if cal is None:
+                continue
+            for (model, variant, device), ratio in cal.drift().items():
+                g.add_metric([model, variant, device], float(ratio))
+        yield g

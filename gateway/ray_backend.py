@@ -50,6 +50,13 @@ class RayServeBackend:
         over = self.settings.models.get(model)
         return (over.device_type if over and over.device_type else "cpu")
 
+    def device_type_of(self, model: str) -> str:
+        """The device type name profiles and replicas use (CPU model slug for cpu replicas)."""
+        from models.runtime import device_type
+
+        dev = self.device_of(model)
+        return device_type("cpu") if dev == "cpu" else dev.lower()
+
     def replicas_of(self, model: str) -> int:
         over = self.settings.models.get(model)
         return over.instances if over and over.instances else self.settings.instances

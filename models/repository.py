@@ -79,8 +79,8 @@ class ModelConfig(BaseModel):
         default=None, description="Variant used when a request asks for none (default: most accurate)."
     )
     batching: dict = Field(
-        default_factory=lambda: {"policy": "timeout", "max_wait_ms": 2.0},
-        description="Batching policy name and its keyword arguments.",
+        default_factory=dict,
+        description="Batching policy name and its keyword arguments (default: the server's default_policy).",
     )
     description: str = ""
 

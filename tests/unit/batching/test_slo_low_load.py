@@ -1,0 +1,38 @@
+"""Live-path rules of the slo policy: no waiting at low load, no shedding inside the safety margin."""
+
+from batching.slo import SLOPolicy
+from batching.types import QueuedItem, QueueView
+
+
+def lat(v, n):
+    return 0.0001 + 0.00001 * n
+
+
+def view(items):
+    return QueueView("m", items, {"v": 1}, 64)
+
+
+def test_a_lone_request_at_low_load_goes_at_once():
+    p = SLOPolicy(max_batch_size=64, latency_fn=lat, safety_ms=2.0)
+    # one arrival every 50 ms: a batch of 1 keeps up, so waiting buys nothing
+    for k in range(5):
+        t = 0.05 * k
+        it = QueuedItem(k, t, t + 0.020, size=3, variants=("v",))
+        d = p.plan(view([it]), t)
+        assert type(d).__name__ == "Dispatch" and d.ids == (k,), d
+
+
+def test_busy_arrivals_still_wait_to_batch():
+    p = SLOPolicy(max_batch_size=64, latency_fn=lambda v, n: 0.002 + 0.0001 * n, safety_ms=0.0)
+    items = [QueuedItem(k, k * 0.0001, k * 0.0001 + 0.050, variants=("v",)) for k in range(5)]
+    d = p.plan(view(items), items[-1].arrival_s)  # 10,000 rows/s >> 5 / 2.5 ms
+    assert type(d).__name__ == "Wait", d
+
+
+def test_inside_the_margin_but_before_the_deadline_dispatches_instead_of_shedding():
+    p = SLOPolicy(max_batch_size=64, latency_fn=lat, safety_ms=2.0)
+    it = QueuedItem(0, 0.0, 0.020, variants=("v",))
+    d = p.plan(view([it]), 0.0195)  # 0.5 ms left: under the 2 ms margin, over the 0.11 ms compute
+    assert type(d).__name__ == "Dispatch" and d.reason == "late_start"
+    d = p.plan(view([it]), 0.01995)  # now it really cannot make it
+    assert type(d).__name__ == "Shed"
