@@ -1,0 +1,60 @@
+"""Write docs/configuration.md from the settings and model-config schemas (never by hand).
+
+``python -m gateway.config_doc > docs/configuration.md``; a unit test checks the file is current.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pydantic import BaseModel
+
+from gateway.config import ModelOverride, Settings
+from models.repository import ModelConfig, TensorSpec, VariantConfig
+
+HEADER = """# Configuration reference
+
+Generated from the code by `python -m gateway.config_doc > docs/configuration.md`; a unit test
+fails when it is out of date.
+
+Server settings are resolved once at start-up, in this order (first wins): command-line flags,
+environment variables `SLOSERVE_<NAME>` (nested with `__`, e.g. `SLOSERVE_MODELS__DIGITS__SLO_MS=30`),
+the `--config` file (`.yaml`, `.toml` or `.json`), defaults. A bad value stops start-up with a
+message naming the key and the value, e.g. `http_port='eighty': Input should be a valid integer`.
+
+Per-request SLO parameters (V2 `parameters`, or headers `x-slo-ms`, `x-min-accuracy`,
+`x-priority`, `x-variant` for clients that cannot set parameters; the body wins):
+
+| parameter | type | meaning |
+|---|---|---|
+| `slo_ms` | number > 0 | this request's latency budget from arrival at the gateway (default: the model's `slo_ms`) |
+| `min_accuracy` | 0..1 | lowest acceptable variant accuracy; the batcher may degrade down to it under load |
+| `priority` | integer | higher first among equal deadlines |
+| `variant` | string | pin a variant; the batcher will not switch it |
+
+Response parameters: `variant`, `accuracy`, `batch_size`, `queue_ms`, `compute_ms`.
+"""
+
+
+def table(model: type[BaseModel], prefix: str = "") -> str:
+    rows = ["| key | type | default | description |", "|---|---|---|---|"]
+    for name, f in model.model_fields.items():
+        ann = getattr(f.annotation, "__name__", None) or str(f.annotation).replace("typing.", "")
+        default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+        cells = [f"`{prefix}{name}`", f"`{ann}`", f"`{default}`", f.description or ""]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+def render() -> str:
+    parts = [HEADER,
+             "## Server settings (`sloserve serve`)\n", table(Settings),
+             "\n## Per-model overrides (`models: {<name>: {...}}`)\n", table(ModelOverride, "models.<name>."),
+             "\n## Model repository: `<repo>/<model>/config.json`\n", table(ModelConfig),
+             "\n### `variants[]`\n", table(VariantConfig),
+             "\n### `inputs[]` / `outputs[]`\n", table(TensorSpec)]
+    return "\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
