@@ -111,7 +111,7 @@ class TokenTable:
         token = bearer_token(authorization)
         principal = self.lookup(token)
         if principal is None:
-            what = "missing" if authorization is None else ("malformed" if token is None else "invalid")
+            what = "missing" if not authorization else ("malformed" if token is None else "invalid")
             raise Unauthenticated(f"{what} bearer token: send `Authorization: Bearer <token>`")
         if model is not None and not principal.may_use(model):
             raise PermissionDenied(f"this token may not use model '{model:.128}'")

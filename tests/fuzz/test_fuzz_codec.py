@@ -19,7 +19,7 @@ from gateway.errors import InvalidArgument
 from gateway.grpc_service import decode_grpc
 from tests.fuzz.strategies import grpc_request, nested, rest_binary_request, rest_json_request
 
-N = int(os.environ.get("SLOSERVE_FUZZ_EXAMPLES", "300"))
+N = int(os.environ.get("SLOSERVE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
 LIMITS = InputLimits(max_elements=1 << 20, max_rows=64, allow_nonfinite=False)
 
