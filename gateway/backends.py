@@ -9,13 +9,36 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from batching.batcher import RunResult
+from gateway.errors import DeadlineExceeded
 from models.repository import ModelRepository
 from models.runtime import Replica, RuntimeOptions, device_type
+
+
+class ModelLoadError(RuntimeError):
+    """A model file cannot be loaded: the server refuses to start, naming the file (it serves its
+    whole repository or nothing, so a broken model is never hidden behind a half-ready server)."""
+
+
+def find_bad_onnx(root: Path) -> ModelLoadError | None:
+    """Parse every ``<root>/<model>/<variant>/model.onnx`` (graph only, no external data); the
+    first that does not parse, as an error naming it, else None."""
+    import onnx
+
+    for path in sorted(Path(root).glob("*/*/model.onnx")):
+        try:
+            m = onnx.load(str(path), load_external_data=False)
+            if m.ir_version <= 0 or not m.graph.node:
+                raise ValueError("no ir_version or an empty graph (an empty or foreign file?)")
+        except Exception as e:  # noqa: BLE001 - any parse failure is the file's
+            return ModelLoadError(f"model file {path} cannot be loaded ({type(e).__name__}: {e}); "
+                                  f"replace it (e.g. `sloserve models build`) or remove its model")
+    return None
 
 
 class Backend(Protocol):
@@ -39,13 +62,21 @@ class InProcessBackend:
     Batches run in a thread pool (ORT releases the GIL), so the event loop keeps decoding
     requests while a batch computes. Batches whose predicted compute is below
     ``inline_below_s`` run on the loop itself: a thread hand-off costs more than they do.
+
+    ``fault_delay_s`` (chaos drills, per model) holds every batch of that model this long before
+    computing, like the Ray replicas' knob. A batch that runs in the thread pool is bounded by
+    the batcher's ``timeout_s`` and by ``batch_timeout_s`` (504 past it); ORT itself cannot be
+    stopped half-way, so an abandoned call finishes in its thread (ORT sessions run concurrently).
     """
 
     name = "inprocess"
 
     def __init__(self, repo: ModelRepository, opts: RuntimeOptions, instances: int = 1,
-                 inline_below_s: float = 0.0):
+                 inline_below_s: float = 0.0, fault_delay_s: dict[str, float] | None = None,
+                 batch_timeout_s: float | None = None):
         self.repo = repo
+        self.fault_delay_s = {m: d for m, d in (fault_delay_s or {}).items() if d > 0}
+        self.batch_timeout_s = batch_timeout_s
         self.opts = opts
         self.instances = instances
         self.inline_below_s = inline_below_s
@@ -65,8 +96,12 @@ class InProcessBackend:
             for v in model.config.variants:
                 reps = []
                 for _ in range(self.instances):
-                    reps.append(await loop.run_in_executor(
-                        self._pool, Replica, model.onnx_path(v.name), self.opts, outs))
+                    try:
+                        reps.append(await loop.run_in_executor(
+                            self._pool, Replica, model.onnx_path(v.name), self.opts, outs))
+                    except Exception as e:  # noqa: BLE001 - ORT's message names what is wrong
+                        raise ModelLoadError(f"model '{name}' variant '{v.name}': {model.onnx_path(v.name)} "
+                                             f"cannot be loaded: {e}") from None
                 self._replicas[(name, v.name)] = reps
                 self._free[(name, v.name)] = list(reps)
                 self._fast[(name, v.name)] = self._probe_fast(reps[0], model)
@@ -101,16 +136,31 @@ class InProcessBackend:
 
     async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
                   timeout_s: float | None = None) -> RunResult:
-        """``timeout_s`` is ignored: an ORT call in this process cannot be abandoned half-way."""
+        """Inline batches (predicted under ``inline_below_s``) ignore ``timeout_s``; pooled ones
+        fail with 504 once ``timeout_s`` (or ``batch_timeout_s``) has passed."""
         key = (model, variant)
         free = self._free[key]
         rep = free.pop() if free else self._replicas[key][0]
         try:
             t0 = time.perf_counter()
-            if self._fast[key]:
+            delay = self.fault_delay_s.get(model)
+            if self._fast[key] and not delay:
                 outputs = rep.run(inputs)
             else:
-                outputs = await asyncio.get_running_loop().run_in_executor(self._pool, rep.run, inputs)
+                limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
+                try:
+                    outputs = await asyncio.wait_for(self._pooled(rep, inputs, delay),
+                                                     min(limits) if limits else None)
+                except asyncio.TimeoutError:
+                    raise DeadlineExceeded(
+                        f"the batch on '{model}/{variant}' was not back {min(limits):.2f} s after dispatch "
+                        f"(past its requests' deadlines plus late_grace_s, or batch_timeout_s); retry, "
+                        f"or raise slo_ms") from None
             return RunResult(outputs, time.perf_counter() - t0, self.device_type)
         finally:
             free.append(rep)
+
+    async def _pooled(self, rep: Replica, inputs: dict[str, np.ndarray], delay: float | None):
+        if delay:
+            await asyncio.sleep(delay)  # chaos drill: a batch that takes long
+        return await asyncio.get_running_loop().run_in_executor(self._pool, rep.run, inputs)

@@ -32,7 +32,8 @@ class ModelOverride(BaseModel):
     )
     fault_delay_ms: float = Field(
         default=0.0, ge=0, le=600_000,
-        description="Chaos drills only: each Ray replica sleeps this long inside every batch before computing.",
+        description="Chaos drills only: each replica (Ray or in-process) sleeps this long inside every batch "
+                    "before computing.",
     )
 
 
@@ -81,6 +82,11 @@ class Settings(BaseSettings):
         default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
     )
     max_queue_rows: int = Field(default=4096, ge=1, description="Bound on queued rows per model (429 above).")
+    max_inflight_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1024,
+        description="Bound on the request bytes (REST bodies, gRPC messages) held in the gateway at once, "
+                    "being decoded, queued or in a batch, over every model and transport (429 + Retry-After above).",
+    )
     max_tensor_elements: int = Field(
         default=1 << 24, ge=1, le=1 << 31,
         description="Most elements one input tensor may hold (400 above); bounds memory per request.",

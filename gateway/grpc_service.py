@@ -143,8 +143,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     async def ModelInfer(self, request, context):
+        held = 0
         try:
             arrival = self.dp.clock.now()
+            held = self.dp.inflight.take(request.ByteSize(), request.model_name)
             req = decode_grpc(request)
             self.limits.check(req)
             md = dict(context.invocation_metadata() or ())
@@ -155,6 +157,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except ServingError as e:
             await self._fail(context, e)
             return
+        finally:
+            self.dp.inflight.give(held)
         out = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id or "")
         raws = []
         for name, arr in resp.outputs.items():

@@ -152,7 +152,18 @@ def create_app(dp: DataPlane) -> FastAPI:
 
     async def _infer(request: Request, model: str, version: str | None) -> Response:
         arrival = dp.clock.now()
-        body = await read_body(request, limit)
+        cl = request.headers.get("content-length", "")
+        held = dp.inflight.take(int(cl) if cl.isdigit() and int(cl) <= limit else 0, model)
+        try:
+            body = await read_body(request, limit)
+            if len(body) > held:  # chunked, or longer than declared: counted once read
+                held += dp.inflight.take(len(body) - held, model)
+            return await _infer_body(request, model, version, arrival, body)
+        finally:
+            dp.inflight.give(held)
+
+    async def _infer_body(request: Request, model: str, version: str | None, arrival: float,
+                          body: bytes) -> Response:
         hl = request.headers.get(HEADER_LEN)
         try:
             header_len = int(hl) if hl is not None else None

@@ -10,11 +10,12 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 
 import uvicorn
 
 from gateway.auth import uvicorn_tls_kwargs
-from gateway.backends import Backend, InProcessBackend
+from gateway.backends import Backend, InProcessBackend, ModelLoadError, find_bad_onnx
 from gateway.config import Settings
 from gateway.dataplane import DataPlane
 from gateway.grpc_service import create_server
@@ -39,16 +40,38 @@ def make_backend(settings: Settings, repo: ModelRepository) -> Backend:
                           device=settings.device)
     if settings.backend == "inprocess":
         return InProcessBackend(repo, opts, instances=settings.instances,
-                                inline_below_s=settings.inline_below_us / 1e6)
+                                inline_below_s=settings.inline_below_us / 1e6,
+                                fault_delay_s={m: o.fault_delay_ms / 1e3 for m, o in settings.models.items()},
+                                batch_timeout_s=settings.batch_timeout_s)
     from gateway.ray_backend import RayServeBackend
 
     return RayServeBackend(repo, opts, settings)
 
 
+def load_repository(settings: Settings) -> ModelRepository:
+    """The model repository, or :class:`ModelLoadError` naming a model file that cannot be loaded.
+    Ray replicas load their files in other processes, so for Ray every file is parsed here first:
+    a broken one stops start-up at once instead of failing replicas in a loop."""
+    try:
+        repo = ModelRepository(settings.repo).load()
+    except FileNotFoundError:
+        raise
+    except Exception:
+        bad = find_bad_onnx(settings.repo)
+        if bad is not None:
+            raise bad from None
+        raise
+    if settings.backend == "ray":
+        bad = find_bad_onnx(repo.root)
+        if bad is not None:
+            raise bad
+    return repo
+
+
 class Gateway:
     def __init__(self, settings: Settings, backend: Backend | None = None):
         self.settings = settings
-        self.repo = ModelRepository(settings.repo).load()
+        self.repo = load_repository(settings)
         self.backend = backend or make_backend(settings, self.repo)
         self.dataplane = DataPlane(self.repo, self.backend, settings, Metrics())
         self.http_port: int | None = None
@@ -89,13 +112,21 @@ class Gateway:
 
 
 async def serve(settings: Settings) -> None:
-    gw = Gateway(settings)
+    try:
+        gw = Gateway(settings)
+    except ModelLoadError as e:
+        print(f"sloserve: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await gw.start()
+        try:
+            await gw.start()
+        except ModelLoadError as e:
+            print(f"sloserve: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         print(f"sloserve serving HTTP on {settings.host}:{gw.http_port}, gRPC on {settings.host}:{gw.grpc_port}"
               f" ({gw.backend.name} backend)", flush=True)
         await stop.wait()
