@@ -141,6 +141,10 @@ class Settings(BaseSettings):
         for f in (self.tls_cert_file, self.tls_key_file, self.auth_tokens_file):
             if f is not None and not f.is_file():
                 raise ValueError(f"{f} is not a readable file")
+        if self.auth_tokens_file is not None or self.auth_tokens is not None:
+            from gateway.auth import TokenTable
+
+            TokenTable.from_settings(self)  # a bad entry stops start-up here, naming it
         return self
 
 
