@@ -22,8 +22,9 @@ mkvenv() {  # name, stamp-content, pip args...
   fi
   echo "[setup] $name: creating $dir"
   [ -x "$dir/bin/python" ] || "$BASE" -m venv "$dir"
-  "$dir/bin/python" -m pip install --quiet --upgrade pip
-  "$dir/bin/python" -m pip install --quiet "$@"
+  # (this machine's pip config names extra local indexes; hide pip's warnings about the missing ones)
+  "$dir/bin/python" -m pip install --quiet --upgrade pip 2>&1 | { grep -v "^WARNING: Location" || true; }
+  "$dir/bin/python" -m pip install --quiet "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
   echo "$want" > "$stamp"
 }
 
