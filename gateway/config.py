@@ -16,6 +16,20 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 
+class AutoscalingSettings(BaseModel):
+    """Swayam-style autoscaling of a model's Ray replicas (Ray Serve custom autoscaling policy)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int = Field(default=1, ge=1, description="Never fewer replicas per variant.")
+    max_replicas: int = Field(default=4, ge=1, description="Never more replicas per variant.")
+    startup_s: float = Field(default=10.0, ge=0, description="Replica start-up time the prediction looks ahead.")
+    keep_alive_s: float = Field(default=60.0, ge=0, description="Idle time before scaling in.")
+    interval_s: float = Field(default=2.0, gt=0, description="Seconds between decisions.")
+    margin_frac: float = Field(default=0.1, ge=0, description="Head-room over the predicted rate.")
+    predictor: str = Field(default="linreg", description="Rate predictor: last | ewma | holt | linreg.")
+
+
 class ModelOverride(BaseModel):
     """Per-model overrides of the repository's config.json."""
 
@@ -29,6 +43,9 @@ class ModelOverride(BaseModel):
     instances: int | None = Field(default=None, ge=1, le=64, description="Replicas per variant.")
     device_type: str | None = Field(
         default=None, description="Device type its Ray replicas run on: cpu, or a GPU type such as T4 / A100."
+    )
+    autoscaling: AutoscalingSettings | None = Field(
+        default=None, description="Scale this model's Ray replicas with the swayam policy (None: fixed count)."
     )
     fault_delay_ms: float = Field(
         default=0.0, ge=0, le=600_000,
@@ -118,6 +135,11 @@ class Settings(BaseSettings):
     tls_key_file: Path | None = Field(default=None, description="PEM private key of tls_cert_file.")
     default_policy: str = Field(
         default="slo", description="Batching policy for models that name none: slo | timeout | fixed | aimd | nexus."
+    )
+    gateway_share: float = Field(
+        default=1.0, gt=0, le=1,
+        description="This gateway's share of the traffic (1/N behind an even load balancer): the "
+                    "autoscaler scales its partial view up to the aggregate, as Swayam's frontends do.",
     )
     dispatch_margin_ms: float = Field(
         default=2.0, ge=0, le=1000,

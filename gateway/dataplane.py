@@ -128,9 +128,18 @@ class DataPlane:
         self.inflight = InflightBytes(settings.max_inflight_bytes, self._refused_bytes)
         _inflight_gauge(self.metrics, self.inflight)
         self._started = False
+        self._note_arrival = getattr(backend, "note_arrival", None)
+        if hasattr(backend, "on_replicas"):
+            gauge = self.metrics.replicas
+            backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
 
     async def start(self) -> None:
         await self.backend.start()
+        if not hasattr(self.backend, "on_replicas"):
+            for name, m in self.models.items():
+                for v in m.by_accuracy:
+                    self.metrics.replicas.labels(name, v, _device_type(self.backend, name), "running").set(
+                        self.backend.slots(name, v))
         for m in self.models.values():
             m.batcher.start()
         self._started = True
@@ -238,6 +247,8 @@ class DataPlane:
             variants = self.allowed_variants(m, req)
             slo_ms = req.params.slo_ms if req.params.slo_ms is not None else m.config.slo_ms
             deadline = arrival + slo_ms / 1000.0
+            if self._note_arrival is not None:
+                self._note_arrival(m.config.name, rows)
             out = await m.batcher.submit(arrays, rows, deadline, variants, req.params.priority, arrival)
         except ServingError as e:
             self.metrics.observe_request(req.model if m else "unknown", variant_label, _outcome(e), 0.0,

@@ -16,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any
 
 import numpy as np
 
 from batching.batcher import RunResult
 from gateway.config import Settings
+from batching.profile import ProfileTable
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
+from gateway.rates import RateMeter, gateway_id
 from models.ray_replica import build_app, deployment_name
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
@@ -44,11 +47,58 @@ class RayServeBackend:
         self._started_ray = False
         self._ready = False
         self._poller: asyncio.Task | None = None
+        # This gateway's view of each model's demand (best variant) and of each variant's load,
+        # stamped on the batches for the replicas' autoscaling metrics.
+        self.gateway_id = gateway_id()
+        clock = time.monotonic
+        self._arrivals = {m: RateMeter(clock) for m in repo.models}
+        self._served = {(m, v.name): RateMeter(clock) for m, lm in repo.models.items() for v in lm.config.variants}
+        self._best = {m: lm.config.best_variant for m, lm in repo.models.items()}
+        # (model, variant, device, state, count) -> None: the DataPlane points it at the replicas gauge.
+        self.on_replicas = None
 
     # ---- life cycle -----------------------------------------------------------------------
     def device_of(self, model: str) -> str:
         over = self.settings.models.get(model)
         return (over.device_type if over and over.device_type else "cpu")
+
+    def note_arrival(self, model: str, rows: int) -> None:
+        meter = self._arrivals.get(model)
+        if meter is not None:
+            meter.add(rows)
+
+    def _stamp(self, model: str, variant: str, rows: int) -> tuple[str, float, float]:
+        self._served[(model, variant)].add(rows)
+        meter = self._arrivals[model] if variant == self._best[model] else self._served[(model, variant)]
+        return (self.gateway_id, meter.rate_rps(), self.settings.gateway_share)
+
+    def autoscaling_config(self, model: str, variant: str) -> dict[str, Any] | None:
+        """Ray Serve autoscaling config running the swayam policy on this variant's profile."""
+        over = self.settings.models.get(model)
+        a = over.autoscaling if over else None
+        if a is None:
+            return None
+        cfg = self.repo.models[model].config
+        table = ProfileTable.load(self.repo.root)
+        curve = table.curve(model, variant, self.device_type_of(model))
+        if curve is None:  # no profile yet: a conservative 1 ms + 0.2 ms/row prior
+            sizes = [1, cfg.max_batch_size]
+            p99 = [1.0 + 0.2 * b for b in sizes]
+        else:
+            sizes, p99 = list(curve.batch_sizes), [x * 1e3 for x in curve.p99_s]
+        slo_ms = over.slo_ms if over.slo_ms else cfg.slo_ms
+        return {
+            "min_replicas": a.min_replicas, "max_replicas": a.max_replicas, "initial_replicas": a.min_replicas,
+            "upscale_delay_s": 0.0, "downscale_delay_s": 0.0, "look_back_period_s": a.interval_s,
+            "policy": {
+                "policy_function": "autoscaler.ray_policy:SwayamRayPolicy",
+                "policy_kwargs": {
+                    "slo_ms": slo_ms, "max_batch_size": cfg.max_batch_size, "batch_sizes": sizes, "p99_ms": p99,
+                    "swayam": {"startup_s": a.startup_s, "keep_alive_s": a.keep_alive_s,
+                               "interval_s": a.interval_s, "margin_frac": a.margin_frac, "predictor": a.predictor},
+                },
+            },
+        }
 
     def device_type_of(self, model: str) -> str:
         """The device type name profiles and replicas use (CPU model slug for cpu replicas)."""
@@ -103,6 +153,7 @@ class RayServeBackend:
                         "gpu_fraction": self.settings.replica_gpu_fraction,
                         "pipeline_depth": self.settings.pipeline_depth, "runtime": runtime,
                         "fault_delay_s": self._fault_delay_s(name),
+                        "autoscaling": self.autoscaling_config(name, v.name),
                     }), name=app, route_prefix=None, blocking=False)
                 self._apps[(name, v.name)] = app
                 self._handles[(name, v.name)] = serve.get_deployment_handle(dep, app_name=app)
@@ -138,6 +189,11 @@ class RayServeBackend:
                 continue
             for dep in st.deployments.values():
                 out[key] = int(dep.replica_states.get("RUNNING", 0))
+                if self.on_replicas is not None:
+                    device = self.device_of(key[0]).lower()
+                    for state in ("STARTING", "RUNNING", "STOPPING"):
+                        self.on_replicas(key[0], key[1], device, state.lower(),
+                                         int(dep.replica_states.get(state, 0)))
         return out
 
     async def _poll_replicas(self) -> None:
@@ -193,7 +249,8 @@ class RayServeBackend:
         from ray import exceptions as rex
 
         limit = self.settings.batch_timeout_s if timeout_s is None else min(timeout_s, self.settings.batch_timeout_s)
-        call = self._handles[(model, variant)].run_batch.remote(inputs)
+        rows = next(iter(inputs.values())).shape[0]
+        call = self._handles[(model, variant)].run_batch.remote(inputs, self._stamp(model, variant, rows))
         try:
             outputs, compute_s, device = await asyncio.wait_for(call, limit)
         except asyncio.TimeoutError:

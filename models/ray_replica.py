@@ -21,6 +21,9 @@ from models.repository import ModelRepository, check_name
 from models.runtime import Replica, RuntimeOptions, device_type
 
 
+STAMP_TTL_S = 5.0
+
+
 class OnnxReplica:
     """Runs batches one at a time on a single ORT thread pool; a second batch may wait in the
     replica (``max_ongoing_requests`` = pipeline depth) so Ray's hand-off overlaps compute."""
@@ -37,8 +40,14 @@ class OnnxReplica:
         self.batches = 0
         self.model, self.variant = model, variant
         self.fault_delay_s = fault_delay_s
+        self._stamps: dict[str, tuple[float, float, float]] = {}
 
-    async def run_batch(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, str]:
+    async def run_batch(self, inputs: dict[str, np.ndarray],
+                        stamp: tuple[str, float, float] | None = None) -> tuple[dict[str, np.ndarray], float, str]:
+        """``stamp`` = (gateway id, that gateway's arrival rate for this model in rows/s, its share of
+        the traffic): kept for :meth:`record_autoscaling_stats`, the autoscaler's input."""
+        if stamp is not None:
+            self._stamps[stamp[0]] = (float(stamp[1]), float(stamp[2]), time.monotonic())
         if self.fault_delay_s:
             await asyncio.sleep(self.fault_delay_s)  # chaos drill: a batch that takes long
         t0 = time.perf_counter()
@@ -49,6 +58,19 @@ class OnnxReplica:
     async def pid(self) -> int:
         """For failure tests and operators: the replica's worker process id."""
         return os.getpid()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve custom autoscaling metrics: each gateway's latest (fresh) rate and share,
+        read by :class:`autoscaler.ray_policy.SwayamRayPolicy` on the controller."""
+        now = time.monotonic()
+        out: dict[str, float] = {}
+        for gw, (rate, share, seen) in list(self._stamps.items()):
+            if now - seen > STAMP_TTL_S:  # a gateway that stopped sending sends nothing: rate 0
+                del self._stamps[gw]
+                continue
+            out[f"sloserve_rate_rps/{gw}"] = rate
+            out[f"sloserve_share/{gw}"] = share
+        return out
 
     def check_health(self) -> None:
         return None
@@ -72,9 +94,13 @@ def actor_options(device: str, num_cpus: float, gpu_fraction: float) -> dict[str
 def build_app(args: dict[str, Any]) -> serve.Application:
     """Serve application builder: ``{repo, model, variant, device, num_replicas, num_cpus, ...}``."""
     device = str(args.get("device", "cpu"))
+    autoscaling = args.get("autoscaling")
+    replicas: dict[str, Any] = {"num_replicas": int(args.get("num_replicas", 1))}
+    if autoscaling:
+        replicas = {"num_replicas": "auto", "autoscaling_config": autoscaling}
     dep = serve.deployment(OnnxReplica).options(
         name=deployment_name(args["model"], args["variant"], device),
-        num_replicas=int(args.get("num_replicas", 1)),
+        **replicas,
         max_ongoing_requests=int(args.get("pipeline_depth", 2)),
         ray_actor_options=actor_options(device, float(args.get("num_cpus", 0.25)),
                                         float(args.get("gpu_fraction", 0.5))),

@@ -1,0 +1,95 @@
+"""The swayam policy live, as Ray Serve's custom autoscaling policy, fed by the gateway's rates:
+a load step scales the deployment up, and it scales back in after the keep-alive, within bounds."""
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from models.runtime import device_type
+from tests.conftest import ServerProcess
+
+pytestmark = pytest.mark.integration
+BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [1.0] * 64}],
+                   "parameters": {"slo_ms": 200}}).encode()
+
+
+@pytest.fixture(scope="module")
+def scaling_server(model_repo, tmp_path_factory):
+    """digits with one variant whose replicas take 20 ms a batch (fault_delay_ms), batches of <= 4,
+    and a profile that says so: one replica serves ~150 rows/s within the SLO."""
+    import shutil
+
+    repo = tmp_path_factory.mktemp("repo")
+    shutil.copytree(model_repo / "digits" / "small", repo / "digits" / "small", ignore=shutil.ignore_patterns("profiles"))
+    cfg = json.loads((model_repo / "digits" / "config.json").read_text())
+    cfg["variants"] = [v for v in cfg["variants"] if v["name"] == "small"]
+    cfg["max_batch_size"] = 4
+    (repo / "digits" / "config.json").write_text(json.dumps(cfg))
+    prof = repo / "digits" / "small" / "profiles" / f"{device_type('cpu')}.json"
+    prof.parent.mkdir(parents=True)
+    prof.write_text(json.dumps({"model": "digits", "variant": "small", "device_type": device_type("cpu"),
+                                "batch_sizes": [1, 2, 4], "p50_ms": [21, 22, 24], "p99_ms": [24, 25, 27]}))
+    settings = repo / "settings.json"
+    settings.write_text(json.dumps({"models": {"digits": {
+        "fault_delay_ms": 20, "slo_ms": 200,
+        "autoscaling": {"min_replicas": 1, "max_replicas": 3, "startup_s": 2, "keep_alive_s": 6,
+                        "interval_s": 1, "predictor": "last"}}}}))
+    s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready(240)
+    yield s
+    s.stop()
+
+
+def running_replicas(server) -> int:
+    with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("sloserve_replicas{") and 'state="running"' in line and 'model="digits"' in line:
+                return int(float(line.rsplit(" ", 1)[1]))
+    return -1
+
+
+def load(server, stop: threading.Event, counts: dict):
+    def worker():
+        while not stop.is_set():
+            req = urllib.request.Request(f"http://{server.http_url}/v2/models/digits/infer", data=BODY, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    r.read()
+                counts["ok"] += 1
+            except Exception:  # refusals count too: the point here is the offered load
+                counts["err"] += 1
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(12)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def wait_for(pred, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_load_step_scales_up_then_back_in(scaling_server):
+    s = scaling_server
+    assert wait_for(lambda: running_replicas(s) == 1, 30)
+    stop, counts = threading.Event(), {"ok": 0, "err": 0}
+    threads = load(s, stop, counts)
+    try:
+        scaled = wait_for(lambda: running_replicas(s) >= 2, 45)
+        peak = running_replicas(s)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+    assert scaled, f"no scale-up under load ({counts}):\n{s.output()}"
+    assert peak <= 3  # max_replicas
+    assert counts["ok"] > 0
+    # No traffic: after the 6 s keep-alive the swayam policy scales back to min_replicas.
+    assert wait_for(lambda: running_replicas(s) == 1, 60), f"no scale-in:\n{s.output()}"
