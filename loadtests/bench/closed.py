@@ -213,6 +213,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rec["round"] = r + 1
             rounds[s].append(rec)
             time.sleep(args.pause)
+    failed = any("error" in r for recs in rounds.values() for r in recs)
+    if args.keep_tmp or failed:
+        print(f"server logs and temp files kept in {tmp}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     summary = summarise(rounds)
     result = {
         "benchmark": "closed",
@@ -262,6 +267,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "box disturb the measurement less; every system gets the same")
     p.add_argument("--pause", type=float, default=1.0, help="seconds between runs")
     p.add_argument("--log-dir", help="where server logs go (default: a temp dir)")
+    p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (logs, bodies) even when all runs worked")
     p.add_argument("--out", help="write the JSON result here (default: stdout only)")
 
 

@@ -241,7 +241,8 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
                 "--repo", str(repo), "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
                 "--config", cfg, "--log-level", "warning"]
         # the variant is pinned by header so that the JSON body stays byte-identical for every system
-        return Launch(system, argv, url, f"http://127.0.0.1:{http}/metrics", headers={"x-variant": variant})
+        return _with_tmp(Launch(system, argv, url, f"http://127.0.0.1:{http}/metrics",
+                                headers={"x-variant": variant}), tmp_dir)
     if system == "triton":
         metrics = free_port()
         argv = [peer_python("triton"), str(PEERS_DIR / "triton_server.py"), "--onnx", str(onnx), "--model", model,
@@ -250,20 +251,26 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
                 "--instances", str(knobs.triton_instances), "--max-batch-size", str(knobs.max_batch_size)]
         if knobs.triton_preferred:
             argv += ["--preferred-batch-size", *map(str, knobs.triton_preferred)]
-        return Launch(system, argv, url, f"http://127.0.0.1:{metrics}/metrics", grace_s=2.0)
+        return _with_tmp(Launch(system, argv, url, f"http://127.0.0.1:{metrics}/metrics", grace_s=2.0), tmp_dir)
     if system == "mlserver":
         metrics = free_port()
         argv = [peer_python("mlserver"), str(PEERS_DIR / "mlserver_runtime.py"), "--onnx", str(onnx),
                 "--model", model, "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                 "--max-batch-size", str(knobs.max_batch_size), "--max-batch-time-ms", str(knobs.max_wait_ms),
                 "--parallel-workers", str(knobs.mlserver_workers)]
-        return Launch(system, argv, url, None)
+        return _with_tmp(Launch(system, argv, url, None), tmp_dir)
     if system == "rayserve":
         argv = [sys.executable, str(PEERS_DIR / "rayserve_server.py"), "--onnx", str(onnx), "--model", model,
                 "--http-port", str(http), "--max-batch-size", str(knobs.max_batch_size),
                 "--batch-wait-ms", str(knobs.max_wait_ms), "--num-cpus", str(knobs.rayserve_num_cpus)]
-        return Launch(system, argv, url, None, grace_s=15.0)
+        return _with_tmp(Launch(system, argv, url, None, grace_s=15.0), tmp_dir)
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+
+
+def _with_tmp(launch: Launch, tmp_dir: Path) -> Launch:
+    """Temp files of the system (Triton's workspace, MLServer's settings) go under the bench's temp dir."""
+    launch.env.setdefault("TMPDIR", str(tmp_dir))
+    return launch
 
 
 def request_body(repo: Path, model: str, index: int = 0) -> bytes:

@@ -96,7 +96,9 @@ def main() -> int:
     import ray
     from ray import serve
 
-    tmp = tempfile.mkdtemp(prefix="srb-", dir="/tmp")  # short: Ray's socket paths are length-limited
+    # Ray's socket paths are length-limited (~107 bytes): use TMPDIR only while it is short
+    base = tempfile.gettempdir()
+    tmp = tempfile.mkdtemp(prefix="srb-", dir=base if len(base) <= 48 else "/tmp")
     ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, _temp_dir=tmp,
              log_to_driver=False, configure_logging=False)
     stop = threading.Event()
@@ -118,6 +120,9 @@ def main() -> int:
             serve.shutdown()
         finally:
             ray.shutdown()
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
