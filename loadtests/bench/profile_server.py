@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import shutil
 import subprocess
 import sys
