@@ -1,0 +1,143 @@
+"""Overload: open-loop Poisson load at 3x the measured capacity, then back to normal.
+
+The server is in-process with only the digits model, every batch held 50 ms in the replica
+(``fault_delay_ms``) and batches capped at 4 rows, so capacity is ~35 requests/s: small enough
+for a Python open-loop generator on a 2-core box, with the gateway's own CPU far from saturated.
+Requests pin ``variant=small`` (one replica, one capacity) and carry ``slo_ms=250``.
+
+Checked: nothing but 200, 429 and 503; no timeouts or connection errors; every refusal carries
+Retry-After; admitted requests' p99 within the SLO (+20% tolerance: latency is measured from the
+*scheduled* send time by a generator sharing two cores with the server); most refusals at once
+(at admission); none later than the deadline; the server's RSS flat; goodput back to normal within
+3 s of the load dropping. Figures and the longer run: docs/reliability.md ("Overload").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+
+import httpx
+import pytest
+
+from gateway.config import Settings
+from gateway.server import Gateway
+from loadtests.openloop import pct, run_open_loop, v2_body
+from tests.conftest import ServerProcess
+
+pytestmark = pytest.mark.integration
+SLO_MS = 250.0
+TOLERANCE = 1.20  # measured from the scheduled send time, generator and server on 2 shared cores
+PARAMS = {"variant": "small", "slo_ms": SLO_MS}
+
+
+def server_config(fault_delay_ms: float = 100.0) -> dict:
+    return {"max_queue_rows": 64,
+            "models": {"digits": {"fault_delay_ms": fault_delay_ms,
+                                  "batching": {"policy": "slo", "max_batch_size": 4}}}}
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def make_bodies(n: int = 256) -> list[bytes]:
+    rng = random.Random(7)
+    return [v2_body("input", [float(rng.randint(0, 16)) for _ in range(64)], PARAMS) for _ in range(n)]
+
+
+def phase(url: str, rate: float, duration: float, bodies: list[bytes], seed: int):
+    return asyncio.run(run_open_loop(url, "/v2/models/digits/infer", rate, duration,
+                                     lambda i: bodies[i % len(bodies)], timeout_s=5.0, seed=seed))
+
+
+@pytest.fixture(scope="module")
+def overload_server(model_repo, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    shutil.copytree(model_repo / "digits", repo / "digits")
+    cfg = repo / "overload.json"
+    cfg.write_text(json.dumps(server_config()))
+    s = ServerProcess(repo, "inprocess", ["--config", str(cfg)]).wait_ready(60)
+    yield s
+    s.stop()
+
+
+def capacity_ramp(url: str, bodies: list[bytes]) -> float:
+    """Goodput (answers within the SLO per second) at the best step of a short geometric ramp."""
+    phase(url, 15.0, 1.5, bodies, seed=99)  # warm-up: the policy calibrates on the round trips
+    best = 0.0
+    for k, rate in enumerate((20.0, 40.0, 80.0)):
+        s = phase(url, rate, 1.5, bodies, seed=k).summary(SLO_MS / 1e3)
+        best = max(best, s["goodput_rps"])
+        if s["goodput_rps"] < 0.8 * s["offered_rps"]:
+            break
+    return best
+
+
+def test_three_times_capacity_then_normal(overload_server):
+    s = overload_server
+    url = f"http://{s.http_url}"
+    bodies = make_bodies()
+    capacity = capacity_ramp(url, bodies)
+    assert capacity > 20, capacity
+    rss_before = rss_kb(s.proc.pid)
+
+    over = phase(url, 3 * capacity, 6.0, bodies, seed=11)
+    normal_rate = 0.5 * capacity
+    after = phase(url, normal_rate, 3.0, bodies, seed=12)
+    rss_after = rss_kb(s.proc.pid)
+    summary = over.summary(SLO_MS / 1e3)
+    print("capacity", capacity, "overload", json.dumps(summary), "rss_kb", rss_before, rss_after)
+
+    codes = summary["status"]
+    assert set(codes) <= {"200", "429", "503"}, codes  # no 5xx but 503, no timeouts, no resets
+    # Goodput under 3x overload stays at half the capacity or more (measured 55-115%: the slo
+    # policy sheds in the queue and dispatches smaller batches; see docs/reliability.md).
+    assert codes.get("200", 0) >= 0.5 * capacity * 6.0, (capacity, codes)
+    refused = [r for r in over.records if r.status in (429, 503)]
+    assert len(refused) >= len(over.records) / 3, codes  # 3x: most of the excess is refused
+    assert all(r.retry_after for r in refused)
+    ok = [r.latency_s for r in over.records if r.status == 200]
+    assert pct(ok, 99) <= TOLERANCE * SLO_MS / 1e3, summary
+    lat = [r.latency_s for r in refused]
+    assert pct(lat, 50) < 0.05, summary  # refused at admission, at once
+    assert max(lat) <= TOLERANCE * SLO_MS / 1e3, summary  # never later than the deadline (+ tolerance)
+    assert rss_after - rss_before < 30 * 1024, (rss_before, rss_after)
+
+    # Recovery: from 1 s after the load drops, normal load is served as before.
+    t0 = after.started_s
+    late = [r for r in after.records if r.due_s >= t0 + 1.0]
+    good = sum(1 for r in late if r.status == 200 and r.latency_s <= SLO_MS / 1e3)
+    assert good >= 0.8 * len(late), after.summary(SLO_MS / 1e3)
+    assert good / (after.duration_s - 1.0) >= 0.8 * normal_rate, after.summary(SLO_MS / 1e3)
+
+
+async def test_inflight_bytes_bound_refuses_with_retry_after(model_repo, tmp_path):
+    """A global bound on request bytes held: past it, 429 + Retry-After naming the setting; the
+    count returns to zero once the answers are out."""
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repo / "digits", repo / "digits")
+    settings = Settings(repo=repo, backend="inprocess", http_port=0, grpc_port=0, max_inflight_bytes=4096,
+                        **server_config(fault_delay_ms=200.0))
+    gw = Gateway(settings)
+    await gw.start()
+    try:
+        body = v2_body("input", [1.0] * 64, {"slo_ms": 5000})
+        assert 400 < len(body) < 1024
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10) as http:
+            rs = await asyncio.gather(*[http.post("/v2/models/digits/infer", content=body) for _ in range(24)])
+        codes = sorted(r.status_code for r in rs)
+        assert set(codes) == {200, 429}, codes
+        assert codes.count(200) <= 4096 // len(body)
+        for r in rs:
+            if r.status_code == 429:
+                assert r.headers["retry-after"] and "max_inflight_bytes" in r.json()["error"]
+        assert gw.dataplane.inflight.held == 0
+    finally:
+        await gw.stop()
