@@ -82,11 +82,15 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1e3, 2)
 
 
+IDLE_MAX_S = 2.0  # uvicorn closes keep-alive connections idle for 5 s: never reuse one near that
+
+
 class _Conn:
-    __slots__ = ("reader", "writer")
+    __slots__ = ("reader", "writer", "idle_since")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
+        self.idle_since = 0.0
 
     def close(self) -> None:
         self.writer.close()
@@ -134,7 +138,12 @@ async def run_open_loop(url: str, path: str, rate_rps: float, duration_s: float,
             async with asyncio.timeout(max(rec.due_s + timeout_s - time.monotonic(), 0.001)):
                 async with slots:
                     res.max_lag_s = max(res.max_lag_s, time.monotonic() - rec.due_s)
-                    conn = idle.pop() if idle else None
+                    conn = None
+                    while idle and conn is None:
+                        conn = idle.pop()
+                        if time.monotonic() - conn.idle_since > IDLE_MAX_S:
+                            conn.close()
+                            conn = None
                     if conn is None:
                         conn = _Conn(*await asyncio.open_connection(host, port))
                         opened += 1
@@ -147,6 +156,7 @@ async def run_open_loop(url: str, path: str, rate_rps: float, duration_s: float,
             if hdrs.get("connection", "").lower() == "close":
                 conn.close()
             else:
+                conn.idle_since = rec.done_s
                 idle.append(conn)
             conn = None
         except TimeoutError:
