@@ -94,7 +94,39 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(dp: DataPlane) -> FastAPI:
+SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant")
+
+
+async def infer_body(dp: DataPlane, limits: InputLimits, model: str, version: str | None, arrival: float,
+                     body: bytes, headers) -> tuple[bytes, int | None]:
+    """One infer call from its body and (lower-case) headers to the encoded response: shared by the
+    FastAPI route and the raw-ASGI fast path (gateway/fastpath.py)."""
+    hl = headers.get(HEADER_LEN)
+    try:
+        header_len = int(hl) if hl is not None else None
+    except ValueError:
+        raise InvalidArgument(f"{HEADER_LEN} {hl!r:.40} is not an integer") from None
+    slo_headers = {k: headers[k] for k in SLO_HEADERS if k in headers} or None
+    req = decode_rest(body, header_len, model, version, slo_headers)
+    limits.check(req)
+    req.arrival_s = arrival
+    resp = await dp.infer(req)
+    return encode_rest(resp)
+
+
+def create_asgi(dp: DataPlane, routers=()):
+    """The served ASGI app: the infer fast path in front of FastAPI, bearer auth around both."""
+    from gateway.fastpath import InferFastPath
+
+    api = create_app(dp, auth=False)
+    for r in routers:
+        api.include_router(r)
+    app = InferFastPath(api, dp, InputLimits.from_settings(dp.settings))
+    tokens = TokenTable.from_settings(dp.settings)
+    return BearerAuthMiddleware(app, table=tokens) if tokens is not None else app
+
+
+def create_app(dp: DataPlane, auth: bool = True) -> FastAPI:
     app = FastAPI(title="sloserve", version="0.1.0",
                   description="KServe V2 (Open Inference Protocol) with SLO-aware batching")
     limit = dp.settings.max_request_bytes
@@ -158,25 +190,9 @@ def create_app(dp: DataPlane) -> FastAPI:
             body = await read_body(request, limit)
             if len(body) > held:  # chunked, or longer than declared: counted once read
                 held += dp.inflight.take(len(body) - held, model)
-            return await _infer_body(request, model, version, arrival, body)
+            payload, json_len = await infer_body(dp, limits, model, version, arrival, body, request.headers)
         finally:
             dp.inflight.give(held)
-
-    async def _infer_body(request: Request, model: str, version: str | None, arrival: float,
-                          body: bytes) -> Response:
-        hl = request.headers.get(HEADER_LEN)
-        try:
-            header_len = int(hl) if hl is not None else None
-        except ValueError:
-            raise InvalidArgument(f"{HEADER_LEN} {hl!r:.40} is not an integer") from None
-        headers = request.headers
-        slo_headers = {k: headers[k] for k in ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant")
-                       if k in headers} or None
-        req = decode_rest(body, header_len, model, version, slo_headers)
-        limits.check(req)
-        req.arrival_s = arrival
-        resp = await dp.infer(req)
-        payload, json_len = encode_rest(resp)
         if json_len is None:
             return Response(payload, media_type="application/json")
         return Response(payload, media_type="application/octet-stream",
@@ -194,7 +210,7 @@ def create_app(dp: DataPlane) -> FastAPI:
     async def metrics():
         return Response(generate_latest(dp.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    tokens = TokenTable.from_settings(dp.settings)
+    tokens = TokenTable.from_settings(dp.settings) if auth else None
     if tokens is not None:  # see gateway/auth.py for what stays open
         app.add_middleware(BearerAuthMiddleware, table=tokens)
     return app
