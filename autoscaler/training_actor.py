@@ -2,7 +2,11 @@
 
 A job asks for ``resources={"gpu_<type>": num_gpus}`` (emulated GPUs: start Ray with, e.g.,
 ``ray.init(resources={"gpu_T4": 4})``) or, with ``real_gpus=True``, ``num_gpus`` plus Ray's
-``accelerator_type:<type>``. The actor is threaded (``max_concurrency=2``) so that ``preempt()``
+``accelerator_type:<type>``. The second is the scheme GPU replicas use
+(``models.ray_replica.actor_options``: ``num_gpus=replica_gpu_fraction`` + ``accelerator_type:<T>``,
+which ``emulated_gpus`` declares on a CPU box), so a job started that way and a replica compete for
+the same GPUs; the gateway's harvest controller (``gateway/harvest.py``) launches jobs with it,
+a whole GPU per ``num_gpus``. The actor is threaded (``max_concurrency=2``) so that ``preempt()``
 runs while ``run()`` trains; ``run()`` then checkpoints at its next iteration boundary and returns.
 ``RayJobHandle.preempt(grace_s)`` is the preemption protocol: ask, wait ``grace_s``, ``ray.kill``.
 

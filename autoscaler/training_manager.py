@@ -249,6 +249,14 @@ class TrainingManager:
                        spec.get("total_iterations"), st.get("loss"), spec["gpu_type"], spec["num_gpus"],
                        rec.get("launcher"))
 
+    def handle(self, job_id: str) -> JobHandle | None:
+        """The live handle of a job this manager started (None when it runs elsewhere or not at all)."""
+        return self._handles.get(job_id)
+
+    def last_stop(self, job_id: str) -> str | None:
+        """How the job's last preempt or cancel ended: ``checkpointed``, ``killed`` or None."""
+        return self._record(job_id).get("last_stop")
+
     def list(self) -> list[JobInfo]:
         return [self.get(p.name) for p in sorted(self.dir.iterdir()) if (p / "job.json").exists()]
 

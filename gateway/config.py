@@ -54,6 +54,24 @@ class ModelOverride(BaseModel):
     )
 
 
+class TrainingSettings(BaseModel):
+    """Preemptible training on the GPUs inference leaves idle (gateway/harvest.py; Ray backend only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=False, description="Run the harvest controller and serve /v2/training (needs backend ray).")
+    jobs_dir: Path = Field(default=Path(".sloserve/training"), description="Training jobs and their checkpoints.")
+    grace_s: float = Field(
+        default=1.0, gt=0, description="A preempted job gets this long to checkpoint and stop before it is killed.")
+    auto_fill: bool = Field(
+        default=True, description="Start queued jobs and resume preempted ones on idle GPUs; False only preempts.")
+    interval_s: float = Field(default=0.5, gt=0, le=60, description="Seconds between placement rounds.")
+    policy: Literal["cost-aware", "cost-blind", "static"] = Field(
+        default="cost-aware", description="Placement policy (autoscaler/placement.py).")
+    gpu_memory_mib: int = Field(default=16384, ge=1, description="Memory of one (emulated) GPU, for placement.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SLOSERVE_", env_nested_delimiter="__", extra="forbid")
 
@@ -147,6 +165,8 @@ class Settings(BaseSettings):
                     "hand-off jitter of the live event loop (the simulator uses 0).",
     )
     models: dict[str, ModelOverride] = Field(default_factory=dict, description="Per-model overrides.")
+    training: TrainingSettings = Field(
+        default_factory=TrainingSettings, description="Preemptible training jobs on idle GPUs (harvest).")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("host")
@@ -167,6 +187,8 @@ class Settings(BaseSettings):
             from gateway.auth import TokenTable
 
             TokenTable.from_settings(self)  # a bad entry stops start-up here, naming it
+        if self.training.enabled and self.backend != "ray":
+            raise ValueError("training.enabled needs backend ray (jobs run as Ray actors on GPU resources)")
         return self
 
 

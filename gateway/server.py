@@ -81,12 +81,18 @@ class Gateway:
         self._uvicorn: _Uvicorn | None = None
         self._uv_task: asyncio.Task | None = None
         self._grpc = None
+        self.harvest = None
+        if settings.training.enabled:  # preemptible training on idle GPUs (gateway/harvest.py)
+            from gateway.harvest import HarvestController
+
+            self.harvest = HarvestController(settings, self.backend, self.dataplane.metrics)
 
     async def start(self) -> None:
         s = self.settings
         self._grpc, self.grpc_port = create_server(self.dataplane, f"{s.host}:{s.grpc_port}")
         await self._grpc.start()
-        app = create_asgi(self.dataplane)
+        routers = [self.harvest.router()] if self.harvest is not None else []
+        app = create_asgi(self.dataplane, routers)
         cfg = uvicorn.Config(app, host=s.host, port=s.http_port, log_level="warning",
                              access_log=False, lifespan="off", loop="none", http="httptools",
                              timeout_graceful_shutdown=5, **uvicorn_tls_kwargs(s))
@@ -100,6 +106,8 @@ class Gateway:
         self.http_port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
         # Models load while the servers already answer liveness (readiness says not ready).
         await self.dataplane.start()
+        if self.harvest is not None:
+            self.harvest.start()
         # Everything loaded so far lives as long as the server: freeze it out of the collector's
         # sight. Full collections over it took ~50 ms each, every ~0.6 s under load (the p99 tail
         # in docs/benchmarks.md); frozen, they take ~0.5 ms.
@@ -117,6 +125,8 @@ class Gateway:
         if self._uv_task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._uv_task, timeout=8)
+        if self.harvest is not None:  # checkpoint running jobs before Ray goes away
+            await asyncio.get_running_loop().run_in_executor(None, self.harvest.stop)
         await self.dataplane.stop()
 
 
