@@ -1,0 +1,524 @@
+"""Open-loop benchmark under a latency SLO: sloserve's policies against Triton, Ray Serve and MLServer.
+
+One invocation starts each system in turn as a subprocess on the same ONNX file (the same launchers
+as ``sloserve bench closed``), sweeps the offered rate upward with an open-loop generator
+(``loadtests/bench/gen.py``: arrivals never wait for answers, latency counted from the scheduled
+send time), stops it, and goes on to the next; systems are interleaved over rounds and medians are
+reported. Arrivals: ``poisson``, ``gamma`` (bursty, coefficient of variation ``--cv``), ``trace``
+(the per-minute shape of a column of an Azure Functions 2019 trace, time-compressed to
+``--trace-bucket-s`` seconds per minute and scaled to the offered mean rate) or ``burst`` (Poisson
+at the rate, ``--burst-factor`` times it for the middle third).
+
+Per system and rate: SLO attainment (on-time 2xx / all sent), goodput (on-time per second), p50 /
+p99 / p99.9 of answered requests, shed share (503/429), effective accuracy (sum of the accuracy of
+on-time answers / all sent: the variant sloserve reports in its response parameters, the served
+variant for peers), shed-answer latency, server CPU, the generator's own CPU. Per system: the
+highest rate with attainment >= ``--target`` (0.99). Triton is tried in every configuration of
+``--triton-configs`` (max_queue_delay x instances) in a tuning pass and the best is kept.
+
+    sloserve bench slo --model heavy --variant large --slo-ms 20 --rounds 2 --nice -10 \\
+        --out results/slo-heavy.json --plot docs/img/bench_slo_heavy.png
+
+Systems: ``sloserve-<policy>`` (policy slo|timeout|fixed|aimd|nexus; pinned to ``--variant`` by the
+``x-variant`` header) or ``sloserve-<policy>@<variant>|@any`` (``@any``: no pin, the policy may
+choose a cheaper variant), ``triton`` (tuned) or ``triton-<delay_ms>x<instances>``, ``rayserve``,
+``mlserver``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+from loadtests.bench.closed import machine
+from loadtests.bench.gen import read_records
+from loadtests.bench.procstat import CpuWindow, tree_memory_mb
+from loadtests.bench.systems import (BatchingKnobs, Launch, default_tmp, make_launch, prioritise, request_body)
+
+POLICIES = ("slo", "timeout", "fixed", "aimd", "nexus")
+DEFAULT_SYSTEMS = ",".join([f"sloserve-{p}" for p in POLICIES] + ["triton", "rayserve", "mlserver"])
+DEFAULT_RATES = ("20,30,40,50,65,80,100,125,150,200,250,300,350,400,450,500,600,700,800,900,1000,1200,"
+                 "1400,1600,1800,2000,2400,2800")
+TRACE_CSV = Path(__file__).resolve().parents[1] / "traces" / "azure_functions_2019_selected_per_minute.csv"
+
+
+# ---- arrival schedules (offsets in seconds, sorted) ------------------------------------------------
+def poisson(rate: float, dur: float, rng: random.Random, t0: float = 0.0) -> list[float]:
+    out, t = [], t0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= t0 + dur:
+            return out
+        out.append(t)
+
+
+def gamma_arrivals(rate: float, cv: float, dur: float, rng: random.Random) -> list[float]:
+    """Renewal process with gamma inter-arrival times: mean 1/rate, coefficient of variation cv."""
+    k = 1.0 / (cv * cv)
+    theta = 1.0 / (rate * k)
+    out, t = [], 0.0
+    while True:
+        t += rng.gammavariate(k, theta)
+        if t >= dur:
+            return out
+        out.append(t)
+
+
+def trace_shape(column: str | None, path: Path = TRACE_CSV) -> tuple[str, list[float]]:
+    """Per-minute counts of one column of the trace CSV, normalised to mean 1."""
+    with open(path) as f:
+        rows = list(csv.reader(f))
+    head, body = rows[0], rows[1:]
+    cols = [c for c in head if c.lower() not in ("minute", "time", "t", "index")]
+    col = column or cols[0]
+    j = head.index(col)
+    vals = [float(r[j]) for r in body if len(r) > j and r[j] != ""]
+    m = sum(vals) / len(vals)
+    return col, [v / m for v in vals]
+
+
+def trace_arrivals(rate: float, dur: float, rng: random.Random, shape: list[float], bucket_s: float) -> list[float]:
+    """Non-homogeneous Poisson: each trace minute becomes ``bucket_s`` seconds at ``rate * shape``."""
+    out: list[float] = []
+    n = max(1, int(math.ceil(dur / bucket_s)))
+    for b in range(n):
+        r = rate * shape[b % len(shape)]
+        d = min(bucket_s, dur - b * bucket_s)
+        if r > 0 and d > 0:
+            out += poisson(r, d, rng, b * bucket_s)
+    return out
+
+
+def burst_arrivals(rate: float, factor: float, dur: float, rng: random.Random) -> list[float]:
+    third = dur / 3
+    return (poisson(rate, third, rng) + poisson(rate * factor, third, rng, third)
+            + poisson(rate, dur - 2 * third, rng, 2 * third))
+
+
+def schedule(args: argparse.Namespace, rate: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    if args.arrival == "poisson":
+        return poisson(rate, args.duration, rng)
+    if args.arrival == "gamma":
+        return gamma_arrivals(rate, args.cv, args.duration, rng)
+    if args.arrival == "trace":
+        return trace_arrivals(rate, args.duration, rng, args._shape, args.trace_bucket_s)
+    if args.arrival == "burst":
+        return burst_arrivals(rate, args.burst_factor, args.duration, rng)
+    raise ValueError(args.arrival)
+
+
+# ---- systems --------------------------------------------------------------------------------------
+def policy_batching(policy: str, args: argparse.Namespace) -> dict[str, Any]:
+    b: dict[str, Any] = {"policy": policy, "max_batch_size": args.max_batch_size}
+    if policy == "timeout":
+        b["max_wait_ms"] = args.max_wait_ms
+    elif policy == "fixed":
+        b["max_queue_delay_ms"] = args.max_wait_ms
+    elif policy in ("aimd", "nexus"):
+        b["slo_ms"] = args.slo_ms
+    return b
+
+
+def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> tuple[Launch, dict[str, str], str]:
+    """(launch, generator headers, variant served by a peer or pinned)."""
+    if system.startswith("sloserve"):
+        name, _, pin = system.partition("@")
+        parts = name.split("-")
+        backend = "ray" if "ray" in parts[1:] else "inprocess"
+        policy = parts[-1] if parts[-1] in POLICIES else "slo"
+        cfg = tmp / f"{system.replace('@', '_')}.json"
+        cfg.write_text(json.dumps({"models": {args.model: {"slo_ms": args.slo_ms,
+                                                          "batching": policy_batching(policy, args)}}}))
+        knobs = BatchingKnobs(sloserve_config=str(cfg), sloserve_backend=backend)
+        launch = make_launch("sloserve", repo, args.model, args.variant, knobs, tmp)
+        launch.system = system
+        hdrs = {"x-slo-ms": f"{args.slo_ms:g}"}
+        pin = pin or args.variant
+        if pin == "any":
+            launch.headers = {}
+        else:
+            launch.headers = {"x-variant": pin}
+            hdrs["x-variant"] = pin
+        return launch, hdrs, pin
+    if system.startswith("triton"):
+        delay, inst = (system.split("-", 1)[1].split("x") if "-" in system else (args.max_wait_ms, 1))
+        knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=float(delay),
+                              triton_instances=int(inst))
+        launch = make_launch("triton", repo, args.model, args.variant, knobs, tmp)
+        launch.system = system
+        return launch, {}, args.variant
+    knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms)
+    launch = make_launch(system, repo, args.model, args.variant, knobs, tmp)
+    return launch, {}, args.variant
+
+
+# ---- one measured step ----------------------------------------------------------------------------
+def run_step(launch: Launch, hdrs: dict[str, str], body_path: Path, sched: list[float], args: argparse.Namespace,
+             tmp: Path, tag: str) -> tuple[list[tuple], dict, float]:
+    port = int(launch.infer_url.split(":")[2].split("/")[0])
+    path = "/" + launch.infer_url.split("/", 3)[3]
+    sf = tmp / f"sched-{tag}.bin"
+    array("d", sched).tofile(open(sf, "wb"))
+    spec = {"port": port, "path": path, "body_file": str(body_path), "headers": hdrs, "schedule_file": str(sf),
+            "timeout_s": args.timeout, "max_conns": args.max_conns, "variants": args._variants}
+    spec_path = tmp / f"spec-{tag}.json"
+    spec_path.write_text(json.dumps(spec))
+    out = tmp / f"out-{tag}.bin"
+    win = CpuWindow(launch.pid)
+    win.start()
+    proc = subprocess.Popen([sys.executable, "-m", "loadtests.bench.gen", str(spec_path), str(out)],
+                            cwd=Path(__file__).resolve().parents[2], preexec_fn=prioritise(args.nice),
+                            start_new_session=bool(args.nice))
+    try:
+        _, status, ru = os.wait4(proc.pid, 0)
+    except BaseException:
+        proc.kill()
+        raise
+    server_s, busy_s, total_s = win.stop()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"generator failed (rc {os.waitstatus_to_exitcode(status)})")
+    recs, trailer = read_records(str(out), len(sched))
+    trailer["gen_cpu_s"] = ru.ru_utime + ru.ru_stime
+    trailer["server_cpu_s"] = server_s
+    trailer["other_cpu_s"] = max(0.0, busy_s - server_s - trailer["gen_cpu_s"])
+    for p in (sf, spec_path, out):
+        p.unlink(missing_ok=True)
+    return recs, trailer, total_s
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(math.ceil(q / 100 * len(s))) - 1)]
+
+
+def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dict[int, float], peer_acc: float | None,
+            rate: float) -> dict[str, Any]:
+    slo = args.slo_ms / 1e3
+    n = len(recs)
+    dur = args.duration
+    ok_lat, on_time, eff, shed, shed_send, errors, late_ok = [], 0, 0.0, 0, [], 0, 0
+    variants: dict[str, int] = {}
+    for sched_t, sent_t, done_t, status, v in recs:
+        if 200 <= status < 300:
+            lat = done_t - sched_t
+            ok_lat.append(lat)
+            if lat <= slo:
+                on_time += 1
+                eff += peer_acc if peer_acc is not None else acc.get(v, 0.0)
+            else:
+                late_ok += 1
+            if v >= 0:
+                name = args._variants[v]
+                variants[name] = variants.get(name, 0) + 1
+        elif status in (429, 503):
+            shed += 1
+            if sent_t >= 0:
+                shed_send.append(done_t - sent_t)
+        else:
+            errors += 1
+    ms = lambda x: None if x is None else round(x * 1e3, 3)  # noqa: E731
+    out = {
+        "rate": rate, "sent": n, "offered_rps": round(n / dur, 1),
+        "attainment": round(on_time / n, 5) if n else None,
+        "goodput_rps": round(on_time / dur, 1), "ok_rps": round(len(ok_lat) / dur, 1),
+        "p50_ms": ms(pct(ok_lat, 50)), "p99_ms": ms(pct(ok_lat, 99)), "p999_ms": ms(pct(ok_lat, 99.9)),
+        "late_ok": late_ok, "shed": shed, "shed_share": round(shed / n, 5) if n else None, "errors": errors,
+        "effective_accuracy": round(eff / n, 5) if n else None,
+        "shed_answer_p50_ms": ms(pct(shed_send, 50)), "shed_answer_p99_ms": ms(pct(shed_send, 99)),
+        "shed_answer_max_ms": ms(max(shed_send, default=None)),
+        "shed_answer_under_1ms": round(sum(1 for x in shed_send if x <= 1e-3) / len(shed_send), 4) if shed_send else None,
+        "server_cores": round(trailer["server_cpu_s"] / dur, 3),
+        # the generator's CPU while sending and receiving (its start-up, imports, excluded: gen_total_cpu_s)
+        "gen_cores": round(trailer.get("run_cpu_s", trailer["gen_cpu_s"]) / dur, 3),
+        "gen_cpu_ms_per_req": round(trailer.get("run_cpu_s", trailer["gen_cpu_s"]) * 1e3 / max(n, 1), 4),
+        "gen_total_cpu_s": round(trailer["gen_cpu_s"], 3),
+        "gen_mean_lag_ms": round(trailer.get("mean_lag_ms", 0.0), 3),
+        "other_cores": round(trailer["other_cpu_s"] / dur, 3),
+        "gen_max_lag_ms": round(trailer.get("max_lag_ms", 0.0), 2), "connections": trailer.get("opened"),
+    }
+    if variants:
+        out["variants"] = variants
+    return out
+
+
+def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: bytes, body_path: Path,
+          rates: list[float], round_no: int, start_rate: float = 0.0) -> dict[str, Any]:
+    launch, hdrs, pinned = launch_for(system, args, repo, tmp)
+    peer_acc = None if system.startswith("sloserve") else args._accuracy[pinned]
+    acc = {i: args._accuracy[v] for i, v in enumerate(args._variants)}
+    launch.start(tmp / "logs", args.nice)
+    steps: list[dict[str, Any]] = []
+    try:
+        ready = launch.wait_ready(body)
+        if args.warmup > 0:  # warm up at the lowest rate of the sweep
+            run_step(launch, hdrs, body_path, poisson(rates[0], args.warmup, random.Random(7)), args, tmp,
+                     f"{system}-warm")
+        fails = 0
+        for k, rate in enumerate(rates):
+            if rate < start_rate:
+                continue
+            seed = 1000 * round_no + k
+            sched = schedule(args, rate, seed)
+            recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, f"{system}-{k}")
+            m = metrics(recs, trailer, args, acc, peer_acc, rate)
+            steps.append(m)
+            print(f"  [{system} r{round_no}] {rate:>6.0f}/s att {m['attainment']:.4f} good {m['goodput_rps']:.0f}/s "
+                  f"p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} effacc {m['effective_accuracy']:.4f} "
+                  f"srv {m['server_cores']:.2f} gen {m['gen_cores']:.2f} other {m['other_cores']:.2f}"
+                  + (f" {m['variants']}" if 'variants' in m else ""), file=sys.stderr, flush=True)
+            fails = fails + 1 if (m["attainment"] or 0) < args.target else 0
+            if fails >= args.stop_after or (m["attainment"] or 0) < args.floor:
+                break
+            time.sleep(args.gap)
+        mem = tree_memory_mb(launch.pid)
+    finally:
+        launch.stop()
+    return {"system": system, "round": round_no, "ready_s": round(ready, 2), "steps": steps,
+            "max_rate_at_target": max_rate(steps, args.target, start_rate), "memory": mem}
+
+
+def max_rate(steps: list[dict[str, Any]], target: float, start_rate: float = 0.0) -> float:
+    """Highest swept rate at which attainment >= target with every lower swept rate also passing
+    (rates below start_rate were skipped as passing, by the previous round's result)."""
+    best = start_rate if start_rate else 0.0
+    for s in steps:
+        if (s["attainment"] or 0) >= target:
+            best = s["rate"]
+        else:
+            break
+    return best
+
+
+def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for system, runs in results.items():
+        good = [r for r in runs if "error" not in r]
+        if not good:
+            out[system] = {"error": runs[0].get("error") if runs else "not run"}
+            continue
+        rates = [r["max_rate_at_target"] for r in good]
+        by_rate: dict[float, list[dict]] = {}
+        for r in good:
+            for s in r["steps"]:
+                by_rate.setdefault(s["rate"], []).append(s)
+        curve = []
+        for rate in sorted(by_rate):
+            ss = by_rate[rate]
+            row = {"rate": rate, "n": len(ss)}
+            for k in ("attainment", "goodput_rps", "ok_rps", "p50_ms", "p99_ms", "p999_ms", "shed_share",
+                      "effective_accuracy", "server_cores", "gen_cores", "gen_cpu_ms_per_req", "other_cores",
+                      "shed_answer_p50_ms", "shed_answer_p99_ms", "shed_answer_under_1ms"):
+                vals = [s[k] for s in ss if s.get(k) is not None]
+                if vals:
+                    row[k] = round(statistics.median(vals), 5)
+            curve.append(row)
+        at = [c for c in curve if c["rate"] <= statistics.median(rates)]
+        out[system] = {
+            "max_rate_at_target_median": statistics.median(rates), "max_rate_at_target_rounds": rates,
+            "at_max_rate": at[-1] if at else None,
+            "saturation_ok_rps": max((c.get("ok_rps", 0) for c in curve), default=0),
+            "saturation_goodput_rps": max((c.get("goodput_rps", 0) for c in curve), default=0),
+            "curve": curve, "ready_s": statistics.median(r["ready_s"] for r in good),
+            "pss_mb": statistics.median(r["memory"]["pss_mb"] for r in good),
+        }
+    return out
+
+
+def compute_bound(repo: Path, model: str, variant: str, max_batch: int) -> dict[str, Any]:
+    """max over b of b / p50(b) from the variant's profile(s)."""
+    res = {}
+    for f in sorted((repo / model / variant / "profiles").glob("*.json")):
+        p = json.loads(f.read_text())
+        pairs = [(b, l) for b, l in zip(p["batch_sizes"], p["p50_ms"]) if l]
+        capped = max(b * 1e3 / l for b, l in pairs if b <= max_batch)
+        full = max(b * 1e3 / l for b, l in pairs)
+        res[p.get("device_type", f.stem)] = {"bound_rps_capped": round(capped, 1), "cap": max_batch,
+                                             "bound_rps_any_batch": round(full, 1)}
+    return res
+
+
+def plot(summary: dict[str, Any], args: argparse.Namespace, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for system, s in summary.items():
+        if "curve" not in s:
+            continue
+        xs = [c["rate"] for c in s["curve"] if "attainment" in c]
+        ys = [c["attainment"] * 100 for c in s["curve"] if "attainment" in c]
+        ax.plot(xs, ys, marker="o", ms=3, label=f"{system} ({s['max_rate_at_target_median']:.0f}/s)")
+    ax.axhline(args.target * 100, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel(f"offered rate (requests/s, {args.arrival} arrivals)")
+    ax.set_ylabel(f"SLO attainment (% on time within {args.slo_ms:g} ms)")
+    ax.set_ylim(max(0, min(50, ax.get_ylim()[0])), 100.5)
+    ax.set_title(f"{args.model}/{args.variant}, {args.slo_ms:g} ms SLO: attainment vs offered rate "
+                 f"(median of {args.rounds} rounds)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    repo = Path(args.repo)
+    cfg = json.loads((repo / args.model / "config.json").read_text())
+    args._variants = [v["name"] for v in cfg["variants"]]
+    args._accuracy = {v["name"]: float(v["accuracy"]) for v in cfg["variants"]}
+    if args.arrival == "trace":
+        args._trace_column, args._shape = trace_shape(args.trace_column)
+    rates = [float(x) for x in args.rates.split(",") if x.strip()]
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    tmp = default_tmp()
+    (tmp / "logs").mkdir(parents=True, exist_ok=True)
+    body = request_body(repo, args.model)
+    body_path = tmp / "body.json"
+    body_path.write_bytes(body)
+    t_start = time.time()
+    results: dict[str, list[dict[str, Any]]] = {}
+    tuning: dict[str, Any] = {}
+
+    def one(system: str, r: int, start_rate: float = 0.0) -> dict[str, Any]:
+        print(f"[round {r}] {system}: starting", file=sys.stderr, flush=True)
+        try:
+            return sweep(system, args, repo, tmp, body, body_path, rates, r, start_rate)
+        except Exception as e:  # noqa: BLE001 - a system that fails is recorded, the run goes on
+            err = f"{type(e).__name__}: {e}"[:4000]
+            print(f"[round {r}] {system}: FAILED {err[:600]}", file=sys.stderr, flush=True)
+            return {"system": system, "round": r, "error": err}
+
+    # Triton tuning pass: every configuration once, keep the one with the highest rate at target
+    if "triton" in systems:
+        configs = [c.strip() for c in args.triton_configs.split(",") if c.strip()]
+        tres = {}
+        for c in configs:
+            tres[f"triton-{c}"] = one(f"triton-{c}", 0)
+        ok = {k: v for k, v in tres.items() if "error" not in v}
+        best = max(ok, key=lambda k: (ok[k]["max_rate_at_target"],
+                                      max((s["goodput_rps"] for s in ok[k]["steps"]), default=0))) if ok else None
+        tuning = {"runs": tres, "best": best,
+                  "max_rate_at_target": {k: v.get("max_rate_at_target") for k, v in tres.items()},
+                  "errors": {k: v["error"] for k, v in tres.items() if "error" in v}}
+        print(f"triton tuning: {tuning['max_rate_at_target']} -> {best}", file=sys.stderr, flush=True)
+        systems = [best if s == "triton" else s for s in systems if s != "triton" or best]
+        if best is None:
+            results["triton"] = [{"system": "triton", "error": "every Triton configuration failed: "
+                                  + json.dumps(tuning["errors"])[:3000]}]
+    for s in systems:
+        results.setdefault(s, [])
+    for r in range(1, args.rounds + 1):
+        order = systems if r % 2 == 1 else systems[::-1]
+        for s in order:
+            prev = [x["max_rate_at_target"] for x in results[s] if "error" not in x]
+            start = args.skip_below * min(prev) if (prev and args.skip_below) else 0.0
+            start = max((x for x in rates if x <= start), default=0.0)
+            results[s].append(one(s, r, start))
+            time.sleep(args.pause)
+    summary = summarise(results, args)
+    ratios = {}
+    tri = next((s for s in summary if s.startswith("triton")), None)
+    for base in (tri, "rayserve", "mlserver"):
+        if base and summary.get(base, {}).get("max_rate_at_target_median"):
+            b = summary[base]["max_rate_at_target_median"]
+            ratios[base] = {s: round(v["max_rate_at_target_median"] / b, 3) for s, v in summary.items()
+                            if "max_rate_at_target_median" in v and s != base}
+    result = {
+        "benchmark": "slo",
+        "command": "sloserve bench " + " ".join(sys.argv[sys.argv.index("slo"):]) if "slo" in sys.argv else None,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
+        "wall_s": round(time.time() - t_start, 1),
+        "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[2]).stdout.strip(),
+        "machine": machine(),
+        "setup": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "func"}
+        | ({"trace_column": args._trace_column} if args.arrival == "trace" else {}),
+        "accuracy": args._accuracy,
+        "compute_bound": compute_bound(repo, args.model, args.variant, args.max_batch_size),
+        "summary": summary, "ratios_of_max_rate": ratios, "triton_tuning": tuning, "runs": results,
+    }
+    if args.keep_tmp or any("error" in x for v in results.values() for x in v):
+        print(f"server logs kept in {tmp}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.plot:
+        plot(summary, args, args.plot)
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="heavy")
+    p.add_argument("--variant", default="large", help="variant every peer serves and sloserve is pinned to")
+    p.add_argument("--repo", default="model_repository")
+    p.add_argument("--slo-ms", type=float, default=20.0)
+    p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="comma list (see above)")
+    p.add_argument("--triton-configs", default="0.1x1,1x1,5x1,0.1x2,1x2,5x2",
+                   help="max_queue_delay_ms x instances tried in the tuning pass")
+    p.add_argument("--arrival", choices=("poisson", "gamma", "trace", "burst"), default="poisson")
+    p.add_argument("--cv", type=float, default=4.0, help="gamma arrivals: coefficient of variation (2..8)")
+    p.add_argument("--trace-column", help="trace arrivals: column of the CSV (default: the first)")
+    p.add_argument("--trace-bucket-s", type=float, default=1.0, help="seconds per trace minute")
+    p.add_argument("--burst-factor", type=float, default=3.0)
+    p.add_argument("--rates", default=DEFAULT_RATES, help="offered rates swept upward (requests/s)")
+    p.add_argument("--duration", type=float, default=4.0, help="seconds of arrivals per rate")
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--gap", type=float, default=0.5, help="seconds between rates")
+    p.add_argument("--target", type=float, default=0.99)
+    p.add_argument("--stop-after", type=int, default=2, help="stop a sweep after this many rates under target")
+    p.add_argument("--floor", type=float, default=0.5, help="stop a sweep at once under this attainment")
+    p.add_argument("--skip-below", type=float, default=0.6,
+                   help="rounds after the first start at this fraction of the system's lowest earlier max rate")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="timeout/fixed/MLServer/@serve.batch wait")
+    p.add_argument("--timeout", type=float, default=3.0, help="client timeout per request (s)")
+    p.add_argument("--max-conns", type=int, default=512)
+    p.add_argument("--nice", type=int, default=0)
+    p.add_argument("--pause", type=float, default=1.0)
+    p.add_argument("--keep-tmp", action="store_true")
+    p.add_argument("--out")
+    p.add_argument("--plot", help="PNG: attainment against rate, one line per system")
+
+
+def main_args(args: argparse.Namespace) -> int:
+    if args.duration > 120 or args.rounds > 10:
+        raise SystemExit("--duration <= 120 s and --rounds <= 10")
+    result = run(args)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    brief = {s: {k: v.get(k) for k in ("max_rate_at_target_median", "max_rate_at_target_rounds",
+                                        "saturation_ok_rps", "error")} for s, v in result["summary"].items()}
+    print(json.dumps({"summary": brief, "ratios": result["ratios_of_max_rate"],
+                      "compute_bound": result["compute_bound"]}, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.bench.slo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return main_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
