@@ -116,6 +116,8 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
         "machine_cores": round(ncpu, 2),
         "ready_s": round(ready_s, 2),
         "memory_after": mem,
+        "pss_mb": mem["pss_mb"],
+        "processes": mem["processes"],
     }
     if b0 is not None and b1 is not None and b1[1] > b0[1]:
         rec["avg_batch"] = round((b1[0] - b0[0]) / (b1[1] - b0[1]), 2)
@@ -123,7 +125,7 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
 
 
 SUMMARY_KEYS = ("rps", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "server_cpu_ms_per_req", "server_cores",
-                "wrk_cpu_ms_per_req", "wrk_cores", "other_cores", "avg_batch")
+                "wrk_cpu_ms_per_req", "wrk_cores", "other_cores", "avg_batch", "pss_mb", "processes")
 
 
 def summarise(rounds: dict[str, list[dict[str, Any]]], baseline: str = "triton") -> dict[str, Any]:
@@ -241,6 +243,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rps_ratio": s["rps_ratio_vs_triton"], "p99_ms": s["p99_ms"],
             "met": bool(s["rps_ratio_vs_triton"] >= 0.8 and s["p99_ms"] <= 10.0),
         }
+    if "sloserve-ray" in summary and "rps" in summary["sloserve-ray"]:
+        ray_path = summary["sloserve-ray"]
+        goal: dict[str, Any] = {"target": "sloserve on Ray >= 5x Ray Serve's own throughput and >= 0.7x in-process",
+                                "sloserve_ray_rps": ray_path["rps"], "sloserve_ray_p99_ms": ray_path["p99_ms"],
+                                "ray_stack_pss_mb": ray_path.get("pss_mb")}
+        for other, key, need in (("rayserve", "vs_rayserve", 5.0), ("sloserve", "vs_inprocess", 0.7)):
+            if summary.get(other, {}).get("rps"):
+                goal[f"rps_ratio_{key}"] = round(ray_path["rps"] / summary[other]["rps"], 3)
+                paired = [a["rps"] / b["rps"] for a, b in zip(rounds["sloserve-ray"], rounds[other])
+                          if "rps" in a and "rps" in b and b["rps"]]
+                if paired:
+                    goal[f"rps_ratio_{key}_paired_median"] = round(statistics.median(paired), 3)
+                goal[f"met_{key}"] = bool(goal[f"rps_ratio_{key}"] >= need)
+        result["goal_issue4"] = goal
     return result
 
 
@@ -278,7 +294,8 @@ def main_args(args: argparse.Namespace) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
-    print(json.dumps({"summary": result["summary"], "goal_issue2": result.get("goal_issue2")}, indent=1))
+    print(json.dumps({"summary": result["summary"], "goal_issue2": result.get("goal_issue2"),
+                      "goal_issue4": result.get("goal_issue4")}, indent=1))
     return 0
 
 

@@ -26,7 +26,7 @@ from loadtests.bench.procstat import tree_pids
 ROOT = Path(__file__).resolve().parents[2]
 PEERS_DIR = ROOT / "loadtests" / "peers"
 PEER_VENVS = ROOT / ".peers"
-SYSTEMS = ("sloserve", "triton", "mlserver", "rayserve")
+SYSTEMS = ("sloserve", "sloserve-ray", "triton", "mlserver", "rayserve")
 
 
 def prioritise(nice: int):
@@ -186,7 +186,7 @@ class Launch:
                 text = r.read().decode(errors="replace")
         except OSError:
             return None
-        if self.system == "sloserve":
+        if self.system.startswith("sloserve"):
             rows = _prom_sum(text, "sloserve_batch_rows_sum", model)
             batches = _prom_sum(text, "sloserve_batch_rows_count", model)
         elif self.system == "triton":
@@ -228,7 +228,8 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
         raise FileNotFoundError(f"{onnx} is missing: run `sloserve models build --repo {repo}`")
     http, grpc = free_ports(2)
     url = f"http://127.0.0.1:{http}/v2/models/{model}/infer"
-    if system == "sloserve":
+    if system in ("sloserve", "sloserve-ray"):
+        backend = "ray" if system == "sloserve-ray" else knobs.sloserve_backend
         cfg = knobs.sloserve_config
         if cfg is None:
             cfg_path = tmp_dir / f"sloserve-{model}.json"
@@ -237,12 +238,13 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
                 "policy": knobs.sloserve_policy, "max_wait_ms": knobs.max_wait_ms,
                 "max_batch_size": knobs.max_batch_size}}}}))
             cfg = str(cfg_path)
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "--backend", knobs.sloserve_backend,
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--backend", backend,
                 "--repo", str(repo), "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
                 "--config", cfg, "--log-level", "warning"]
         # the variant is pinned by header so that the JSON body stays byte-identical for every system
+        # a Ray backend starts its own local Ray (children of the gateway: stopped with its tree)
         return _with_tmp(Launch(system, argv, url, f"http://127.0.0.1:{http}/metrics",
-                                headers={"x-variant": variant}), tmp_dir)
+                                headers={"x-variant": variant}, grace_s=15.0 if backend == "ray" else 5.0), tmp_dir)
     if system == "triton":
         metrics = free_port()
         argv = [peer_python("triton"), str(PEERS_DIR / "triton_server.py"), "--onnx", str(onnx), "--model", model,
