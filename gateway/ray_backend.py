@@ -123,14 +123,27 @@ class RayServeBackend:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # Ray gives its GCS 30 s to come up; a busy 2-core box can take longer.
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+        # Ray's C++ failure-signal handler would take SIGTERM from the gateway's own graceful
+        # shutdown and end the process with SIGABRT: the gateway handles its signals itself.
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         s = self.settings
         if s.ray_address:
             ray.init(address=s.ray_address, namespace="sloserve", log_to_driver=False)
             return
         resources = {f"accelerator_type:{t}": float(n) for t, n in s.emulated_gpus.items()}
-        ray.init(num_cpus=s.ray_num_cpus or os.cpu_count(), num_gpus=sum(s.emulated_gpus.values()) or None,
-                 resources=resources or None, include_dashboard=False, namespace="sloserve",
-                 log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+        for attempt in (1, 2):
+            before = _descendants(os.getpid())
+            try:
+                ray.init(num_cpus=s.ray_num_cpus or os.cpu_count(), num_gpus=sum(s.emulated_gpus.values()) or None,
+                         resources=resources or None, include_dashboard=False, namespace="sloserve",
+                         log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+                break
+            except Exception as e:  # noqa: BLE001 - Ray waits a fixed 30 s for its raylet; a busy box misses it
+                if attempt == 2 or "timed out during startup" not in str(e):
+                    raise
+                log.warning("local Ray did not come up in time (%s); retrying once", e)
+                ray.shutdown()
+                _reap(_descendants(os.getpid()) - before)
         self._started_ray = True
         print(f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
               f"(attach with ray.init(address=...) or `ray status --address ...`)", flush=True)
@@ -218,6 +231,7 @@ class RayServeBackend:
 
         if not ray.is_initialized():
             return
+        ours = _descendants(os.getpid()) if self._started_ray else set()
         try:
             if self.settings.ray_deploy:
                 for app in self._apps.values():
@@ -227,6 +241,7 @@ class RayServeBackend:
         finally:
             if self._started_ray:
                 ray.shutdown()
+                _reap(ours)
 
     def ready(self) -> bool:
         return self._ready
@@ -270,3 +285,43 @@ class RayServeBackend:
         except rex.RayTaskError as e:
             raise InternalError(f"replica for '{model}/{variant}' failed: {e.cause!r:.200}") from None
         return RunResult(outputs, compute_s, device)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now (Ray's gcs, raylet and the agents the raylet starts)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _reap(pids: set[int], grace_s: float = 3.0) -> None:
+    """After ray.shutdown(): end whatever the embedded Ray left behind (its dashboard and
+    runtime-env agents outlive the raylet), so a stopped gateway leaves no orphan."""
+    import signal
+
+    deadline = time.monotonic() + grace_s
+    alive = {p for p in pids if os.path.exists(f"/proc/{p}")}
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = {p for p in alive if os.path.exists(f"/proc/{p}")}
+    for p in alive:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    if alive:
+        log.info("killed %d Ray process(es) left after ray.shutdown()", len(alive))

@@ -67,6 +67,11 @@ class ServerProcess:
         self.log.seek(0)
         return self.log.read()[-5000:]
 
+    def leftovers(self) -> list[str]:
+        """Processes still in the server's process group (Ray's agents would be) after it stopped."""
+        out = subprocess.run(["ps", "-eo", "pid,pgid,args"], capture_output=True, text=True).stdout
+        return [line for line in out.splitlines()[1:] if line.split()[1] == str(self.proc.pid)]
+
     def stop(self, sig=15, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from tests.conftest import ServerProcess
@@ -16,9 +18,16 @@ def servers(model_repo):
         return _SERVERS[backend]
 
     yield get
-    for s in _SERVERS.values():
-        s.stop()
+    problems = []
+    for backend, s in _SERVERS.items():
+        rc = s.stop()
+        left = s.leftovers()
+        if rc != 0 or left:  # SIGTERM must stop everything cleanly: no crash, no orphan Ray process
+            problems.append(f"{backend}: exit {rc}, left {left}")
+            for line in left:
+                os.kill(int(line.split()[0]), 9)
     _SERVERS.clear()
+    assert not problems, problems
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
