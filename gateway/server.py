@@ -146,6 +146,11 @@ async def serve(settings: Settings) -> None:
         except ModelLoadError as e:
             print(f"sloserve: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+        # ray.init installs Ray's C-level failure-signal handler over ours (it would end the process
+        # half-way through a graceful stop): take SIGINT/SIGTERM back once everything is up.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+            loop.add_signal_handler(sig, stop.set)
         print(f"sloserve serving HTTP on {settings.host}:{gw.http_port}, gRPC on {settings.host}:{gw.grpc_port}"
               f" ({gw.backend.name} backend)", flush=True)
         await stop.wait()
