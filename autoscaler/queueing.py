@@ -93,22 +93,29 @@ def capacity_rps(service: ServiceModel, replicas: int) -> float:
     return lo
 
 
-@lru_cache(maxsize=4096)
-def _capacity_list(service: ServiceModel, upto: int) -> tuple[float, ...]:
-    return tuple(capacity_rps(service, c) for c in range(upto + 1))
+_CAPS: dict[int, tuple[ServiceModel, list[float]]] = {}  # id(service) -> (service, capacities by c)
+
+
+def _capacities(service: ServiceModel, upto: int) -> list[float]:
+    """Capacities for 0..upto replicas, grown on demand; keyed by identity (hashing a curve is slow)."""
+    entry = _CAPS.get(id(service))
+    if entry is None or entry[0] is not service:
+        entry = _CAPS[id(service)] = (service, [0.0])
+    caps = entry[1]
+    while len(caps) <= upto:
+        caps.append(capacity_rps(service, len(caps)))
+    return caps
 
 
 def replicas_needed(service: ServiceModel, rate: float, max_replicas: int = 100_000) -> int:
     """The fewest replicas whose tail latency meets the SLO at ``rate`` (capped at ``max_replicas``)."""
     if rate <= 0:
         return 0
-    upto = 8
-    while True:
-        caps = _capacity_list(service, upto)
-        if caps[-1] >= rate or upto >= max_replicas:
-            i = bisect.bisect_left(caps, rate)
-            return min(i, max_replicas) if i < len(caps) else max_replicas
-        upto = min(upto * 2, max_replicas)
+    caps = _capacities(service, 8)
+    while caps[-1] < rate and len(caps) - 1 < max_replicas:
+        caps = _capacities(service, min(2 * (len(caps) - 1), max_replicas))
+    i = bisect.bisect_left(caps, rate)
+    return min(i, max_replicas)
 
 
 def per_replica_throughput_rps(service: ServiceModel) -> float:

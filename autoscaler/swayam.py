@@ -54,7 +54,7 @@ class SwayamConfig(BaseModel):
 @dataclass(frozen=True, slots=True)
 class SwayamState:
     history: tuple[tuple[float, float], ...] = ()  # (time_s, aggregate rate rps), oldest first
-    needs: tuple[tuple[float, int], ...] = ()  # (time_s, replicas needed), last keep_alive_s
+    needs: tuple[tuple[float, int], ...] = ()  # (time_s, need): decreasing needs of the last keep_alive_s
     gateways_seen: int = 1
 
 
@@ -66,6 +66,14 @@ def aggregate_rate(windows: tuple[RateWindow, ...], gateways_seen: int) -> float
     """
     if not windows:
         return None
+    default_share = 1.0 / max(gateways_seen, 1)
+    names = {w.gateway for w in windows}
+    if len(names) == len(windows):  # the usual case: one report per gateway
+        rate = share = 0.0
+        for w in windows:
+            rate += w.arrivals / w.duration_s
+            share += w.share if w.share > 0 else default_share
+        return rate / max(share, 1e-9)
     per_gw: dict[str, list[float]] = {}
     for w in windows:
         acc = per_gw.setdefault(w.gateway, [0.0, 0.0, w.share])
@@ -74,28 +82,40 @@ def aggregate_rate(windows: tuple[RateWindow, ...], gateways_seen: int) -> float
     rate = share = 0.0
     for arrivals, duration, sh in per_gw.values():
         rate += arrivals / duration
-        share += sh if sh > 0 else 1.0 / max(gateways_seen, 1)
+        share += sh if sh > 0 else default_share
     return rate / max(share, 1e-9)
+
+
+def _drop_before(points: tuple, t0: float) -> tuple:
+    i = 0
+    n = len(points)
+    while i < n and points[i][0] <= t0:
+        i += 1
+    return points[i:] if i else points
 
 
 def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now: float
            ) -> tuple[ScaleDecision, SwayamState]:
-    seen = max(state.gateways_seen, len({w.gateway for w in snap.windows}))
+    seen = state.gateways_seen
+    if len(snap.windows) > seen:
+        seen = max(seen, len({w.gateway for w in snap.windows}))
     rate = aggregate_rate(snap.windows, seen)
     history = state.history
     if rate is not None:
-        horizon_start = now - config.window_s
-        history = tuple(p for p in history if p[0] > horizon_start) + ((now, rate),)
+        history = _drop_before(history, now - config.window_s) + ((now, rate),)
     if not history:  # nothing measured yet: keep what runs
         return ScaleDecision(snap.target_replicas, "no-data"), SwayamState(history, state.needs, seen)
     horizon_s = config.startup_s + config.interval_s
     predicted = PREDICTORS[config.predictor](history, horizon_s)
-    span = max(config.window_s if len(history) > 1 else config.interval_s, 1e-9)
+    span = config.window_s if len(history) > 1 else config.interval_s
     planned = predicted * (1 + config.margin_frac) + config.noise_z * math.sqrt(predicted / span)
     need = replicas_needed(snap.service, planned, snap.max_replicas) if predicted > 0 else 0
-    keep_from = now - config.keep_alive_s
-    needs = tuple(p for p in state.needs if p[0] > keep_from) + ((now, need),)
-    target = clamp(max(n for _, n in needs), snap)
+    # needs of the last keep_alive_s as a monotonic queue: needs[0] is their maximum
+    needs = _drop_before(state.needs, now - config.keep_alive_s)
+    while needs and needs[-1][1] <= need:
+        needs = needs[:-1]
+    needs = needs + ((now, need),)
+    target = clamp(needs[0][1], snap)
     if target > snap.target_replicas:
         reason = "scale-up"
     elif target < snap.target_replicas:

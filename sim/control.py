@@ -49,13 +49,19 @@ class Controller:
                         for s in specs]
 
     def round(self, now: float, obs: list[Observation]) -> list[int]:
+        snaps = [ScalingSnapshot(spec.name, o.target, o.ready, spec.service, o.ongoing, o.windows,
+                                 spec.min_replicas, spec.max_replicas, o.future_peak_rps)
+                 for spec, o in zip(self.specs, obs)]
+        return self.round_snapshots(now, snaps)
+
+    def round_snapshots(self, now: float, snaps: list[ScalingSnapshot]) -> list[int]:
+        """One round from ready-made snapshots (the fluid driver builds them directly)."""
+        decide, configs, states = self.decide, self.configs, self.states
         wants: dict[str, int] = {}
         holding: dict[str, int] = {}
-        for i, (spec, o) in enumerate(zip(self.specs, obs)):
-            snap = ScalingSnapshot(spec.name, o.target, o.ready, spec.service, o.ongoing, o.windows,
-                                   spec.min_replicas, spec.max_replicas, o.future_peak_rps)
-            decision, self.states[i] = self.decide(snap, self.configs[i], self.states[i], now)
-            wants[spec.name] = decision.target_replicas
-            holding[spec.name] = o.target
+        for i, snap in enumerate(snaps):
+            decision, states[i] = decide(snap, configs[i], states[i], now)
+            wants[snap.model] = decision.target_replicas
+            holding[snap.model] = snap.target_replicas
         grant = self.placement.allocate(wants, holding, now)
         return [grant[s.name] for s in self.specs]

@@ -58,8 +58,10 @@ class SimConfig:
 def batching_policy_for(cfg: SimConfig, spec: ModelSpec):
     name = cfg.batching or ("slo" if "slo" in POLICIES else "timeout")
     factory = POLICIES[name]
+    curve = spec.service.curve
     offered = {"max_batch_size": spec.service.max_batch_size, "default_variant": VARIANT,
-               "slo_ms": spec.service.slo_s * 1e3, **cfg.batching_kwargs}
+               "latency_fn": lambda variant, rows: curve.at(rows, "p99"), "model": spec.name,
+               "device_type": spec.device_type, "variants": [VARIANT], **cfg.batching_kwargs}
     try:
         params = inspect.signature(factory).parameters
         if not any(p.kind == p.VAR_KEYWORD for p in params.values()):

@@ -22,8 +22,8 @@ import numpy as np
 
 from autoscaler.queueing import late_fraction, steady_batch
 from autoscaler.registry import make_autoscaler
-from autoscaler.types import RateWindow, ServiceModel
-from sim.control import Controller, ModelSpec, Observation
+from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from sim.control import Controller, ModelSpec
 from sim.engine import SimConfig
 from sim.metrics import ModelRecord, summarize
 from sim.placement import FixedPool, PlacementHook
@@ -42,6 +42,16 @@ class _LateTable:
         grid = np.arange(_R_POINTS) * self.r_step
         self.table = np.array([[late_fraction(service, int(c), float(r) * int(c)) for r in grid]
                                for c in _C_BUCKETS])
+        # mean latency at a per-replica rate: wait ~ half a batch + own batch (for Little's law)
+        lat = []
+        for r in grid:
+            b = steady_batch(service, float(r))
+            lat.append(1.5 * service.curve.at(max(b, 1.0), "p50") if b is not None else service.slo_s)
+        self.latency = np.array(lat)
+
+    def mean_latency(self, c: np.ndarray, rate: np.ndarray) -> np.ndarray:
+        r = rate / np.maximum(c, 1)
+        return self.latency[np.minimum(np.ceil(r / self.r_step).astype(np.int64), _R_POINTS - 1)]
 
     def lookup(self, c: np.ndarray, rate: np.ndarray) -> np.ndarray:
         cb = np.clip(np.searchsorted(_C_BUCKETS, c, side="right") - 1, 0, len(_C_BUCKETS) - 1)
@@ -84,87 +94,117 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
 
     ready = np.array([s.initial_replicas for s in specs], np.int64)
     target = ready.copy()
-    alloc = ready.astype(float)  # replicas holding a GPU (starting + ready)
     pending: list[tuple[float, int, int]] = []  # (ready_at, model, count)
     backlog = np.zeros(n)
     tick_steps = int(round(cfg.tick_s / dt_s))
-    acc_arr = np.zeros(n)
-    acc_q = np.zeros(n)
-    acc_rate = np.zeros(n)
-    last_tick = 0.0
+    n_ticks = int(math.ceil(n_steps / tick_steps))
     total_m = np.zeros((n_min, n))
     good_m = np.zeros((n_min, n))
     shed_tot = np.zeros(n)
     rs = np.zeros(n)
-    gw = cfg.gateways
+    ser_target = np.zeros((n_ticks, n), np.int64)
+    ser_ready = np.zeros((n_ticks, n), np.int64)
+    gws = [f"gw{g}" for g in range(cfg.gateways)]
+    share_w = 1.0 / cfg.gateways
+    svc = [s.service for s in specs]
+    names = [s.name for s in specs]
+    mins = [s.min_replicas for s in specs]
+    maxs = [s.max_replicas for s in specs]
+    blk_arr = np.zeros(n)
+    blk_q = np.zeros(n)
+    blk_lam = np.zeros(n)
+    late = np.zeros(n)
+    cap_step = hold_cap = None
+    late_key = None
 
-    for k in range(n_steps):
-        t = k * dt_s
-        while pending and pending[0][0] <= t + 1e-9:
-            _, j, cnt = heapq.heappop(pending)
-            ready[j] += cnt
-        if k % tick_steps == 0:
-            span = max(t - last_tick, 1e-9)
-            obs = []
-            for j, s in enumerate(specs):
-                lam = acc_rate[j] / max(k - int(round(last_tick / dt_s)), 1)
-                b = steady_batch(s.service, lam / max(ready[j], 1)) if lam > 0 else 0.0
-                lat = 1.5 * s.service.curve.at(max(b, 1.0), "p50") if b is not None else s.service.slo_s
-                ongoing = lam * lat + acc_q[j] / max(span / dt_s, 1)
-                share = acc_arr[j] / gw
-                wins = tuple(RateWindow(f"gw{g}", last_tick, t, share, 1.0 / gw) for g in range(gw)) if t > 0 else ()
-                fut = s.arrivals.peak_rate(t, t + cfg.startup_s + cfg.tick_s)
-                obs.append(Observation(int(target[j]), int(ready[j]), ongoing, wins, fut))
-            grants = ctl.round(t, obs)
-            for j, g in enumerate(grants):
-                diff = g - int(target[j])
-                if diff > 0:
-                    heapq.heappush(pending, (t + cfg.startup_s, j, diff))
-                elif diff < 0:  # drop starting replicas first (newest), then ready ones
-                    drop = -diff
-                    keep = []
-                    for item in sorted((p for p in pending if p[1] == j), reverse=True):
-                        take = min(drop, item[2])
-                        drop -= take
-                        if item[2] - take:
-                            keep.append((item[0], j, item[2] - take))
-                    pending = [p for p in pending if p[1] != j] + keep
-                    heapq.heapify(pending)
-                    ready[j] -= drop
-                target[j] = g
-                recs[j].tick(t, float(rates[min(int(t // interval), n_int - 1), j]), g, int(ready[j]))
-            alloc = target.astype(float)
-            acc_arr[:] = 0
-            acc_q[:] = 0
-            acc_rate[:] = 0
-            last_tick = t
-            if progress is not None:
-                progress(t)
-        lam = rates[int(t // interval)]
-        a = rng.poisson(lam * dt_s).astype(float)
-        cap = ready * mu1 * dt_s
-        work = backlog + a
-        served = np.minimum(work, cap)
-        over = work - served
-        backlog = np.minimum(over, ready * mu1 * hold_s)
-        shed = over - backlog
-        late = np.zeros(n)
+    for tk in range(n_ticks):
+        t = tk * tick_steps * dt_s
+        # ---- autoscaling round, on what the previous block measured
+        lat = np.zeros(n)
         for tab, idx in tables:
-            late[idx] = tab.lookup(ready[idx], lam[idx])
-        late_n = np.minimum(shed + late * served, a + 1e-12)
-        mi = int(t // cfg.minute_s)
-        total_m[mi] += a
-        good_m[mi] += np.maximum(a - late_n, 0.0)
-        shed_tot += shed
-        rs += alloc * dt_s
-        acc_arr += a
-        acc_q += backlog
-        acc_rate += lam
+            lat[idx] = tab.mean_latency(np.maximum(ready[idx], 1), blk_lam[idx])
+        ongoing = blk_lam * lat + blk_q
+        i0 = min(int(t // interval), n_int - 1)
+        i1 = min(int((t + cfg.startup_s + cfg.tick_s) // interval), n_int - 1)
+        fut = rates[i0:i1 + 1].max(axis=0).tolist()
+        share = (blk_arr * share_w).tolist()
+        ongoing_l = ongoing.tolist()
+        t_prev = t - cfg.tick_s
+        snaps = [ScalingSnapshot(names[j], int(target[j]), int(ready[j]), svc[j], ongoing_l[j],
+                                 tuple(RateWindow(g, t_prev, t, share[j], share_w) for g in gws) if tk else (),
+                                 mins[j], maxs[j], fut[j]) for j in range(n)]
+        grants = ctl.round_snapshots(t, snaps)
+        for j, g in enumerate(grants):
+            diff = g - int(target[j])
+            if diff > 0:
+                heapq.heappush(pending, (t + cfg.startup_s, j, diff))
+            elif diff < 0:  # drop starting replicas first (newest), then ready ones
+                drop = -diff
+                keep = []
+                for item in sorted((p for p in pending if p[1] == j), reverse=True):
+                    take = min(drop, item[2])
+                    drop -= take
+                    if item[2] - take:
+                        keep.append((item[0], j, item[2] - take))
+                pending = [p for p in pending if p[1] != j] + keep
+                heapq.heapify(pending)
+                ready[j] -= drop
+            target[j] = g
+        ser_target[tk] = target
+        ser_ready[tk] = ready
+        alloc = target.astype(float)
+        if progress is not None:
+            progress(t)
+        # ---- the block of steps until the next round
+        k0, k1 = tk * tick_steps, min((tk + 1) * tick_steps, n_steps)
+        blk_arr[:] = 0
+        blk_q[:] = 0
+        blk_lam[:] = 0
+        for k in range(k0, k1):
+            tt = k * dt_s
+            changed = False
+            while pending and pending[0][0] <= tt + 1e-9:
+                _, j, cnt = heapq.heappop(pending)
+                ready[j] += cnt
+                changed = True
+            ii = int(tt // interval)
+            if changed or late_key != ii or cap_step is None:
+                lam = rates[ii]
+                for tab, idx in tables:
+                    late[idx] = tab.lookup(ready[idx], lam[idx])
+                cap_step = ready * mu1 * dt_s
+                hold_cap = ready * mu1 * hold_s
+                late_key = ii
+            a = rng.poisson(lam * dt_s).astype(float)
+            work = backlog + a
+            served = np.minimum(work, cap_step)
+            over = work - served
+            backlog = np.minimum(over, hold_cap)
+            shed = over - backlog
+            late_n = np.minimum(shed + late * served, a)
+            mi = int(tt // cfg.minute_s)
+            total_m[mi] += a
+            good_m[mi] += a - late_n
+            shed_tot += shed
+            blk_arr += a
+            blk_q += backlog
+            blk_lam += lam
+        steps = max(k1 - k0, 1)
+        rs += alloc * (steps * dt_s)
+        blk_q /= steps
+        blk_lam /= steps
 
+    t_ser = [tk * tick_steps * dt_s for tk in range(n_ticks)]
     for j, r in enumerate(recs):
         r.minute_total = total_m[:, j].copy()
         r.minute_good = good_m[:, j].copy()
         r.replica_seconds = float(rs[j])
         r.shed = float(shed_tot[j])
+        r.series_t = t_ser
+        r.series_target = ser_target[:, j].tolist()
+        r.series_ready = ser_ready[:, j].tolist()
+        idx = np.minimum((np.array(t_ser) // interval).astype(int), n_int - 1)
+        r.series_rate = rates[idx, j].tolist()
+        r.scale_events = int((np.diff(ser_target[:, j]) != 0).sum())
     return {"summary": summarize(recs, duration, cfg.sla), "records": recs, "duration_s": duration,
             "placement": ctl.placement.report()}

@@ -40,11 +40,14 @@ def tuned_baseline_kwargs(service: ServiceModel, utilization: float = 0.7) -> di
 
 
 def make_spec(name: str, arrivals, service: ServiceModel, device_type: str, *, peak_replicas: int | None = None,
-              scale: float | None = None, min_replicas: int = 1, max_replicas: int = 10_000) -> ModelSpec:
-    """A model whose arrivals are scaled by ``scale`` or so that their peak needs ``peak_replicas``."""
+              scale: float | None = None, min_replicas: int = 1, max_replicas: int = 10_000,
+              peak_fill: float = 0.9) -> ModelSpec:
+    """A model whose arrivals are scaled by ``scale``, or so that their peak rate is ``peak_fill`` of
+    what ``peak_replicas`` replicas serve within the SLO ("scaled to the model's capacity"; not
+    exactly 1.0, which would put a flat trace on the SLA's knife edge for every policy)."""
     if scale is None:
         peak = float(arrivals.rates.max()) if len(arrivals.rates) else 0.0
-        scale = capacity_rps(service, peak_replicas) / peak if (peak_replicas and peak > 0) else 1.0
+        scale = (peak_fill * capacity_rps(service, peak_replicas) / peak) if (peak_replicas and peak > 0) else 1.0
     arr = arrivals.scaled(scale)
     init = max(min_replicas, replicas_needed(service, float(arr.rates[0]) if len(arr.rates) else 0.0, max_replicas))
     return ModelSpec(name, arr, service, device_type, min_replicas, max_replicas, init,

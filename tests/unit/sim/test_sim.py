@@ -1,0 +1,64 @@
+"""Simulator pieces: arrivals, placement, the fluid/request agreement, determinism."""
+
+import numpy as np
+import pytest
+
+from autoscaler.queueing import capacity_rps
+from sim import arrivals as arr
+from sim.engine import SimConfig, simulate_requests
+from sim.fluid import simulate_fluid
+from sim.placement import FixedPool
+from sim.profiles import default_profiles, service_for
+from sim.run import make_spec
+
+SVC = service_for(default_profiles(), "gpt2-gen", "t4", slo_ms=1000)
+
+
+def test_counts_and_timestamps(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("minute,n,ts\n0,60,0.5\n1,120,1.0\n2,0,1.5\n")
+    a = arr.from_counts(p, "n", 60.0)
+    assert a.duration_s == 180.0 and a.rate_at(61.0) == 2.0 and a.peak_rate(0, 70) == 2.0
+    times = a.sample_times(np.random.default_rng(0))
+    assert len(times) == pytest.approx(180, abs=45) and np.all(np.diff(times) >= 0)
+    ts = arr.from_timestamps(p, "ts")
+    assert list(ts.sample_times(np.random.default_rng(0))) == [0.0, 0.5, 1.0]
+    assert len(ts.scaled(2.0).timestamps) == 6
+    with pytest.raises(ValueError, match="no column"):
+        arr.from_counts(p, "missing", 60.0)
+
+
+def test_synthetic_sources():
+    assert arr.poisson(5.0, 120.0).rates.tolist() == [5.0, 5.0]
+    g = arr.gamma_burst(10.0, 36000.0, cv=2.0, seed=1)
+    assert 0.8 < g.rates.mean() / 10.0 < 1.2 and 1.5 < g.rates.std() / g.rates.mean() < 2.5
+    d = arr.diurnal(10.0, amplitude=0.5)
+    assert d.rates.max() == pytest.approx(15.0, rel=0.01) and d.rates.min() == pytest.approx(5.0, rel=0.01)
+
+
+def test_fixed_pool_never_over_capacity():
+    pool = FixedPool(gpus=5)
+    g = pool.allocate({"a": 4, "b": 4}, {"a": 1, "b": 3}, 0.0)
+    assert sum(g.values()) <= 5 and g["b"] >= 3 and pool.refused == 3
+
+
+def test_request_level_is_deterministic_and_counts_every_request():
+    spec = make_spec("m", arr.poisson(60.0, 300.0), SVC, "t4")
+    a = simulate_requests([spec], "swayam", SimConfig(seed=3))
+    b = simulate_requests([spec], "swayam", SimConfig(seed=3))
+    assert a["summary"] == b["summary"]
+    assert a["summary"]["requests"] == pytest.approx(60 * 300, rel=0.05)
+
+
+def test_fluid_agrees_with_request_level_for_the_oracle():
+    spec = make_spec("m", arr.diurnal(120.0, duration_s=900.0, period_s=900.0), SVC, "t4")
+    req = simulate_requests([spec], "oracle", SimConfig(seed=1))["summary"]
+    flu = simulate_fluid([spec], "oracle", SimConfig(seed=1))["summary"]
+    assert flu["replica_seconds"] == pytest.approx(req["replica_seconds"], rel=0.05)
+    assert flu["slo_attainment"] == pytest.approx(req["slo_attainment"], abs=0.02)
+
+
+def test_scaling_to_capacity():
+    spec = make_spec("m", arr.poisson(1.0, 60.0), SVC, "t4", peak_replicas=3)
+    assert spec.arrivals.rates.max() == pytest.approx(0.9 * capacity_rps(SVC, 3))
+    assert spec.initial_replicas == 3
