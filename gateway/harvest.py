@@ -56,13 +56,16 @@ class Reclaim:
     variant: str | None
     decided_at: float  # monotonic clock of the decision
     iteration_at_request: int = 0
+    waited_s: float = 0.0  # how long the replica had been pending (target > replicas holding a GPU) before
     outcome: str | None = None  # checkpointed | killed
     stopped_s: float | None = None  # preempt protocol returned (checkpoint written, kill sent)
     freed_s: float | None = None  # training actor dead: its GPU is free for Ray to schedule on
+    granted_s: float | None = None  # the waiting replica's actor holds the GPU (ALIVE in Ray)
     ready_s: float | None = None  # the replica that waited for the GPU is RUNNING
     checkpoint_iteration: int | None = None
     lost_iterations: int | None = None
     _baseline_running: int = field(default=0, repr=False)
+    _baseline_holders: int = field(default=0, repr=False)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
@@ -143,7 +146,9 @@ class HarvestController:
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
         self._last_tick: float | None = None
+        self.round_s = 0.0  # how long the last round took (observe + decide + act)
         self._usage: dict[tuple[str, str], int] = {}
+        self._pending_since: dict[tuple[str, str], float] = {}
 
     # ------------------------------------------------------------------ life cycle
     def router(self):
@@ -192,7 +197,7 @@ class HarvestController:
         d = self.last_decision
         with self._lock:
             reclaims = [r.to_dict() for r in self.reclaims]
-        return {"policy": self.policy_name, "round": self.state.round,
+        return {"policy": self.policy_name, "round": self.state.round, "round_s": round(self.round_s, 4),
                 "gpus": [{"gpu_type": t, "use": u, "count": n} for (t, u), n in sorted(self._usage.items())],
                 "reclaims": reclaims,
                 "last_decision": None if d is None else {
@@ -210,9 +215,15 @@ class HarvestController:
         decision, self.state = self._policy(snap, self.config, self.state, now)
         self.last_decision = decision
         self._export(snap, infos, now)
-        self._apply(decision, serve_view, infos, now)
-        self._track_ready(serve_view)
+        for key, (_dev, target, _running) in serve_view.items():
+            if target > holders.get(key, 0):
+                self._pending_since.setdefault(key, now)
+            else:
+                self._pending_since.pop(key, None)
+        self._apply(decision, serve_view, holders, now)
+        self._track_ready(serve_view, holders)
         self._last_tick = now
+        self.round_s = self.clock() - now
         return decision
 
     def inventory(self) -> tuple[Gpu, ...]:
@@ -334,16 +345,18 @@ class HarvestController:
         return PlacementSnapshot(gpus=gpus, targets=tuple(targets), replicas=tuple(replicas), jobs=tuple(jobs))
 
     # ------------------------------------------------------------------ carrying out a decision
-    def _apply(self, decision: PlacementDecision, serve_view, infos, now: float) -> None:
+    def _apply(self, decision: PlacementDecision, serve_view, holders, now: float) -> None:
         waiting = {s.after_preempt: s for s in decision.start_replicas if s.after_preempt}
         for p in decision.preempt:
             if p.job_id in self._preempting:
                 continue
             mem = self._jobs[p.job_id]
             s = waiting.get(p.job_id)
+            key = (s.model, s.variant) if s else None
             rec = Reclaim(p.job_id, mem.spec.gpu_type, s.model if s else None, s.variant if s else None, now,
-                          iteration_at_request=mem.iteration,
-                          _baseline_running=serve_view.get((s.model, s.variant), (None, 0, 0))[2] if s else 0)
+                          iteration_at_request=mem.iteration, waited_s=now - self._pending_since.get(key, now),
+                          _baseline_running=serve_view.get(key, (None, 0, 0))[2] if s else 0,
+                          _baseline_holders=holders.get(key, 0) if s else 0)
             with self._lock:
                 self._preempting[p.job_id] = rec
                 self.reclaims.append(rec)
@@ -406,11 +419,13 @@ class HarvestController:
                 self._preempting.pop(rec.job_id, None)
             self._wake.set()
 
-    def _track_ready(self, serve_view) -> None:
+    def _track_ready(self, serve_view, holders) -> None:
         now = self.clock()
         with self._lock:
             pending = [r for r in self.reclaims if r.ready_s is None and r.model is not None]
         for r in pending:
+            if r.granted_s is None and holders.get((r.model, r.variant), 0) > r._baseline_holders:
+                r.granted_s = now - r.decided_at
             running = serve_view.get((r.model, r.variant), (None, 0, 0))[2]
             if running > r._baseline_running:
                 r.ready_s = now - r.decided_at

@@ -135,7 +135,8 @@ def test_load_step_preempts_training_then_training_resumes(harvest_server):
     ck = rec["checkpoint_iteration"]
     assert st["status"] == "preempted" and st["checkpoint_iteration"] == ck >= 2 * CHECKPOINT_EVERY, st
     assert metric(s, "sloserve_preemptions_total", device_type="t4") >= 1
-    assert metric(s, "sloserve_replicas", model="digits", state="running") == 2
+    # the backend's replicas gauge follows serve.status once a second
+    assert wait_for(lambda: metric(s, "sloserve_replicas", model="digits", state="running") == 2, 5)
 
     # Load gone: after the keep-alive the replica scales in and the job resumes from its checkpoint.
     assert wait_for(lambda: metric(s, "sloserve_replicas", model="digits", state="running") == 1, 60), s.output()
@@ -144,7 +145,8 @@ def test_load_step_preempts_training_then_training_resumes(harvest_server):
     assert get(s, "/v2/training/jobs/harvest-1")["state"] == "running"
     assert wait_for(lambda: metric(s, "sloserve_training_steps_total", job="harvest-1") > ck, 5)
     total_s = time.monotonic() - t_start
-    result = {"freed_s": rec["freed_s"], "stopped_s": rec["stopped_s"], "ready_s": rec["ready_s"],
+    result = {"freed_s": rec["freed_s"], "stopped_s": rec["stopped_s"], "granted_s": rec["granted_s"],
+              "ready_s": rec["ready_s"], "waited_s": rec["waited_s"], "round_s": report["round_s"],
               "lost_iterations": rec["lost_iterations"], "checkpoint_iteration": ck, "outcome": rec["outcome"],
               "scenario_s": round(total_s, 1)}
     print("harvest reclaim:", json.dumps(result))
