@@ -25,7 +25,8 @@ import numpy as np
 from batching.clock import Clock, MonotonicClock
 from batching.policy import BatchPolicy
 from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed, Wait
-from gateway.errors import InternalError, ReplicaFailed, ServingError, TooManyRequests, Unavailable
+from gateway.errors import (DeadlineUnreachable, InternalError, ReplicaFailed, ServingError, TooManyRequests,
+                             Unavailable)
 
 log = logging.getLogger("sloserve.batching")
 
@@ -166,7 +167,7 @@ class Batcher:
             if refused is not None:
                 late = refused.late_by_s[0] if refused.late_by_s else 0.0
                 self.on_event("shed", (refused, 1))
-                raise Unavailable(
+                raise DeadlineUnreachable(
                     f"refused at admission: model '{self.model}' cannot meet this request's "
                     f"{(deadline_s - arrival) * 1e3:.1f} ms deadline at the current load (predicted late by "
                     f"{late * 1e3:.1f} ms); retry later or raise slo_ms / lower min_accuracy",
@@ -237,7 +238,7 @@ class Batcher:
         for e, late in zip(entries, lates):
             if not e.future.done():
                 budget_ms = (e.item.deadline_s - e.item.arrival_s) * 1e3
-                e.future.set_exception(Unavailable(
+                e.future.set_exception(DeadlineUnreachable(
                     f"shed: model '{self.model}' cannot meet this request's {budget_ms:.1f} ms deadline "
                     f"(predicted late by {late * 1e3:.1f} ms at the current load); retry later or "
                     f"raise slo_ms / lower min_accuracy",

@@ -19,7 +19,7 @@ from batching.policy import POLICIES, make_policy
 from batching.profile import ProfileTable
 from gateway.backends import Backend
 from gateway.config import Settings
-from gateway.errors import InvalidArgument, NotFound, ServingError, TooManyRequests, Unavailable
+from gateway.errors import DeadlineUnreachable, InvalidArgument, NotFound, ServingError, TooManyRequests, Unavailable
 from gateway.metrics import Metrics
 from gateway.types import InferRequest, InferResponse, RequestedOutput
 from models.repository import LoadedModel, ModelConfig, ModelRepository
@@ -252,7 +252,7 @@ class DataPlane:
             out = await m.batcher.submit(arrays, rows, deadline, variants, req.params.priority, arrival)
         except ServingError as e:
             self.metrics.observe_request(req.model if m else "unknown", variant_label, _outcome(e), 0.0,
-                                         False if isinstance(e, Unavailable) else None)
+                                         False if isinstance(e, DeadlineUnreachable) else None)
             raise
         done = self.clock.now()
         latency = done - arrival
@@ -308,8 +308,10 @@ def _device_type(backend: Backend, model: str) -> str:
 
 
 def _outcome(e: ServingError) -> str:
-    return {400: "invalid", 404: "not_found", 413: "too_large", 429: "rejected", 503: "shed",
-            504: "timeout"}.get(e.http_status, "error")
+    if isinstance(e, DeadlineUnreachable):
+        return "shed"
+    return {400: "invalid", 401: "unauthenticated", 403: "forbidden", 404: "not_found", 413: "too_large",
+            429: "rejected", 503: "unavailable", 504: "timeout"}.get(e.http_status, "error")
 
 
 def all_outputs(m: ModelState, binary: bool) -> list[RequestedOutput]:

@@ -75,3 +75,8 @@ class InternalError(ServingError):
 class ReplicaFailed(Unavailable):
     """The replica died or vanished mid-batch (503 / UNAVAILABLE, Retry-After); the batcher
     retries the batch once if its deadline still allows."""
+
+
+class DeadlineUnreachable(Unavailable):
+    """Shed: the request cannot meet its deadline at the current load (503, Retry-After). Counted
+    as an SLO miss (``outcome="shed"``), not as a fault of the server's availability."""

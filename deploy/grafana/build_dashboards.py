@@ -15,7 +15,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "dashboards"
 DS = {"type": "prometheus", "uid": "${datasource}"}
-BAD = 'outcome=~"shed|rejected|timeout|error"'
+BAD = 'outcome=~"rejected|unavailable|timeout|error"'
 M = 'model=~"$model"'
 RI = "$__rate_interval"
 

@@ -101,24 +101,41 @@ def gcs_address(server) -> str:
     return m.group(1)
 
 
+KILLER = """
+import sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+         if sys.argv[2] in a["name"] and "REPLICA" in a["name"].upper()]
+assert len(names) == 1, names
+actor = ray.get_actor(names[0], namespace="serve")
+print("ready", flush=True)
+sys.stdin.readline()
+ray.kill(actor, no_restart=True)
+print("killed", flush=True)
+"""
+
+
 def test_ray_kill_mid_batch_is_retried_on_the_restarted_replica(chaos_server):
-    os.environ.setdefault("RAY_AUTH_MODE", "token")  # the embedded Ray turns token auth on; read at import
-    import ray
+    import sys
 
     s = chaos_server
     pid = replica_pid(s, "medium")
-    ray.init(address=gcs_address(s), log_to_driver=False)
+    # ray.kill from a fresh interpreter: RAY_AUTH_MODE is read when ray is imported, and this
+    # pytest process may have imported ray already (the embedded Ray turns token auth on).
+    killer = subprocess.Popen([sys.executable, "-c", KILLER, gcs_address(s), "digits-medium-cpu"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "RAY_AUTH_MODE": "token"})
     try:
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                 if "digits-medium-cpu" in a["name"] and "REPLICA" in a["name"].upper()]
-        assert len(names) == 1, names
-        actor = ray.get_actor(names[0], namespace="serve")
+        assert killer.stdout.readline().strip() == "ready"
         t, box = in_background(post, s, {"variant": "medium", "slo_ms": 60000})
         time.sleep(0.5)
         assert t.is_alive(), box  # the batch is inside the replica (held for 1.5 s)
-        ray.kill(actor, no_restart=True)
+        killer.stdin.write("go\n")
+        killer.stdin.flush()
+        assert killer.stdout.readline().strip() == "killed"
     finally:
-        ray.shutdown()
+        killer.kill()
+        killer.wait()
     t.join(90)
     assert not t.is_alive(), "the request hung after its replica was killed"
     code, body = box["r"]
