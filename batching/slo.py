@@ -347,7 +347,13 @@ class SLOPolicy:
             compute = min(compute, self.lat.latency_s(v, item.size))
         if tput <= 0.0:
             return Shed((item.id,), "admission", (item.deadline_s - item.arrival_s,))
-        finish = start + q.rows_before(item) / tput + compute
+        ahead = q.rows_before(item)
+        if ahead == 0 and any(view.idle.get(v, 0) > 0 for v in self._allowed(item)):
+            # Nothing queued ahead and a replica free: always let it try. Refusing here would refuse
+            # on the calibrator's word alone, and with nothing admitted no batch would ever correct a
+            # stale (too slow) estimate: the system would refuse forever after an overload.
+            return None
+        finish = start + ahead / tput + compute + self.safety_s
         if finish > item.deadline_s + EPS_S:
             return Shed((item.id,), "admission", (finish - item.deadline_s,))
         return None

@@ -36,3 +36,25 @@ def test_inside_the_margin_but_before_the_deadline_dispatches_instead_of_sheddin
     assert type(d).__name__ == "Dispatch" and d.reason == "late_start"
     d = p.plan(view([it]), 0.01995)  # now it really cannot make it
     assert type(d).__name__ == "Shed"
+
+
+def test_admission_lets_a_lone_request_probe_even_when_the_estimate_says_no():
+    """After an overload the calibrator may believe the replica is far slower than it is; refusing a
+    request on an empty, idle system would keep it from ever learning otherwise."""
+    p = SLOPolicy(max_batch_size=64, latency_fn=lambda v, n: 0.050, safety_ms=2.0)  # "50 ms" (stale)
+    it = QueuedItem(0, 0.0, 0.020, variants=("v",))
+    assert p.admit(view([]), it, 0.0) is None  # admit() sees the queue without the newcomer
+    busy = QueueView("m", [QueuedItem(1, 0.0, 0.010, variants=("v",))], {"v": 0}, 64)
+    assert p.admit(busy, it, 0.0) is not None  # with work ahead the estimate decides
+
+
+def test_admission_keeps_the_safety_margin():
+    p = SLOPolicy(max_batch_size=64, latency_fn=lambda v, n: 0.009, safety_ms=2.0)
+    ahead = QueuedItem(1, 0.0, 0.008, variants=("v",))
+    it = QueuedItem(2, 0.0, 0.010, variants=("v",))
+    # one row ahead at batched throughput (~0.14 ms) + 9 ms own compute: 9.1 ms fits 10 ms, but not
+    # with the 2 ms margin the live loop needs for timer and hand-off jitter
+    d = p.admit(QueueView("m", [ahead], {"v": 1}, 64), it, 0.0)
+    assert d is not None and d.reason == "admission"
+    assert SLOPolicy(max_batch_size=64, latency_fn=lambda v, n: 0.009).admit(
+        QueueView("m", [ahead], {"v": 1}, 64), it, 0.0) is None
