@@ -56,6 +56,7 @@ class Outcome:
     batch_rows: int
     queue_s: float
     compute_s: float
+    device_type: str = "cpu"
 
 
 @dataclass(slots=True)
@@ -308,7 +309,8 @@ class Batcher:
                 n = e.item.size
                 if not e.future.done():
                     sl = {k: v[off:off + n] for k, v in res.outputs.items()}
-                    e.future.set_result(Outcome(sl, variant, rows, started - e.item.arrival_s, res.compute_s))
+                    e.future.set_result(Outcome(sl, variant, rows, started - e.item.arrival_s, res.compute_s,
+                                                res.device_type))
                 off += n
         except Exception as e:  # noqa: BLE001 - e.g. inputs that would not concatenate
             log.exception("batch on %s/%s failed before reaching a replica", self.model, variant)

@@ -32,7 +32,7 @@ Per-request SLO parameters (V2 `parameters`, or headers `x-slo-ms`, `x-min-accur
 | `priority` | integer | higher first among equal deadlines |
 | `variant` | string | pin a variant; the batcher will not switch it |
 
-Response parameters: `variant`, `accuracy`, `batch_size`, `queue_ms`, `compute_ms`.
+Response parameters: `variant`, `accuracy`, `batch_size`, `queue_ms`, `compute_ms`, `device_type`.
 """
 
 

@@ -273,6 +273,7 @@ class DataPlane:
                 "batch_size": out.batch_rows,
                 "queue_ms": round(out.queue_s * 1e3, 3),
                 "compute_ms": round(out.compute_s * 1e3, 3),
+                "device_type": out.device_type,
             },
         )
 
