@@ -142,12 +142,13 @@ def plot_timeline(path: Path, runs: dict[str, Any], title: str = "") -> None:
         if k == 0:
             rate = np.sum([r.series_rate for r in recs], axis=0)
             axes[0].plot(t, rate, color="black", lw=0.8)
-        axes[1].plot(t, target, lw=0.9, label=name)
+        top = {"zorder": 5, "lw": 1.4} if name == "swayam" else {"lw": 0.8, "alpha": 0.8}
+        axes[1].plot(t, target, label=name, **top)
         tot = np.sum([r.minute_total for r in recs], axis=0)
         good = np.sum([r.minute_good for r in recs], axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
             att = np.where(tot > 0, good / np.maximum(tot, 1e-12), np.nan)
-        axes[2].plot(np.arange(len(att)) * recs[0].minute_s / 3600.0, att * 100, lw=0.7, label=name)
+        axes[2].plot(np.arange(len(att)) * recs[0].minute_s / 3600.0, att * 100, label=name, **top)
     axes[0].set_ylabel("arrival rate (req/s)")
     axes[1].set_ylabel("replicas (target)")
     axes[2].set_ylabel("% within SLO, per minute")
