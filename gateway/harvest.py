@@ -243,7 +243,8 @@ class HarvestController:
     def _gpu_models(self) -> dict[tuple[str, str], tuple[str, str]]:
         """(model, variant) -> (Serve app, GPU type) for every model whose replicas take a GPU."""
         out = {}
-        for key, app in getattr(self.backend, "_apps", {}).items():
+        apps = self.backend.applications() if hasattr(self.backend, "applications") else {}
+        for key, app in apps.items():
             dev = self.backend.device_of(key[0])
             if dev.lower() != "cpu":
                 out[key] = (app, dev)

@@ -246,6 +246,10 @@ class RayServeBackend:
     def ready(self) -> bool:
         return self._ready
 
+    def applications(self) -> dict[tuple[str, str], str]:
+        """(model, variant) -> the Serve application serving it."""
+        return dict(self._apps)
+
     # ---- batches --------------------------------------------------------------------------
     def slots(self, model: str, variant: str) -> int:
         return self._replicas.get((model, variant), 0) * self.settings.pipeline_depth
