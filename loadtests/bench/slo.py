@@ -147,10 +147,10 @@ def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> 
         launch.system = system
         hdrs = {"x-slo-ms": f"{args.slo_ms:g}"}
         pin = pin or args.variant
-        if pin == "any":
-            launch.headers = {}
-        else:
-            launch.headers = {"x-variant": pin}
+        # the readiness probe carries the warm-up budget: at the benchmark's SLO a cold start can be refused
+        launch.headers = {"x-slo-ms": f"{args.warmup_slo_ms:g}"}
+        if pin != "any":
+            launch.headers["x-variant"] = pin
             hdrs["x-variant"] = pin
         return launch, hdrs, pin
     if system.startswith("triton"):
