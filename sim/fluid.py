@@ -63,6 +63,17 @@ class _LateTable:
         return np.where(rate > 0, out, 0.0)
 
 
+_TABLES: dict[ServiceModel, _LateTable] = {}
+
+
+def _late_table(service: ServiceModel) -> _LateTable:
+    """One table per service model, shared by every run of a process (a build costs ~1 s)."""
+    tab = _TABLES.get(service)
+    if tab is None:
+        tab = _TABLES[service] = _LateTable(service)
+    return tab
+
+
 def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s: float = 1.0,
                    placement: PlacementHook | None = None, progress=None) -> dict[str, Any]:
     rng = np.random.default_rng(cfg.seed)
@@ -87,7 +98,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
     classes: dict[ServiceModel, list[int]] = {}
     for j, s in enumerate(specs):
         classes.setdefault(s.service, []).append(j)
-    tables = [(_LateTable(svc), np.array(idx)) for svc, idx in classes.items()]
+    tables = [(_late_table(svc), np.array(idx)) for svc, idx in classes.items()]
     bmax = np.array([s.service.max_batch_size for s in specs], float)
     mu1 = bmax / np.array([s.service.curve.at(s.service.max_batch_size, "p50") for s in specs])
     hold_s = np.array([max(s.service.slo_s - s.service.curve.at(s.service.max_batch_size), 0.0) for s in specs])
@@ -134,10 +145,11 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
                                  tuple(RateWindow(g, t_prev, t, share[j], share_w) for g in gws) if tk else (),
                                  mins[j], maxs[j], fut[j]) for j in range(n)]
         grants = ctl.round_snapshots(t, snaps)
+        delays = getattr(ctl.placement, "start_delay_s", None) or {}  # e.g. waiting for a preempted GPU
         for j, g in enumerate(grants):
             diff = g - int(target[j])
             if diff > 0:
-                heapq.heappush(pending, (t + cfg.startup_s, j, diff))
+                heapq.heappush(pending, (t + cfg.startup_s + delays.get(names[j], 0.0), j, diff))
             elif diff < 0:  # drop starting replicas first (newest), then ready ones
                 drop = -diff
                 keep = []
@@ -194,6 +206,8 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         blk_q /= steps
         blk_lam /= steps
 
+    if hasattr(ctl.placement, "finish"):  # a hook with its own clock (sim/harvest.py) runs to the end
+        ctl.placement.finish(duration)
     t_ser = [tk * tick_steps * dt_s for tk in range(n_ticks)]
     for j, r in enumerate(recs):
         r.minute_total = total_m[:, j].copy()

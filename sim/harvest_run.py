@@ -1,0 +1,110 @@
+"""Run the harvest experiment: every (autoscaler, placement) pair on the same arrivals and jobs.
+
+Results are keyed ``"<autoscaler>/<placement>"``. When ``static`` is asked for, the ``none`` run
+(no training; inference alone on the typed pool, the baseline) goes first and sizes the static
+partition: each type's inference share is the peak number of GPUs inference held in that run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoscaler.placement_types import PlacementConfig
+from sim.control import ModelSpec
+from sim.engine import SimConfig
+from sim.harvest import PLACEMENTS, HarvestConfig, HarvestPlacement, static_config
+from sim.run import run_experiment
+from sim.training_trace import JobSpec
+
+HARVEST_KEYS = ("training_gpu_hours", "idle_gpu_hours", "unused_gpu_hours", "inference_gpu_hours",
+                "harvest_fraction", "training_work_gpu_hours", "preemptions", "preemptions_killed",
+                "lost_work_gpu_hours", "lost_per_preemption_intervals_mean", "lost_per_preemption_intervals_max",
+                "jobs_submitted", "jobs_finished", "jct_jobs_finished", "jct_mean_s", "jct_median_s")
+
+
+def order_placements(names: list[str]) -> list[str]:
+    """Known names, ``none`` first (it is the baseline and sizes ``static``)."""
+    bad = [n for n in names if n not in PLACEMENTS]
+    if bad:
+        raise ValueError(f"unknown placement(s) {bad}; known: {list(PLACEMENTS)}")
+    names = list(dict.fromkeys(names))
+    if "static" in names and "none" not in names:
+        names.insert(0, "none")
+    return sorted(names, key=lambda n: n != "none")
+
+
+def run_harvest(specs: list[ModelSpec], autoscalers: list[str], placements: list[str], cfg: SimConfig,
+                jobs: list[JobSpec], hcfg: HarvestConfig, pcfg: PlacementConfig | None = None,
+                mode: str = "fluid", show_progress: bool = True, static_margin: float = 0.0) -> dict[str, Any]:
+    pcfg = pcfg or PlacementConfig(pack_small_replicas=False, substitute_types=False)
+    types = {s.name: s.device_type for s in specs}
+    out: dict[str, Any] = {}
+    for a in autoscalers:
+        peak: dict[str, int] | None = None
+        for p in order_placements(placements):
+            pc = pcfg
+            if p == "static":
+                pc = static_config(pcfg, peak or {}, static_margin) if peak else pcfg
+            runs = run_experiment(specs, [a], cfg, mode, lambda p=p, pc=pc: HarvestPlacement(p, jobs, types, hcfg, pc),
+                                  show_progress)
+            res = runs[a]
+            if p == "none":
+                peak = res["placement"]["peak_inference_gpus_by_type"]
+            if p == "static":
+                res["placement"]["static_inference_gpus"] = dict(pc.static_inference_gpus)
+            out[f"{a}/{p}"] = res
+    return out
+
+
+def summary_rows(runs: dict[str, Any], checkpoint_every_s: float) -> list[dict]:
+    """One row per run: the goal metrics (for the CLI print-out and docs/benchmarks.md)."""
+    rows = []
+    base = {k.split("/")[0]: r["summary"]["slo_attainment"] for k, r in runs.items() if k.endswith("/none")}
+    for key, res in runs.items():
+        rep, s = res["placement"], res["summary"]
+        b = base.get(key.split("/")[0])
+        rows.append({"policy": key, "slo_attainment": s["slo_attainment"],
+                     "delta_points": None if b is None else 100 * (s["slo_attainment"] - b),
+                     **{k: rep.get(k) for k in HARVEST_KEYS}, "wall_s": res["wall_s"]})
+    return rows
+
+
+def plot_harvest(path: str | Path, runs: dict[str, Any], title: str = "") -> None:
+    """GPUs by use (inference / training / idle) over the run, one panel per placement, with preemptions."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in runs if runs[k]["placement"].get("series") and not k.endswith("/none")] or list(runs)
+    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.9 * len(keys)), sharex=True, squeeze=False)
+    for ax, key in zip(axes[:, 0], keys):
+        rep = runs[key]["placement"]
+        ser = rep["series"]
+        t = np.array(ser["t_s"]) / 3600.0
+        ax.stackplot(t, ser["inference"], ser["training"], ser["idle"], labels=["inference", "training", "idle"],
+                     colors=["#1f77b4", "#2ca02c", "#d9d9d9"], step="post")
+        ax.set_ylabel("GPUs")
+        ax.set_ylim(0, sum(rep["gpus"].values()))
+        ax.set_title(f"{key}: harvest {100 * rep['harvest_fraction']:.1f}% of idle GPU-h, "
+                     f"{rep['preemptions']} preemptions, lost {rep['lost_work_gpu_hours']:.1f} GPU-h, "
+                     f"SLO {100 * runs[key]['summary']['slo_attainment']:.2f}%", fontsize=9)
+        ax2 = ax.twinx()
+        ax2.bar(t, ser["preemptions"], width=(t[1] - t[0]) if len(t) > 1 else 0.05, color="#d62728", alpha=0.7,
+                align="edge", label="preemptions")
+        ax2.set_ylabel("preemptions / sample", color="#d62728", fontsize=8)
+        ax2.set_ylim(0, max(max(ser["preemptions"] or [0]) * 3, 1))
+        if ax is axes[0, 0]:
+            h1, l1 = ax.get_legend_handles_labels()
+            h2, l2 = ax2.get_legend_handles_labels()
+            ax.legend(h1 + h2, l1 + l2, loc="lower left", fontsize=8, ncol=4)
+    axes[-1, 0].set_xlabel("time (h)")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
