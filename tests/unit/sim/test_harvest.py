@@ -20,11 +20,11 @@ GPUS = {"t4": 10, "a100": 6}
 
 def _jobs(seed: int, n: int = 40) -> list[JobSpec]:
     rng = np.random.default_rng(seed)
-    return [JobSpec(f"j{i}", float(rng.uniform(0, 4000)), float(rng.choice([60, 300, 900, 2000, 7200])),
+    return [JobSpec(f"j{i}", float(rng.uniform(0, 2500)), float(rng.choice([60, 300, 900, 2000, 7200])),
                     int(rng.choice([1, 1, 1, 2, 4]))) for i in range(n)]
 
 
-def _drive(policy: str, seed: int, rounds: int = 160, tick_s: float = 30.0, checks=None) -> HarvestPlacement:
+def _drive(policy: str, seed: int, rounds: int = 100, tick_s: float = 30.0, checks=None) -> HarvestPlacement:
     rng = np.random.default_rng(seed + 100)
     hcfg = HarvestConfig(gpus=GPUS, iteration_time_s=(0.5, 3.0), checkpoint_every_s=300.0, checkpoint_write_s=5.0,
                          seed=seed)
@@ -62,7 +62,7 @@ def test_inference_wants_are_served_first(policy):
             served.append(1)
 
     h = _drive(policy, seed=2, checks=check)
-    assert len(served) > 100
+    assert len(served) > 60
     assert h.preemptions > 0  # inference really did take GPUs back from training
 
 
