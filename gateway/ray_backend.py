@@ -32,6 +32,7 @@ from models.runtime import RuntimeOptions
 
 log = logging.getLogger("sloserve.ray")
 APP_PREFIX = "sloserve-"
+METRICS_PUSH_S = 0.5
 
 
 class RayServeBackend:
@@ -54,6 +55,7 @@ class RayServeBackend:
         self._arrivals = {m: RateMeter(clock) for m in repo.models}
         self._served = {(m, v.name): RateMeter(clock) for m, lm in repo.models.items() for v in lm.config.variants}
         self._best = {m: lm.config.best_variant for m, lm in repo.models.items()}
+        self._autoscaled = {m: bool(settings.models.get(m) and settings.models[m].autoscaling) for m in repo.models}
         # (model, variant, device, state, count) -> None: the DataPlane points it at the replicas gauge.
         self.on_replicas = None
 
@@ -67,10 +69,16 @@ class RayServeBackend:
         if meter is not None:
             meter.add(rows)
 
-    def _stamp(self, model: str, variant: str, rows: int) -> tuple[str, float, float]:
-        self._served[(model, variant)].add(rows)
+    def _stamp(self, model: str, variant: str) -> tuple[str, float, float]:
         meter = self._arrivals[model] if variant == self._best[model] else self._served[(model, variant)]
         return (self.gateway_id, meter.rate_rps(), self.settings.gateway_share)
+
+    def _push_rates(self) -> None:
+        """Stamps also go out on their own, once a poll: when admission refuses nearly everything no
+        batch carries them, and that is exactly when the autoscaler must see the demand."""
+        for (model, variant), handle in self._handles.items():
+            if self._autoscaled.get(model):
+                handle.note_rate.remote(self._stamp(model, variant))
 
     def autoscaling_config(self, model: str, variant: str) -> dict[str, Any] | None:
         """Ray Serve autoscaling config running the swayam policy on this variant's profile."""
@@ -89,7 +97,9 @@ class RayServeBackend:
         slo_ms = over.slo_ms if over.slo_ms else cfg.slo_ms
         return {
             "min_replicas": a.min_replicas, "max_replicas": a.max_replicas, "initial_replicas": a.min_replicas,
-            "upscale_delay_s": 0.0, "downscale_delay_s": 0.0, "look_back_period_s": a.interval_s,
+            "upscale_delay_s": 0.0, "downscale_delay_s": 0.0,
+            # Ray averages custom metrics over look_back_period_s, which must exceed the push interval.
+            "metrics_interval_s": METRICS_PUSH_S, "look_back_period_s": max(a.interval_s, 2 * METRICS_PUSH_S),
             "policy": {
                 "policy_function": "autoscaler.ray_policy:SwayamRayPolicy",
                 "policy_kwargs": {
@@ -126,6 +136,8 @@ class RayServeBackend:
         # Ray's C++ failure-signal handler would take SIGTERM from the gateway's own graceful
         # shutdown and end the process with SIGABRT: the gateway handles its signals itself.
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+        # Replicas push their autoscaling metrics (the gateways' rates) twice a second, not every 10 s.
+        os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", str(METRICS_PUSH_S))
         s = self.settings
         if s.ray_address:
             ray.init(address=s.ray_address, namespace="sloserve", log_to_driver=False)
@@ -214,6 +226,7 @@ class RayServeBackend:
         while True:
             await asyncio.sleep(1.0)
             try:
+                self._push_rates()
                 self._replicas.update(await loop.run_in_executor(None, self._running_counts))
             except Exception:  # noqa: BLE001 - the controller may be restarting; keep the last view
                 log.debug("serve.status failed", exc_info=True)
@@ -268,8 +281,8 @@ class RayServeBackend:
         from ray import exceptions as rex
 
         limit = self.settings.batch_timeout_s if timeout_s is None else min(timeout_s, self.settings.batch_timeout_s)
-        rows = next(iter(inputs.values())).shape[0]
-        call = self._handles[(model, variant)].run_batch.remote(inputs, self._stamp(model, variant, rows))
+        self._served[(model, variant)].add(next(iter(inputs.values())).shape[0])
+        call = self._handles[(model, variant)].run_batch.remote(inputs, self._stamp(model, variant))
         try:
             outputs, compute_s, device = await asyncio.wait_for(call, limit)
         except asyncio.TimeoutError:

@@ -59,6 +59,10 @@ class OnnxReplica:
         """For failure tests and operators: the replica's worker process id."""
         return os.getpid()
 
+    async def note_rate(self, stamp: tuple[str, float, float]) -> None:
+        """A stamp sent on its own (the gateway's poll), for when no batch carries one."""
+        self._stamps[stamp[0]] = (float(stamp[1]), float(stamp[2]), time.monotonic())
+
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve custom autoscaling metrics: each gateway's latest (fresh) rate and share,
         read by :class:`autoscaler.ray_policy.SwayamRayPolicy` on the controller."""

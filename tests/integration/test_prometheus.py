@@ -254,7 +254,7 @@ def stack(promtools, model_repo, tmp_path_factory):
         wait_for(f"{base}/-/ready", prom, 20, "prometheus")
         with Traffic(http_port, grpc_port) as traffic:
             # Wait until the gateway has been scraped with traffic and the rules have evaluated it.
-            end = time.monotonic() + 25
+            end = time.monotonic() + 60  # a busy box scrapes and evaluates late; breaks as soon as ready
             while time.monotonic() < end:
                 r = query(base, 'model:sloserve_slo_misses:ratio_rate5m{model="digits"}')
                 if r and alerts_firing(base) >= set(MUST_FIRE) and traffic.sent > 200:
