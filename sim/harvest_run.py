@@ -73,15 +73,16 @@ def summary_rows(runs: dict[str, Any], checkpoint_every_s: float) -> list[dict]:
 
 
 def plot_harvest(path: str | Path, runs: dict[str, Any], title: str = "") -> None:
-    """GPUs by use (inference / training / idle) over the run, one panel per placement, with preemptions."""
+    """GPUs by use (inference / training / idle) over the run, one panel per placement; preemptions below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = [k for k in runs if runs[k]["placement"].get("series") and not k.endswith("/none")] or list(runs)
-    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.9 * len(keys)), sharex=True, squeeze=False)
-    for ax, key in zip(axes[:, 0], keys):
+    fig, axes = plt.subplots(len(keys) + 1, 1, figsize=(11, 2.6 * len(keys) + 2.2), sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": [3] * len(keys) + [2]})
+    for ax, key in zip(axes[:-1, 0], keys):
         rep = runs[key]["placement"]
         ser = rep["series"]
         t = np.array(ser["t_s"]) / 3600.0
@@ -89,19 +90,20 @@ def plot_harvest(path: str | Path, runs: dict[str, Any], title: str = "") -> Non
                      colors=["#1f77b4", "#2ca02c", "#d9d9d9"], step="post")
         ax.set_ylabel("GPUs")
         ax.set_ylim(0, sum(rep["gpus"].values()))
-        ax.set_title(f"{key}: harvest {100 * rep['harvest_fraction']:.1f}% of idle GPU-h, "
-                     f"{rep['preemptions']} preemptions, lost {rep['lost_work_gpu_hours']:.1f} GPU-h, "
-                     f"SLO {100 * runs[key]['summary']['slo_attainment']:.2f}%", fontsize=9)
-        ax2 = ax.twinx()
-        ax2.bar(t, ser["preemptions"], width=(t[1] - t[0]) if len(t) > 1 else 0.05, color="#d62728", alpha=0.7,
-                align="edge", label="preemptions")
-        ax2.set_ylabel("preemptions / sample", color="#d62728", fontsize=8)
-        ax2.set_ylim(0, max(max(ser["preemptions"] or [0]) * 3, 1))
+        ax.set_title(f"{key}: training used {100 * rep['harvest_fraction']:.1f}% of idle GPU-h, "
+                     f"{rep['preemptions']} preemptions, lost {rep['lost_work_gpu_hours']:.0f} GPU-h, "
+                     f"SLO attainment {100 * runs[key]['summary']['slo_attainment']:.2f}%", fontsize=9)
         if ax is axes[0, 0]:
-            h1, l1 = ax.get_legend_handles_labels()
-            h2, l2 = ax2.get_legend_handles_labels()
-            ax.legend(h1 + h2, l1 + l2, loc="lower left", fontsize=8, ncol=4)
-    axes[-1, 0].set_xlabel("time (h)")
+            ax.legend(loc="lower left", fontsize=8, ncol=3)
+    pax = axes[-1, 0]
+    for key in keys:
+        ser = runs[key]["placement"]["series"]
+        dt_h = (ser["t_s"][1] - ser["t_s"][0]) / 3600.0 if len(ser["t_s"]) > 1 else 1.0
+        pax.step(np.array(ser["t_s"]) / 3600.0, np.array(ser["preemptions"]) / dt_h, where="post", lw=0.8,
+                 label=key)
+    pax.set_ylabel("preemptions / h")
+    pax.legend(loc="upper right", fontsize=8)
+    pax.set_xlabel("time (h)")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
