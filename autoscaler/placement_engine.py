@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from autoscaler.placement_types import (Gpu, PlacementConfig, PlacementSnapshot, Preempt, Replica, StartReplica,
+from autoscaler.placement_types import (Gpu, PlacementConfig, PlacementSnapshot, Preempt, StartReplica,
                                         TrainingJob)
 
 # chooses the job to preempt among candidates (never empty)

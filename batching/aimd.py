@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batching.policy import register_policy
-from batching.timeout import first_variant, take_rows
-from batching.types import BatchResult, Decision, Dispatch, QueueView, Wait
+from batching.timeout import fill_or_wait, first_variant
+from batching.types import BatchResult, Decision, QueueView, Wait
 
 
 @register_policy("aimd")
@@ -47,17 +47,8 @@ class AIMDPolicy:
         if self.slo_ms is None:
             budget = oldest.deadline_s - oldest.arrival_s
             self._slo_s = budget if self._slo_s == 0.0 else min(self._slo_s, budget)
-        variant = first_variant(oldest, self.default_variant)
-        if view.idle.get(variant, 0) <= 0:
-            return Wait(None, "no_replica")
-        limit = min(max(self.cap(variant), oldest.size), view.max_batch_size)
-        ids, rows = take_rows(items, variant, limit)
-        if rows >= limit:
-            return Dispatch(ids, variant, "full")
-        due = oldest.arrival_s + self.max_wait_ms / 1000.0
-        if now >= due:
-            return Dispatch(ids, variant, "timeout")
-        return Wait(due, "filling")
+        cap = self.cap(first_variant(oldest, self.default_variant))
+        return fill_or_wait(view, now, self.default_variant, cap, self.max_wait_ms / 1000.0)
 
     def observe(self, result: BatchResult) -> None:
         slo_s = self.slo_ms / 1000.0 if self.slo_ms is not None else self._slo_s

@@ -31,6 +31,27 @@ def first_variant(item: QueuedItem, default: str) -> str:
     return item.variants[0] if item.variants else default
 
 
+def fill_or_wait(view: QueueView, now: float, default_variant: str, cap: int, max_wait_s: float) -> Decision:
+    """The head-of-line batch shared by the size + wait baselines (timeout, aimd): the oldest
+    request's variant, the oldest rows that fit ``cap``; dispatch when full or when the oldest has
+    waited ``max_wait_s``, else wait for that moment."""
+    items = view.items
+    if not items:
+        return Wait(None, "empty")
+    oldest = items[0]
+    variant = first_variant(oldest, default_variant)
+    if view.idle.get(variant, 0) <= 0:
+        return Wait(None, "no_replica")
+    limit = min(max(cap, oldest.size), view.max_batch_size)
+    ids, rows = take_rows(items, variant, limit)
+    if rows >= limit:
+        return Dispatch(ids, variant, "full")
+    due = oldest.arrival_s + max_wait_s
+    if now >= due:
+        return Dispatch(ids, variant, "timeout")
+    return Wait(due, "filling")
+
+
 @register_policy("timeout")
 @dataclass(slots=True)
 class TimeoutPolicy:
@@ -40,21 +61,7 @@ class TimeoutPolicy:
     name: str = "timeout"
 
     def plan(self, view: QueueView, now: float) -> Decision:
-        items = view.items
-        if not items:
-            return Wait(None, "empty")
-        oldest = items[0]
-        variant = first_variant(oldest, self.default_variant)
-        if view.idle.get(variant, 0) <= 0:
-            return Wait(None, "no_replica")
-        limit = min(self.max_batch_size, view.max_batch_size)
-        ids, rows = take_rows(items, variant, limit)
-        if rows >= limit:
-            return Dispatch(ids, variant, "full")
-        due = oldest.arrival_s + self.max_wait_ms / 1000.0
-        if now >= due:
-            return Dispatch(ids, variant, "timeout")
-        return Wait(due, "filling")
+        return fill_or_wait(view, now, self.default_variant, self.max_batch_size, self.max_wait_ms / 1000.0)
 
     def observe(self, result: BatchResult) -> None:
         return None

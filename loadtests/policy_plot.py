@@ -107,7 +107,6 @@ def main(argv=None) -> int:
     ax[2].set_ylabel("latency ms")
     ax[2].legend(fontsize=8)
     for n, x in results.items():
-        on = np.array([o.on_time for o in x.outcomes], float)
         acc_on = np.array([acc[o.variant] if o.on_time else 0.0 for o in x.outcomes])
         idx = np.digitize(arr, bins) - 1
         per = [acc_on[idx == k].mean() if (idx == k).any() else np.nan for k in range(len(bins) - 1)]

@@ -1,6 +1,6 @@
 """Fluid vs request-level validation on a trace slice: python -m sim.validate COLUMN START_MIN END_MIN BATCHING[,..] PEAK_REPLICAS."""
-import time, sys
-from sim.arrivals import poisson, from_counts
+import sys
+from sim.arrivals import from_counts
 from sim.profiles import default_profiles, service_for
 from sim.run import make_spec, run_experiment
 from sim.engine import SimConfig
