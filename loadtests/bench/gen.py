@@ -28,6 +28,7 @@ import resource
 import struct
 import sys
 import time
+from time import monotonic as _now  # not loop.time(): uvloop's is libuv's cached millisecond clock
 from array import array
 from collections import deque
 
@@ -53,7 +54,7 @@ class _Conn(asyncio.Protocol):
     def send(self, i: int) -> None:
         self.req = i
         self.need = -1
-        self.gen.sent[i] = self.gen.loop.time() - self.gen.t0
+        self.gen.sent[i] = _now() - self.gen.t0
         self.transport.write(self.gen.request)
 
     def data_received(self, data: bytes) -> None:
@@ -77,7 +78,7 @@ class _Conn(asyncio.Protocol):
                 return
             i = self.req
             g = self.gen
-            g.done[i] = g.loop.time() - g.t0
+            g.done[i] = _now() - g.t0
             g.status[i] = self.status
             if 200 <= self.status < 300 and g.variant_keys:
                 seg = bytes(buf[:self.need])
@@ -107,7 +108,7 @@ class _Conn(asyncio.Protocol):
         if self.req >= 0:
             i = self.req
             self.req = -1
-            g.done[i] = g.loop.time() - g.t0
+            g.done[i] = _now() - g.t0
             g.status[i] = 0
             g.outstanding -= 1
         g.kick()
@@ -161,7 +162,7 @@ class Generator:
             self.connect_errors += 1
             if self.waiting:  # the request that asked for it fails; the others keep waiting
                 i = self.waiting.popleft()
-                self.done[i] = self.loop.time() - self.t0
+                self.done[i] = _now() - self.t0
                 self.outstanding -= 1
             await asyncio.sleep(0.01)
             self.kick()
@@ -189,13 +190,13 @@ class Generator:
         self.loop = asyncio.get_running_loop()
         sched = self.schedule
         n = len(sched)
-        self.t0 = self.loop.time() + 0.05
+        self.t0 = _now() + 0.05
         i = 0
         t0 = self.t0
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         lag_sum = 0.0
         while i < n:
-            now = self.loop.time() - t0
+            now = _now() - t0
             while i < n and sched[i] <= now:
                 lag = now - sched[i]
                 lag_sum += lag
@@ -204,11 +205,11 @@ class Generator:
                 self.submit(i)
                 i += 1
             if i < n:  # no spinning: the event loop's timer granularity (~1 ms) shows up as lag, counted
-                d = sched[i] - (self.loop.time() - t0)  # in the latency (it is measured from the schedule)
+                d = sched[i] - (_now() - t0)  # in the latency (it is measured from the schedule)
                 if d > 0:
                     await asyncio.sleep(d)
         end = t0 + (sched[-1] if n else 0.0) + self.timeout_s
-        while self.outstanding > 0 and self.loop.time() < end:
+        while self.outstanding > 0 and _now() < end:
             await asyncio.sleep(0.01)
         for c in self.conns:
             if not c.closed and c.transport is not None:
