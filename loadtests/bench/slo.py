@@ -290,13 +290,14 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
     finally:
         launch.stop()
     return {"system": system, "round": round_no, "ready_s": round(ready, 2), "steps": steps,
-            "max_rate_at_target": max_rate(steps, args.target, start_rate), "memory": mem}
+            "max_rate_at_target": max_rate(steps, args.target, start_rate, rates), "memory": mem}
 
 
-def max_rate(steps: list[dict[str, Any]], target: float, start_rate: float = 0.0) -> float:
+def max_rate(steps: list[dict[str, Any]], target: float, start_rate: float = 0.0,
+             rates: list[float] | None = None) -> float:
     """Highest swept rate at which attainment >= target with every lower swept rate also passing
     (rates below start_rate were skipped as passing, by the previous round's result)."""
-    best = start_rate if start_rate else 0.0
+    best = max((r for r in (rates or []) if r < start_rate), default=0.0)
     for s in steps:
         if (s["attainment"] or 0) >= target:
             best = s["rate"]
