@@ -145,6 +145,7 @@ class HarvestPlacement:
         self.gpu_s = {"inference": 0.0, "training": 0.0, "idle": 0.0}
         self.gpu_s_by_type = {ty: {"inference": 0.0, "training": 0.0} for ty in self.cfg.gpus}
         self.preemptions = 0
+        self.preempted_gpus = 0  # GPUs freed by preemptions (a gang counts all its GPUs)
         self.lost_gpu_s = 0.0
         self.lost_intervals: list[float] = []  # per preemption, in checkpoint intervals
         self.killed = 0
@@ -230,6 +231,7 @@ class HarvestPlacement:
             j.base_s = ckpt
             self.killed += 1
         self.preemptions += 1
+        self.preempted_gpus += j.spec.num_gpus
         self.lost_gpu_s += lost * j.spec.num_gpus
         self.lost_intervals.append(lost / j.interval_s)
         heapq.heappush(self._events, (j.release_s, 0, j.spec.job_id, j.run))
@@ -327,6 +329,7 @@ class HarvestPlacement:
             "training_work_gpu_hours": work / 3600.0,
             "preemptions": self.preemptions,
             "preemptions_killed": self.killed,
+            "preempted_gpus": self.preempted_gpus,
             "lost_work_gpu_hours": self.lost_gpu_s / 3600.0,
             "lost_per_preemption_intervals_mean": float(li.mean()) if len(li) else 0.0,
             "lost_per_preemption_intervals_max": float(li.max()) if len(li) else 0.0,

@@ -20,7 +20,7 @@ from sim.run import run_experiment
 from sim.training_trace import JobSpec
 
 HARVEST_KEYS = ("training_gpu_hours", "idle_gpu_hours", "unused_gpu_hours", "inference_gpu_hours",
-                "harvest_fraction", "training_work_gpu_hours", "preemptions", "preemptions_killed",
+                "harvest_fraction", "training_work_gpu_hours", "preemptions", "preemptions_killed", "preempted_gpus",
                 "lost_work_gpu_hours", "lost_per_preemption_intervals_mean", "lost_per_preemption_intervals_max",
                 "jobs_submitted", "jobs_finished", "jct_jobs_finished", "jct_mean_s", "jct_median_s")
 
