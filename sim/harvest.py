@@ -21,14 +21,14 @@ A running job alternates ``checkpoint_every_s`` of work with a ``checkpoint_writ
 its progress and last checkpoint at any instant have a closed form (no per-iteration events).
 
 >>> from sim.training_trace import JobSpec
->>> h = HarvestPlacement("cost-aware", [JobSpec("j0", 0.0, 3600.0, 2)], {"m": "t4"},
+>>> h = HarvestPlacement("cost-aware", [JobSpec("j0", 0.0, 3600.0, 1)], {"m": "t4"},
 ...                      HarvestConfig(gpus={"t4": 4}))
->>> h.allocate({"m": 3}, {"m": 0}, now_s=0.0)
+>>> h.allocate({"m": 3}, {"m": 0}, now_s=0.0)  # the job takes the 4th GPU
 {'m': 3}
->>> h.allocate({"m": 4}, {"m": 3}, now_s=60.0)  # the job holds one GPU: preempted for the 4th
+>>> h.allocate({"m": 4}, {"m": 3}, now_s=60.0)  # inference first: the job is preempted for it
 {'m': 4}
->>> h.report()["preemptions"]
-0
+>>> h.report()["preemptions"], h.start_delay_s  # killed after the 1 s grace; the replica waits for it
+(1, {'m': 1.0})
 """
 
 from __future__ import annotations
