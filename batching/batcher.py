@@ -105,6 +105,7 @@ class Batcher:
         self.on_event = on_event or (lambda kind, rec: None)
         # A dispatched batch is awaited at most until its latest deadline + late_grace_s (None: no bound).
         self.late_grace_s = late_grace_s
+        self.round_trip_latency = bool(getattr(runner, "round_trip_latency", True))
         self._entries: dict[int, _Entry] = {}
         self._items: list[QueuedItem] = []
         self._rows = 0
@@ -112,6 +113,8 @@ class Batcher:
         self._ids = itertools.count()
         self._wake = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
+        self._due_s: float | None = None  # when the policy's last Wait comes due
+        self._freed = False  # a replica finished a batch since the last plan
         self._task: asyncio.Task | None = None
         self._batches: set[asyncio.Task] = set()
         self._closed = False
@@ -189,7 +192,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while not self._closed:
             self._wake.clear()
-            if self._items:
+            if self._items and self._should_plan():
+                self._freed = False
                 now = self.clock.now()
                 try:
                     decision = self.policy.plan(self._view(), now)
@@ -205,13 +209,26 @@ class Batcher:
                 elif type(decision) is Shed:
                     self._shed(decision, now)
                     continue
-                if decision.until_s is not None:
-                    delay = max(decision.until_s - now, 20e-6)
-                    self._timer = loop.call_later(delay, self._wake.set)
+                self._arm(loop, decision.until_s, now)
             await self._wake.wait()
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+
+    def _should_plan(self) -> bool:
+        """Plan when something can be dispatched or a decision is due: a replica is idle or just
+        finished, or the policy's Wait has come. An arrival while every replica is busy only joins
+        the queue (admission already judged it), which keeps decision cost off the saturated path."""
+        if self._freed:
+            return True
+        if self._due_s is not None and self.clock.now() >= self._due_s:
+            return True
+        return any(self.runner.slots(self.model, v) > self._busy[v] for v in self.variants)
+
+    def _arm(self, loop, until_s: float | None, now: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._due_s = until_s
+        if until_s is not None:
+            self._timer = loop.call_later(max(until_s - now, 20e-6), self._wake.set)
 
     def _fallback_variant(self) -> str:
         first = self._items[0]
@@ -299,9 +316,12 @@ class Batcher:
                 self.policy.observe(BatchResult(self.model, variant, rows, finished - started, finished, ok=False))
                 self.on_event("batch_failed", (variant, rows))
                 return
-            # Calibrate on the round trip (dispatch to result), not the replica's compute alone: a
-            # deadline also pays the thread or Ray hand-off, and that is what the policy predicts.
-            self.policy.observe(BatchResult(self.model, variant, rows, finished - started, finished,
+            # Calibrate on what a deadline pays for a batch: over Ray, the round trip (the hand-off
+            # is real, 2-6 ms); in-process, the replica's compute (a round trip measured on a
+            # saturated event loop would also count the loop's own lateness, inflate the estimate,
+            # shrink the batches and feed back into more lateness).
+            observed = finished - started if self.round_trip_latency else res.compute_s
+            self.policy.observe(BatchResult(self.model, variant, rows, observed, finished,
                                             device_type=res.device_type))
             self.on_event("batch", (variant, rows, res.compute_s, d.reason))
             off = 0
@@ -319,4 +339,5 @@ class Batcher:
                     ent.future.set_exception(InternalError(f"batch assembly failed: {e}"))
         finally:
             self._busy[variant] -= 1
+            self._freed = True
             self._wake.set()

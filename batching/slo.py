@@ -76,12 +76,19 @@ class SLOPolicy:
                  min_gain: float = 0.05, max_wait_ms: float | None = None, min_wait_ms: float = 0.1,
                  safety_ms: float = 0.0, spill_derate: float = 0.9, restore_headroom: float = 0.25,
                  restore_hold_ms: float = 500.0, rate_window_ms: float = 1000.0,
-                 predict_busy: bool = False, wait_load: float = 0.5):
+                 predict_busy: bool = False, wait_load: float = 0.5, shed_quantile: str = "p50",
+                 size_quantile: str = "p99"):
         self.max_batch_size = max_batch_size
         self.default_variant = default_variant
         self.lat = LatencyModel(latency_fn if latency_fn is not None else profile, max_batch_size,
-                                model=model, device_type=device_type, calibrate=calibrate)
+                                model=model, device_type=device_type, calibrate=calibrate,
+                                quantile=size_quantile)
         self.calibrator = self.lat.calibrator
+        # Shedding and best-effort late starts ask "can it make it at all?": the median, not the
+        # p99 that sizes batches. A p99 inflated by contention must not shed what would be on time.
+        self.lat_shed = (LatencyModel(self.lat.source, max_batch_size, model=model, device_type=device_type,
+                                      quantile=shed_quantile, calibrate=False)
+                         if shed_quantile != self.lat.quantile else self.lat)
         if variants is None and accuracy:
             variants = sorted(accuracy, key=lambda v: -accuracy[v])
         table = self.calibrator.prior if self.calibrator is not None else profile
@@ -155,7 +162,7 @@ class SLOPolicy:
         if not ents:
             return Wait(None, "empty")
         if not self.lat.model:
-            self.lat.model = view.model
+            self.lat.model = self.lat_shed.model = view.model
         self._learn_variants(view.idle)
         pools = self._pools(view, now)
         shed, lates, wake_s, need = self._scan(ents, pools, now, q.max_size)
@@ -228,8 +235,11 @@ class SLOPolicy:
                         latest = d - L
                 first = False
             if latest == -_INF:
+                fin50 = [pools[v].start_s + self.lat_shed.latency_s(v, it.size) for v in self._allowed(it) if v in pools]
+                if fin50 and min(fin50) <= d + EPS_S:
+                    continue  # late at p99, on time at the median: dispatched alone (late_start), not shed
                 shed.append(it.id)
-                lates.append(min(o[0] for o in opts) - d if opts else d - it.arrival_s)
+                lates.append(min(fin50) - d if fin50 else d - it.arrival_s)
             elif latest < wake:
                 wake = latest
         return shed, lates, wake + EPS_S, need
@@ -290,7 +300,7 @@ class SLOPolicy:
                 if c < it.size:
                     # Past the safety margin but not the deadline: go now, alone, rather than wait
                     # and shed a request that can still make it.
-                    if lat.latency_s(v, it.size) <= e[0] - now + EPS_S:
+                    if self.lat_shed.latency_s(v, it.size) <= e[0] - now + EPS_S:
                         return Dispatch((it.id,), v, "late_start")
                     continue  # v cannot make this one; a faster variant may
                 head, cap = it, c
@@ -342,9 +352,9 @@ class SLOPolicy:
             p = pools.get(v)
             if p is None:
                 continue
-            tput += p.replicas * self.lat.throughput_rps(v, B)
+            tput += p.replicas * self.lat_shed.throughput_rps(v, B)
             start = min(start, p.start_s)
-            compute = min(compute, self.lat.latency_s(v, item.size))
+            compute = min(compute, self.lat_shed.latency_s(v, item.size))
         if tput <= 0.0:
             return Shed((item.id,), "admission", (item.deadline_s - item.arrival_s,))
         ahead = q.rows_before(item)

@@ -70,6 +70,7 @@ class InProcessBackend:
     """
 
     name = "inprocess"
+    round_trip_latency = False  # calibrate on compute: the thread hand-off is tens of microseconds
 
     def __init__(self, repo: ModelRepository, opts: RuntimeOptions, instances: int = 1,
                  inline_below_s: float = 0.0, fault_delay_s: dict[str, float] | None = None,

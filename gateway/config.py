@@ -159,6 +159,17 @@ class Settings(BaseSettings):
         description="This gateway's share of the traffic (1/N behind an even load balancer): the "
                     "autoscaler scales its partial view up to the aggregate, as Swayam's frontends do.",
     )
+    slo_max_wait_ms: float | None = Field(
+        default=2.0, ge=0,
+        description="Longest the slo policy holds the oldest request to grow a batch (null: up to its "
+                    "latest feasible start). Waiting to the edge leaves no slack for real-world variance.",
+    )
+    slo_size_quantile: Literal["p50", "p99"] = Field(
+        default="p50",
+        description="Latency quantile the slo policy sizes batches with (plus dispatch_margin_ms). The "
+                    "calibrated p99 of a CPU-contended replica is outlier-driven and shrank batches into "
+                    "collapse near capacity (docs/architecture.md); shedding always uses the median.",
+    )
     dispatch_margin_ms: float = Field(
         default=2.0, ge=0, le=1000,
         description="Slack the slo policy keeps between a planned dispatch and a deadline, for timer and "

@@ -53,7 +53,8 @@ class ModelState:
             "max_batch_size": cfg.max_batch_size, "default_variant": best, "model": cfg.name,
             "profile": profiles, "device_type": _device_type(backend, cfg.name),
             "accuracy": dict(self.accuracy), "variants": list(self.by_accuracy),
-            "safety_ms": settings.dispatch_margin_ms,
+            "safety_ms": settings.dispatch_margin_ms, "max_wait_ms": settings.slo_max_wait_ms,
+            "size_quantile": settings.slo_size_quantile,
         }
         self.policy = make_policy(policy_name, **_accepted(policy_name, {**context, **batching}))
         hook, depth = metrics.batcher_hook(cfg.name)
@@ -299,7 +300,7 @@ def _accepted(policy: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return kwargs
     context_only = {"model", "profile", "device_type", "accuracy", "variants", "default_variant", "max_batch_size",
-                    "safety_ms"}
+                    "safety_ms", "max_wait_ms", "size_quantile"}
     return {k: v for k, v in kwargs.items() if k in params or k not in context_only}
 
 

@@ -58,3 +58,15 @@ def test_admission_keeps_the_safety_margin():
     assert d is not None and d.reason == "admission"
     assert SLOPolicy(max_batch_size=64, latency_fn=lambda v, n: 0.009).admit(
         QueueView("m", [ahead], {"v": 1}, 64), it, 0.0) is None
+
+
+def test_late_at_p99_but_on_time_at_the_median_is_served_not_shed():
+    from batching.profile import ProfileTable
+
+    table = ProfileTable.from_points({("m", "v", "cpu"): ([1, 8], [5.0, 8.0], [30.0, 40.0])})
+    p = SLOPolicy(max_batch_size=8, profile=table, model="m", device_type="cpu", variants=["v"], calibrate=False)
+    it = QueuedItem(0, 0.0, 0.020, variants=("v",))  # 20 ms: p99 30 ms says late, median 5 ms says fine
+    d = p.plan(view([it]), 0.0)
+    assert type(d).__name__ == "Dispatch" and d.ids == (0,), d
+    late = QueuedItem(1, 0.0, 0.004, variants=("v",))  # under even the median: shed
+    assert type(p.plan(view([late]), 0.0)).__name__ == "Shed"
