@@ -62,10 +62,11 @@ class ServerProcess:
             time.sleep(0.1)
         raise TimeoutError(f"server not ready in {timeout}s:\n{self.output()}")
 
-    def output(self) -> str:
+    def output(self, tail: int | None = 5000) -> str:
         self.log.flush()
         self.log.seek(0)
-        return self.log.read()[-5000:]
+        text = self.log.read()
+        return text if tail is None else text[-tail:]
 
     def leftovers(self) -> list[str]:
         """Processes still in the server's process group (Ray's agents would be) after it stopped."""

@@ -96,7 +96,7 @@ def wait_recovered(server, variant, timeout=90):
 
 
 def gcs_address(server) -> str:
-    m = re.search(r"started a local Ray at (\S+)", server.output())
+    m = re.search(r"started a local Ray at (\S+)", server.output(tail=None))
     assert m, server.output()
     return m.group(1)
 
