@@ -26,10 +26,24 @@ def model_repo() -> Path:
     return REPO
 
 
+RAY_SERVERS: list["ServerProcess"] = []  # ray-backend servers the tests started
+
+
 class ServerProcess:
-    """`sloserve serve` in a subprocess on free ports; stopped with SIGTERM."""
+    """`sloserve serve` in a subprocess on free ports; stopped with SIGTERM.
+
+    One Ray cluster at a time: on a 2-core box a second embedded Ray misses Ray's fixed 30 s raylet
+    start-up wait, so starting a ray-backend server first stops the shared session one (``shared``),
+    which the session fixture starts again when a later test needs it.
+    """
 
     def __init__(self, repo: Path, backend: str, extra: list[str] | None = None, env: dict | None = None):
+        self.shared = False
+        if backend == "ray":
+            for other in RAY_SERVERS:
+                if other.shared and other.proc.poll() is None:
+                    other.stop()
+            RAY_SERVERS.append(self)
         self.http_port, self.grpc_port = free_port(), free_port()
         self.backend = backend
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--repo", str(repo), "--backend", backend,
@@ -74,6 +88,8 @@ class ServerProcess:
         return [line for line in out.splitlines()[1:] if line.split()[1] == str(self.proc.pid)]
 
     def stop(self, sig=15, timeout: float = 30.0) -> int:
+        if self in RAY_SERVERS:
+            RAY_SERVERS.remove(self)
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:

@@ -13,9 +13,15 @@ def servers(model_repo):
     """One server per backend for the whole session (Ray starts once)."""
 
     def get(backend: str) -> ServerProcess:
-        if backend not in _SERVERS:
-            _SERVERS[backend] = ServerProcess(model_repo, backend).wait_ready()
-        return _SERVERS[backend]
+        s = _SERVERS.get(backend)
+        if s is None or s.proc.poll() is not None:  # first use, or stopped to make room for another Ray
+            if s is not None:
+                rc, left = s.proc.returncode, s.leftovers()
+                assert rc == 0 and not left, f"{backend}: exit {rc}, left {left}"
+            s = _SERVERS[backend] = ServerProcess(model_repo, backend)
+            s.shared = True
+            s.wait_ready()
+        return s
 
     yield get
     problems = []
@@ -30,11 +36,11 @@ def servers(model_repo):
     assert not problems, problems
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(params=BACKENDS)  # per test: the shared Ray server may have been replaced meanwhile
 def server(request, servers):
     return servers(request.param)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_server(servers):
     return servers("ray")
