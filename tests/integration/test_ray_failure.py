@@ -85,10 +85,16 @@ def in_background(fn, *args):
     return t, box
 
 
-def wait_recovered(server, variant, timeout=90):
+def wait_recovered(server, variant, timeout=150):
+    """Serve replaces a killed replica by itself (slower after repeated kills: its restarts back off);
+    a probe that times out waiting for the replacement counts as "not yet"."""
     deadline = time.monotonic() + timeout
+    body = None
     while time.monotonic() < deadline:
-        code, body = post(server, {"variant": variant, "slo_ms": 60000}, timeout=30)
+        try:
+            code, body = post(server, {"variant": variant, "slo_ms": 60000}, timeout=30)
+        except OSError as e:  # socket timeout while the replacement starts
+            code, body = None, repr(e)
         if code == 200:
             return
         time.sleep(0.5)
