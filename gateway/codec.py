@@ -188,7 +188,7 @@ def decode_rest(body: bytes, header_length: int | None, model: str, version: str
         if name in inputs:
             raise InvalidArgument(f"{where} appears twice")
         datatype = t.get("datatype")
-        if datatype not in V2_TO_NUMPY:
+        if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
             raise InvalidArgument(f"{where}: unknown datatype {datatype!r:.40}; use one of {sorted(V2_TO_NUMPY)}")
         shape = shape_of(t.get("shape"), where)
         tparams = t.get("parameters") or {}

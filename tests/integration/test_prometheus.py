@@ -257,7 +257,8 @@ def stack(promtools, model_repo, tmp_path_factory):
             end = time.monotonic() + 60  # a busy box scrapes and evaluates late; breaks as soon as ready
             while time.monotonic() < end:
                 r = query(base, 'model:sloserve_slo_misses:ratio_rate5m{model="digits"}')
-                if r and alerts_firing(base) >= set(MUST_FIRE) and traffic.sent > 200:
+                att = query(base, 'model:sloserve_slo_attainment:ratio_rate5m')
+                if r and att and alerts_firing(base) >= set(MUST_FIRE) and traffic.sent > 200:
                     break
                 time.sleep(0.5)
             yield {"base": base, "http_port": http_port, "traffic": traffic, "dir": tmp}

@@ -51,6 +51,7 @@ def test_bytes_binary():
     (b'{"inputs": []}', "non-empty 'inputs'"),
     (body([{"name": "x", "shape": [2], "datatype": "FP32", "data": [1]}]), "needs 2 elements"),
     (body([{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]), "unknown datatype"),
+    (body([{"name": "x", "shape": [2], "datatype": ["FP32"], "data": [1, 2]}]), "unknown datatype"),  # fuzz find
     (body([{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]), "non-negative"),
     (body([{"name": "x", "shape": "2", "datatype": "FP32", "data": [1]}]), "'shape' must be a list"),
     (body([{"name": "x", "shape": [2], "datatype": "FP32", "data": ["a", "b"]}]), "string values"),
