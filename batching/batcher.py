@@ -175,7 +175,7 @@ class Batcher:
                     f"refused at admission: model '{self.model}' cannot meet this request's "
                     f"{(deadline_s - arrival) * 1e3:.1f} ms deadline at the current load (predicted late by "
                     f"{late * 1e3:.1f} ms); retry later or raise slo_ms / lower min_accuracy",
-                    retry_after_s=max(0.05, late))
+                    retry_after_s=max(0.05, late), reason="admission")
         fut = asyncio.get_running_loop().create_future()
         self._entries[item.id] = _Entry(item, inputs, fut, now)
         self._items.append(item)

@@ -12,7 +12,8 @@ bucket by batch size (1, 2-3, 4-7, 8-15, ... : powers of two). The calibrated cu
     p50(n) = profile_p50(n) * median(ratios)         p99(n) = profile_p50(n) * q99(ratios)
 
 using the bucket of ``n`` when it holds ``min_samples`` observations, else every observation of
-the key (pooled), blended with the prior by ``w = k / (k + prior_weight)`` for ``k`` samples.
+the key (pooled), blended with the prior by ``w = min(1, k / prior_weight)`` for the key's ``k``
+samples (the prior only bridges the first few batches).
 Why not a fitted ``a*n + b``: measured curves are not linear (a GPU is flat until it saturates,
 then linear; a CPU steps at cache and thread boundaries), and a line fitted to the few sizes the
 live policy happens to use extrapolates badly to the sizes it is deciding whether to try. Keeping
@@ -140,14 +141,20 @@ class Calibrator:
         st = self._keys.get((model, variant, device_type))
         if st is None:
             return prior_q
-        win = st.buckets.get(_bucket(rows))
-        k, med, tail = win.stats(self.tail_quantile) if win is not None else (0, 1.0, 1.0)
-        if k < self.min_samples:
-            k, med, tail = st.pooled.stats(self.tail_quantile)
-        if k == 0:
+        kp, med, tail = st.pooled.stats(self.tail_quantile)
+        if kp == 0:
             return prior_q
+        win = st.buckets.get(_bucket(rows))
+        if win is not None:
+            kb, bmed, btail = win.stats(self.tail_quantile)
+            if kb >= self.min_samples:
+                med, tail = bmed, btail
         observed = prior.at(rows, "p50") * (tail if quantile == "p99" else med)
-        w = k / (k + self.prior_weight)
+        # Confidence comes from all of the key's samples (the ratio is what is learned, the shape is
+        # the profile's), and reaches 1 at prior_weight samples: a k / (k + prior_weight) blend
+        # never lets go of the prior, and with a large drift (a replica 100x slower than its
+        # profile) even a full window kept ~6% of the prior, predicting every batch too fast.
+        w = min(1.0, kp / self.prior_weight) if self.prior_weight > 0 else 1.0
         return w * observed + (1.0 - w) * prior_q
 
     def drift(self) -> dict[Key, float]:

@@ -298,10 +298,12 @@ class SLOPolicy:
             if head is None:
                 c = min(B, lat.max_rows_within(v, e[0] - now - self.safety_s + EPS_S))
                 if c < it.size:
-                    # Past the safety margin but not the deadline: go now, alone, rather than wait
-                    # and shed a request that can still make it.
-                    if self.lat_shed.latency_s(v, it.size) <= e[0] - now + EPS_S:
-                        return Dispatch((it.id,), v, "late_start")
+                    # Past the safety margin but not the deadline: go now rather than wait and shed
+                    # a request that can still make it, with as many rows as the median says still
+                    # fit (not alone: under overload a batch of one wastes the replica's capacity).
+                    fit = min(B, self.lat_shed.max_rows_within(v, e[0] - now + EPS_S))
+                    if fit >= it.size:
+                        return self._late_start(v, rank, spill, ents, reserved, fit)
                     continue  # v cannot make this one; a faster variant may
                 head, cap = it, c
             if rows + it.size > cap:
@@ -338,24 +340,43 @@ class SLOPolicy:
         reserved.update(ids)
         return latest
 
+    def _late_start(self, v: str, rank: int, spill: bool, ents, reserved: set[int], fit: int) -> Dispatch:
+        """The head request (first eligible in ``ents``) and the next eligible ones, up to ``fit`` rows."""
+        ids: list[int] = []
+        rows = 0
+        for e in ents:
+            it = e[4]
+            allowed = self._allowed(it)
+            if v not in allowed or it.id in reserved or (rank > 0 and allowed[0] != v and not spill):
+                continue
+            if rows + it.size > fit:
+                if ids:
+                    break
+                continue
+            ids.append(it.id)
+            rows += it.size
+        return Dispatch(tuple(ids), v, "late_start")
+
     # ---- admission and learning -------------------------------------------------------------
     def admit(self, view: QueueView, item: QueuedItem, now: float) -> Shed | None:
-        """``None`` to admit, or a :class:`Shed` (reason ``admission``) if it cannot make it."""
+        """``None`` to admit, or a :class:`Shed` (reason ``admission``) if it cannot make it.
+
+        The finish time is predicted discretely: the rows ahead of ``item`` in deadline order are
+        served in full batches of ``B`` on the allowed variants' replicas, each starting when its
+        replica frees (an idle one now, a busy one when its in-flight batch is predicted to end),
+        and ``item`` rides in the batch after them with the leftover rows. A fluid estimate
+        (rows / throughput, start = now) admits up to a batch and a half too many at a small
+        ``B``: those requests were late by a batch under overload (docs/reliability.md)."""
         q = self._sync(view)
         self._learn_variants(view.idle)
         pools = self._pools(view, now)
         B = min(self.max_batch_size, view.max_batch_size)
-        tput = 0.0
-        start = _INF
-        compute = _INF
+        free: list[tuple[float, int, str]] = []
         for v in self._allowed(item):
             p = pools.get(v)
-            if p is None:
-                continue
-            tput += p.replicas * self.lat_shed.throughput_rps(v, B)
-            start = min(start, p.start_s)
-            compute = min(compute, self.lat_shed.latency_s(v, item.size))
-        if tput <= 0.0:
+            if p is not None:  # a busy replica whose batch this policy did not see: free now
+                free.extend((t, self._rank.get(v, 0), v) for t in (p.free_s[:p.replicas] or [now]))
+        if not free:
             return Shed((item.id,), "admission", (item.deadline_s - item.arrival_s,))
         ahead = q.rows_before(item)
         if ahead == 0 and any(view.idle.get(v, 0) > 0 for v in self._allowed(item)):
@@ -363,10 +384,31 @@ class SLOPolicy:
             # on the calibrator's word alone, and with nothing admitted no batch would ever correct a
             # stale (too slow) estimate: the system would refuse forever after an overload.
             return None
-        finish = start + ahead / tput + compute + self.safety_s
+        finish = self._predict_finish(free, ahead, item.size, B)
         if finish > item.deadline_s + EPS_S:
             return Shed((item.id,), "admission", (finish - item.deadline_s,))
         return None
+
+    def _predict_finish(self, free: list[tuple[float, int, str]], ahead: int, size: int, B: int,
+                        max_steps: int = 256) -> float:
+        """When a request of ``size`` rows behind ``ahead`` rows finishes: full batches go to the
+        replica that frees first; past ``max_steps`` batches the rest is fluid (rows / throughput)."""
+        lat = self.lat_shed
+        gap = self.safety_s  # each batch in the chain also pays a dispatch margin (the hand-off)
+        heapq.heapify(free)
+        steps = 0
+        while ahead + size > B and steps < max_steps:
+            chunk = min(B, ahead)  # a request is never split: it rides with the leftover or alone
+            t, r, v = heapq.heappop(free)
+            heapq.heappush(free, (t + lat.latency_s(v, chunk) + gap, r, v))
+            ahead -= chunk
+            steps += 1
+        if ahead + size > B:  # very long queue: the remainder at the pool's full-batch throughput
+            tput = sum(lat.throughput_rps(v, B) for _, _, v in free)
+            t0 = min(t for t, _, _ in free)
+            return t0 + ahead / tput + min(lat.latency_s(v, size) for _, _, v in free)
+        t, _, v = free[0]
+        return t + lat.latency_s(v, max(ahead, 0) + size) + gap
 
     def observe(self, result: BatchResult) -> None:
         pred = self._busy_pred.get(result.variant)

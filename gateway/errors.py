@@ -7,6 +7,8 @@ reaching a transport is a bug and becomes a 500 / INTERNAL.
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 
@@ -79,4 +81,13 @@ class ReplicaFailed(Unavailable):
 
 class DeadlineUnreachable(Unavailable):
     """Shed: the request cannot meet its deadline at the current load (503, Retry-After). Counted
-    as an SLO miss (``outcome="shed"``), not as a fault of the server's availability."""
+    as an SLO miss (``outcome="shed"``), not as a fault of the server's availability.
+
+    Created at the moment of the decision (admission or the policy's shed), so ``decided_at``
+    (``time.perf_counter()``) lets the transports time decision -> answer written
+    (``sloserve_shed_answer_seconds``)."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None, reason: str = "deadline"):
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.reason = reason
+        self.decided_at = time.perf_counter()

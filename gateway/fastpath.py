@@ -75,6 +75,7 @@ class InferFastPath:
         except ServingError as e:
             await _send(send, e.http_status, orjson.dumps({"error": e.message}), b"application/json",
                         _retry_after(e))
+            dp.metrics.shed_answered(model, e)
             return
         except Exception as e:  # noqa: BLE001 - a bug: answer 500, log it, keep serving
             log.exception("internal error on %s", scope["path"])

@@ -155,6 +155,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             req.arrival_s = arrival
             resp = await self.dp.infer(req)
         except ServingError as e:
+            self.dp.metrics.shed_answered(request.model_name, e)  # abort() raises: time it as handed over
             await self._fail(context, e)
             return
         finally:

@@ -5,10 +5,13 @@ Label children are cached per (model, variant, outcome) so the hot path does one
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
                    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+SHED_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 
 
@@ -29,6 +32,9 @@ class Metrics:
         self.batch_compute = Histogram("sloserve_batch_compute_seconds", "Replica compute time per batch.",
                                        ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
         self.shed = Counter("sloserve_shed", "Requests refused or shed, by reason.", ["model", "reason"], registry=r)
+        self.shed_answer = Histogram("sloserve_shed_answer_seconds", "Time from a shed or admission "
+                                     "refusal decision to its 503 / UNAVAILABLE answer being written.",
+                                     ["model", "reason"], buckets=SHED_BUCKETS, registry=r)
         self.batch_failures = Counter("sloserve_batch_failures", "Batches whose replica failed, by what followed "
                                       "(retried once elsewhere, or failed explicitly).",
                                       ["model", "variant", "action"], registry=r)
@@ -67,6 +73,12 @@ class Metrics:
         r.register(_DriftCollector(self._policies))
         self._req: dict[tuple, object] = {}
         self._lat: dict[tuple, object] = {}
+
+    def shed_answered(self, model: str, e) -> None:
+        """Called by a transport right after writing a shed request's answer."""
+        decided = getattr(e, "decided_at", None)
+        if decided is not None:
+            self.shed_answer.labels(model, e.reason).observe(time.perf_counter() - decided)
 
     def watch_policies(self, policies: dict[str, object]) -> None:
         """Export the online calibrators' drift of these policies at scrape time (no hot-path cost)."""

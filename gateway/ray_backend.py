@@ -33,6 +33,7 @@ from models.runtime import RuntimeOptions
 log = logging.getLogger("sloserve.ray")
 APP_PREFIX = "sloserve-"
 METRICS_PUSH_S = 0.5
+STATUS_POLL_S = 5.0
 
 
 class RayServeBackend:
@@ -136,8 +137,10 @@ class RayServeBackend:
         # Ray's C++ failure-signal handler would take SIGTERM from the gateway's own graceful
         # shutdown and end the process with SIGABRT: the gateway handles its signals itself.
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-        # Replicas push their autoscaling metrics (the gateways' rates) twice a second, not every 10 s.
-        os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", str(METRICS_PUSH_S))
+        # Replicas push their autoscaling metrics (the gateways' rates) twice a second, not every 10 s;
+        # only when a model autoscales: every push is controller CPU, and this box has two cores.
+        if any(self._autoscaled.values()):
+            os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", str(METRICS_PUSH_S))
         s = self.settings
         if s.ray_address:
             ray.init(address=s.ray_address, namespace="sloserve", log_to_driver=False)
@@ -222,11 +225,22 @@ class RayServeBackend:
         return out
 
     async def _poll_replicas(self) -> None:
+        """Rates go out every second; replica counts come from ``serve.status()``, which costs the
+        gateway ~8% of a core per call per second (it rebuilds every deployment's config, pickling
+        its request router) plus the controller's time. So it is polled every second only while a
+        model autoscales or a replica is missing, else every ``STATUS_POLL_S``. A replica that dies
+        in between is still handled per batch (retry / explicit error); only the slot count lags."""
         loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
             await asyncio.sleep(1.0)
             try:
                 self._push_rates()
+                steady = not any(self._autoscaled.values()) and all(
+                    self._replicas.get(k, 0) >= self.replicas_of(k[0]) for k in self._handles)
+                if steady and loop.time() - last < STATUS_POLL_S:
+                    continue
+                last = loop.time()
                 self._replicas.update(await loop.run_in_executor(None, self._running_counts))
             except Exception:  # noqa: BLE001 - the controller may be restarting; keep the last view
                 log.debug("serve.status failed", exc_info=True)

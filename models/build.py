@@ -5,7 +5,8 @@
   average-pooled image, ``medium`` an MLP with one hidden layer of 64, ``large`` an MLP 512x512.
 * ``heavy``: the same digits upsampled to 32x32 (1,024 values); ``large`` is a net with three
   hidden ReLU layers of 2,048 (random features, ridge read-out) (batch-1 CPU latency ~1-2 ms, per-row cost falling ~8x by batch 64),
-  ``medium`` one hidden layer of 512, ``small`` 32 hidden units on a 4x4-pooled (8x8) image.
+  ``medium`` a linear classifier on the 4x4-pooled (8x8) image, ``small`` one on the 8x8-pooled
+  (4x4) image: cheap variants that are really less accurate (~0.93 and ~0.83 against ~0.98).
 
 Held-out accuracy (stratified 25% split, fixed seed) is measured and written into each
 model's ``config.json``; so is each variant's cost in FLOPs per row.
@@ -161,7 +162,9 @@ def _accuracy(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> float:
 
 # (variant, hidden layers, pooling factor or None, max_iter; 0 = random features + ridge read-out)
 DIGITS_VARIANTS = [("small", (), 2, 200), ("medium", (64,), None, 300), ("large", (512, 512), None, 200)]
-HEAVY_VARIANTS = [("small", (32,), 4, 200), ("medium", (512,), None, 40),
+# heavy's cheap variants are linear read-outs of pooled images, so they are far less accurate than
+# large (about 0.83 / 0.93 / 0.98): the spread that makes degrading under a burst a real trade.
+HEAVY_VARIANTS = [("small", (), 8, 200), ("medium", (), 4, 300),
                   ("large", (2048, 2048, 2048), None, 0)]
 
 

@@ -110,6 +110,9 @@ def build_app(args: dict[str, Any]) -> serve.Application:
                                         float(args.get("gpu_fraction", 0.5))),
         health_check_period_s=float(args.get("health_check_period_s", 2.0)),
         graceful_shutdown_timeout_s=5.0,
+        # One Ray call carries a whole batch, and Serve's access log would write a line per call from
+        # the replica's hot path; the gateway keeps its own per-request metrics.
+        logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
     return dep.bind(str(args["repo"]), args["model"], args["variant"], device, args.get("runtime"),
                     float(args.get("fault_delay_s", 0.0)))

@@ -275,8 +275,11 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
                 continue
             seed = 1000 * round_no + k
             sched = schedule(args, rate, seed)
+            before = shed_histogram(launch.metrics_url) if system.startswith("sloserve") else None
             recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, f"{system}-{k}")
             m = metrics(recs, trailer, args, acc, peer_acc, rate)
+            if before is not None:
+                m.update(shed_server_side(before, shed_histogram(launch.metrics_url)))
             steps.append(m)
             print(f"  [{system} r{round_no}] {rate:>6.0f}/s att {m['attainment']:.4f} good {m['goodput_rps']:.0f}/s "
                   f"p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} effacc {m['effective_accuracy']:.4f} "
@@ -291,6 +294,45 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
         launch.stop()
     return {"system": system, "round": round_no, "ready_s": round(ready, 2), "steps": steps,
             "max_rate_at_target": max_rate(steps, args.target, start_rate, rates), "memory": mem}
+
+
+def shed_histogram(url: str | None) -> dict[float, float]:
+    """Cumulative bucket counts of ``sloserve_shed_answer_seconds`` (all models and reasons):
+    the server's own time from a shed decision to its 503 being written."""
+    if not url:
+        return {}
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith("sloserve_shed_answer_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            key = float("inf") if le == "+Inf" else float(le)
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def shed_server_side(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """Per step: how many sheds the server timed, the share answered within 1 ms of the decision,
+    and the p50 / p99 as the upper bound of the bucket that holds them."""
+    delta = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in after}
+    total = delta.get(float("inf"), 0.0)
+    if total <= 0:
+        return {"shed_server_n": 0}
+
+    def q(p: float) -> float | None:
+        for le in sorted(delta):
+            if delta[le] >= p * total:
+                return None if le == float("inf") else round(le * 1e3, 3)
+        return None
+
+    return {"shed_server_n": int(total), "shed_server_under_1ms": round(delta.get(0.001, 0.0) / total, 4),
+            "shed_server_p50_le_ms": q(0.5), "shed_server_p99_le_ms": q(0.99)}
 
 
 def max_rate(steps: list[dict[str, Any]], target: float, start_rate: float = 0.0,
@@ -324,7 +366,8 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
             row = {"rate": rate, "n": len(ss)}
             for k in ("attainment", "goodput_rps", "ok_rps", "p50_ms", "p99_ms", "p999_ms", "shed_share",
                       "effective_accuracy", "server_cores", "gen_cores", "gen_cpu_ms_per_req", "other_cores",
-                      "shed_answer_p50_ms", "shed_answer_p99_ms", "shed_answer_under_1ms"):
+                      "shed_answer_p50_ms", "shed_answer_p99_ms", "shed_answer_under_1ms",
+                      "shed_server_under_1ms", "shed_server_p50_le_ms", "shed_server_p99_le_ms"):
                 vals = [s[k] for s in ss if s.get(k) is not None]
                 if vals:
                     row[k] = round(statistics.median(vals), 5)

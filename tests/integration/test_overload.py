@@ -85,8 +85,13 @@ def counters(url: str) -> dict[str, float]:
     """Answered-on-time and answered-ok counts from the gateway's own metrics."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         text = r.read().decode()
-    out = {"met": 0.0, "ok": 0.0}
+    out = {"met": 0.0, "ok": 0.0, "shed_n": 0.0, "shed_1ms": 0.0}
     for line in text.splitlines():
+        if line.startswith("sloserve_shed_answer_seconds_bucket{"):
+            if 'le="+Inf"' in line:
+                out["shed_n"] += float(line.rsplit(" ", 1)[1])
+            elif 'le="0.001"' in line:
+                out["shed_1ms"] += float(line.rsplit(" ", 1)[1])
         if line.startswith("sloserve_slo_requests_total{") and 'met="true"' in line:
             out["met"] += float(line.rsplit(" ", 1)[1])
         elif line.startswith("sloserve_requests_total{") and 'outcome="ok"' in line:
@@ -113,9 +118,9 @@ def test_three_times_capacity_then_normal(overload_server):
 
     codes = summary["status"]
     assert set(codes) <= {"200", "429", "503"}, codes  # no 5xx but 503, no timeouts, no resets
-    # Goodput under 3x overload stays at half the capacity or more (measured 55-115%: the slo
-    # policy sheds in the queue and dispatches smaller batches; see docs/reliability.md).
-    assert codes.get("200", 0) >= 0.5 * capacity * 6.0, (capacity, codes)
+    # Goodput under 3x overload stays near capacity (measured 92-98% since admission predicts
+    # finishes batch by batch; 55-115% before). The bound leaves room for a noisy CI box.
+    assert codes.get("200", 0) >= 0.7 * capacity * 6.0, (capacity, codes)
     refused = [r for r in over.records if r.status in (429, 503)]
     assert len(refused) >= len(over.records) / 3, codes  # 3x: most of the excess is refused
     assert all(r.retry_after for r in refused)
@@ -123,10 +128,14 @@ def test_three_times_capacity_then_normal(overload_server):
     # says whether admitted requests made their deadlines, free of the generator's lateness.
     admitted = during["ok"] - before["ok"]
     met = during["met"] - before["met"]
-    # Goal: >= 99% of admitted requests on time. NOT met (docs/reliability.md, "Overload"): 93% with
-    # the earlier p99 shedding, 36-45% with the live defaults tuned for goodput (median shedding and
-    # sizing). The bound here only catches a collapse; the gap is recorded, not hidden.
-    assert admitted > 0 and met / admitted >= 0.25, (met, admitted)
+    # Goal: >= 99% of admitted requests on time. Measured 98.3-100% (docs/reliability.md,
+    # "Overload"); 36-45% before the discrete admission estimate and the calibrator fix.
+    assert admitted > 0 and met / admitted >= 0.95, (met, admitted)
+    # Issue 3: a shed request gets its answer within 1 ms of the decision, timed by the server from
+    # the decision to the 503 written (sloserve_shed_answer_seconds).
+    shed_n, shed_1ms = during["shed_n"] - before["shed_n"], during["shed_1ms"] - before["shed_1ms"]
+    print("sheds timed", shed_n, "within 1 ms", shed_1ms, "admitted on time", met, "of", admitted)
+    assert shed_n >= len(refused) * 0.9 and shed_1ms >= 0.9 * shed_n, (shed_n, shed_1ms, len(refused))
     ok = [r.latency_s for r in over.records if r.status == 200]
     assert pct(ok, 99) <= TOLERANCE * SLO_MS / 1e3, summary  # client side: + generator lateness
     lat = [r.latency_s for r in refused]

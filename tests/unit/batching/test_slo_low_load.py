@@ -70,3 +70,26 @@ def test_late_at_p99_but_on_time_at_the_median_is_served_not_shed():
     assert type(d).__name__ == "Dispatch" and d.ids == (0,), d
     late = QueuedItem(1, 0.0, 0.004, variants=("v",))  # under even the median: shed
     assert type(p.plan(view([late]), 0.0)).__name__ == "Shed"
+
+
+def test_admission_counts_the_busy_replica_and_whole_batches():
+    """B = 4, 100 ms a batch, 250 ms budget, one replica: a request admitted behind a batch in
+    flight and a full batch queued would finish at 300 ms. The fluid estimate (rows / throughput,
+    start now) admitted it; the discrete one refuses it, and admits exactly what makes it."""
+    p = SLOPolicy(max_batch_size=4, latency_fn=lambda v, n: 0.100, safety_ms=0.0, calibrate=False)
+    first = [QueuedItem(k, 0.0, 0.250, variants=("v",)) for k in range(4)]
+    d = p.plan(QueueView("m", first, {"v": 1}, 4), 0.0)
+    assert type(d).__name__ == "Dispatch" and len(d.ids) == 4  # busy until 0.100
+    queued: list[QueuedItem] = []
+    admitted = 0
+    for k in range(4, 16):
+        it = QueuedItem(k, 0.010, 0.260, variants=("v",))
+        verdict = p.admit(QueueView("m", queued, {"v": 0}, 4), it, 0.010)
+        if verdict is None:
+            queued.append(it)
+            admitted += 1
+    # one batch of 4 after the one in flight finishes at 0.200 <= 0.260; the next at 0.300 > 0.260
+    assert admitted == 4, admitted
+    # every admitted request really makes it: batches of 4 back to back from 0.100
+    finishes = [0.100 + 0.100 * (1 + i // 4) for i in range(admitted)]
+    assert all(f <= 0.260 for f in finishes)
