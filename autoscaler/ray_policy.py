@@ -55,16 +55,32 @@ def windows_from_metrics(metrics: dict | None, now: float, interval_s: float) ->
     return tuple(out)
 
 
+_PAIRS = ("peaks", "covers", "excess", "season", "recent")  # SwayamState's other (time_s, value) series
+
+
 def state_to_json(s: SwayamState) -> dict[str, Any]:
-    return {"history": [list(p) for p in s.history], "needs": [list(p) for p in s.needs],
-            "gateways_seen": s.gateways_seen}
+    d: dict[str, Any] = {"history": [list(p) for p in s.history], "needs": [list(p) for p in s.needs],
+                         "gateways_seen": s.gateways_seen}
+    for name in _PAIRS:
+        d[name] = [list(p) for p in getattr(s, name)]
+    return d
 
 
 def state_from_json(d: dict[str, Any] | None) -> SwayamState:
     if not d:
         return SwayamState()
+    extra = {name: tuple((float(t), int(v) if name == "recent" else float(v)) for t, v in d.get(name, ()))
+             for name in _PAIRS}
     return SwayamState(tuple((float(t), float(r)) for t, r in d["history"]),
-                       tuple((float(t), int(n)) for t, n in d["needs"]), int(d.get("gateways_seen", 1)))
+                       tuple((float(t), int(n)) for t, n in d["needs"]), int(d.get("gateways_seen", 1)), **extra)
+
+
+# Live, swayam runs with its previous defaults (keep-alive scale-in, linreg, 10 % margin, no quantile
+# hold, no seasonal term) unless policy_kwargs["swayam"] asks otherwise: the newer defaults are
+# measured in the simulator only (docs/simulator.md), and the live deployment's keep-alive
+# (gateway.config AutoscalingSettings) is what its scale-in promises.
+LIVE_DEFAULTS: dict[str, Any] = {"predictor": "linreg", "margin_frac": 0.1, "noise_z": 2.0, "keep_alive_s": 120.0,
+                                 "hold_quantile": 0.0, "season_periods_s": ()}
 
 
 class SwayamRayPolicy:
@@ -72,7 +88,7 @@ class SwayamRayPolicy:
 
     ``policy_kwargs``: ``slo_ms``, ``slo_percentile`` (0.99), ``max_batch_size``, the latency
     profile of one replica as ``batch_sizes`` + ``p99_ms`` (+ optional ``p50_ms``), and
-    ``swayam`` (a dict of :class:`~autoscaler.swayam.SwayamConfig` fields).
+    ``swayam`` (a dict of :class:`~autoscaler.swayam.SwayamConfig` fields; ``LIVE_DEFAULTS`` first).
     """
 
     def __init__(self, slo_ms: float, batch_sizes: list[int], p99_ms: list[float], max_batch_size: int = 64,
@@ -80,7 +96,7 @@ class SwayamRayPolicy:
                  swayam: dict[str, Any] | None = None):
         curve = Curve(tuple(batch_sizes), tuple(x / 1e3 for x in (p50_ms or p99_ms)), tuple(x / 1e3 for x in p99_ms))
         self.service = ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile)
-        self.config = SwayamConfig.model_validate(swayam or {})
+        self.config = SwayamConfig.model_validate({**LIVE_DEFAULTS, **(swayam or {})})
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         now = float(ctx.current_time)

@@ -7,12 +7,18 @@ Per call, for one model:
    frontends scale their local rate by their share; a missing report is extrapolated from the
    shares that did report; unknown shares count as ``1 / gateways seen``).
 2. **Predict** the rate over the replica start-up horizon (``startup_s + interval_s``) with a
-   windowed estimator with trend (``autoscaler.predict``; ``linreg`` by default).
-3. **Size**: plan for ``predicted * (1 + margin_frac) + noise_z * sqrt(predicted / window)``
-   and take the fewest replicas whose M/D/c tail latency meets the SLO percentile
-   (``autoscaler.queueing.replicas_needed``).
-4. **Scale in only after a keep-alive**: the target is the largest need of the last
-   ``keep_alive_s``, so a replica idles that long before it goes and a warm buffer absorbs bursts.
+   windowed estimator with trend (``autoscaler.predict``; ``linreg`` by default), raised by a
+   **seasonal bump** when a rise at this phase recurred in each of the last ``season_cycles``
+   periods of one of ``season_periods_s`` (timer-triggered load: :func:`seasonal_changes`).
+3. **Size**: plan for ``base * (1 + margin) + noise_z * sqrt(base / window)`` and take the fewest
+   replicas whose tail latency meets the SLO percentile (``autoscaler.queueing.replicas_needed``).
+   ``margin`` is ``margin_frac``, or with ``margin_quantile > 0`` a high quantile of how far the
+   rate recently exceeded what was sized for (tried; off by default, docs/simulator.md).
+4. **Scale in** only after a keep-alive, and not below a high quantile of recent needs: the target
+   is the largest need of the last ``keep_alive_s``, and at least the ``hold_quantile`` of the needs
+   of the last ``hold_window_s`` (seasonal bumps left out), so a level the load keeps returning to
+   stays warm while a lone burst is released. When the rate fell at this phase in every recent
+   cycle, the keep-alive is cut short (``season_scale_in``).
 
 >>> from batching.profile import Curve
 >>> from autoscaler.types import ServiceModel, ScalingSnapshot, RateWindow
@@ -25,8 +31,9 @@ True
 
 from __future__ import annotations
 
+import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,9 +49,30 @@ class SwayamConfig(BaseModel):
     window_s: float = Field(default=60.0, gt=0, description="History the predictor sees, seconds.")
     startup_s: float = Field(default=10.0, ge=0, description="Replica start-up (model load) time, seconds.")
     interval_s: float = Field(default=10.0, gt=0, description="Seconds between two decisions.")
-    margin_frac: float = Field(default=0.1, ge=0, description="Relative head-room over the predicted rate.")
-    noise_z: float = Field(default=2.0, ge=0, description="Poisson standard errors of head-room on the rate.")
-    keep_alive_s: float = Field(default=120.0, ge=0, description="Idle time before a replica is scaled in.")
+    margin_frac: float = Field(default=0.0, ge=0, description="Relative head-room over the predicted rate "
+                               "(the floor of the adaptive margin when margin_quantile > 0).")
+    noise_z: float = Field(default=1.0, ge=0, description="Poisson standard errors of head-room on the rate.")
+    keep_alive_s: float = Field(default=60.0, ge=0, description="Idle time before a replica is scaled in.")
+    # adaptive margin: a high quantile of how far the measured rate recently exceeded the rate sized for
+    margin_quantile: float = Field(default=0.0, ge=0, le=1, description="Quantile of recent exceedances used "
+                                   "as the margin (0: fixed margin_frac).")
+    margin_window_s: float = Field(default=3600.0, gt=0, description="History of exceedances, seconds.")
+    margin_bucket_s: float = Field(default=60.0, gt=0, description="One exceedance sample (the bucket's "
+                                   "largest) per this many seconds.")
+    margin_max: float = Field(default=0.5, ge=0, description="Cap on the adaptive margin and on one exceedance.")
+    # scale in to a high quantile of the recent needs, not below
+    hold_quantile: float = Field(default=0.9, ge=0, le=1, description="Hold at least this quantile of the "
+                                 "needs of the last hold_window_s (0: off; the keep-alive alone).")
+    hold_window_s: float = Field(default=600.0, gt=0, description="Needs the hold quantile is taken over.")
+    # seasonal bumps: a rise that recurred at the same lag in each of the last season_cycles periods
+    season_periods_s: tuple[float, ...] = Field(default=(300.0, 900.0, 3600.0), description="Candidate periods, seconds "
+                                                "(empty: no seasonal term).")
+    season_cycles: int = Field(default=2, ge=1, description="A bump must have recurred in this many periods.")
+    season_base_s: float = Field(default=30.0, gt=0, description="Level before a bump, seconds.")
+    season_scale_in: bool = Field(default=True, description="Scale in before the keep-alive ends when the "
+                                  "rate fell at this phase in every recent cycle.")
+    season_bucket_s: float = Field(default=10.0, gt=0, description="One seasonal sample per this many seconds "
+                                   "(bounds the history whatever the call rate).")
 
     def model_post_init(self, _ctx) -> None:
         if self.predictor not in PREDICTORS:
@@ -56,6 +84,11 @@ class SwayamState:
     history: tuple[tuple[float, float], ...] = ()  # (time_s, aggregate rate rps), oldest first
     needs: tuple[tuple[float, int], ...] = ()  # (time_s, need): decreasing needs of the last keep_alive_s
     gateways_seen: int = 1
+    peaks: tuple[tuple[float, float], ...] = ()  # (time_s, base rate): decreasing bases of the last keep_alive_s
+    covers: tuple[tuple[float, float], ...] = ()  # (time_s, rate the target was sized for, margin aside)
+    excess: tuple[tuple[float, float], ...] = ()  # (bucket start, largest exceedance in it)
+    season: tuple[tuple[float, float], ...] = ()  # (time_s, rate), one per season bucket
+    recent: tuple[tuple[float, int], ...] = ()  # (time_s, need), one per interval_s, of the last hold_window_s
 
 
 def aggregate_rate(windows: tuple[RateWindow, ...], gateways_seen: int) -> float | None:
@@ -94,6 +127,58 @@ def _drop_before(points: tuple, t0: float) -> tuple:
     return points[i:] if i else points
 
 
+def _first_after(points: tuple, t0: float, lo: int = 0) -> int:
+    """Index of the first point with time > t0 (points sorted by time)."""
+    return bisect.bisect_right(points, t0, lo, key=_time)
+
+
+def _time(p: tuple) -> float:
+    return p[0]
+
+
+def seasonal_changes(season: tuple[tuple[float, float], ...], now: float, horizon_s: float,
+                     periods_s: tuple[float, ...], cycles: int, base_s: float) -> tuple[float, float] | None:
+    """How the rate moved over the coming ``horizon_s`` one, two, ... ``cycles`` periods ago.
+
+    For each period ``P`` and cycle ``k`` the change ``d`` is the largest rate in ``(now - kP, now - kP +
+    horizon_s]`` minus the mean rate in the ``base_s`` before it. Returns ``(rise, high)``: ``rise`` is
+    the largest over the periods of the smallest change over the cycles (a rise that recurred every
+    time; negative when none did) and ``high`` the largest change of all (below zero only when the rate
+    fell at this phase in every cycle of every period). A period counts once the history holds
+    ``cycles`` of it; None before any does, or across a gap in the history.
+
+    >>> s = tuple((float(t), 100.0 + (50.0 if t % 300 in (10, 20) else 0.0)) for t in range(0, 1201, 10))
+    >>> [tuple(round(x, 1) for x in seasonal_changes(s, t, 20.0, (300.0,), 3, 30.0)) for t in (1190.0, 1170.0, 1220.0)]
+    [(50.0, 50.0), (0.0, 0.0), (-33.3, -33.3)]
+    """
+    if not season:
+        return None
+    rise = high = -math.inf
+    for period in periods_s:
+        if now - cycles * period - base_s < season[0][0] - 1e-9:  # not yet `cycles` periods of history
+            continue
+        low = math.inf
+        for k in range(1, cycles + 1):
+            t0 = now - k * period
+            b = _first_after(season, t0 - base_s)
+            i = _first_after(season, t0, b)
+            j = _first_after(season, t0 + horizon_s, i)
+            if i <= b or j <= i:  # a gap in the history: no evidence either way
+                return None
+            d = max(r for _, r in season[i:j]) - sum(r for _, r in season[b:i]) / (i - b)
+            low = min(low, d)
+            high = max(high, d)
+        rise = max(rise, low)
+    if rise == -math.inf:
+        return None
+    return rise, high
+
+
+def _quantile(values, q: float) -> float:
+    xs = sorted(values)
+    return xs[min(int(q * len(xs)), len(xs) - 1)]
+
+
 def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now: float
            ) -> tuple[ScaleDecision, SwayamState]:
     seen = state.gateways_seen
@@ -101,25 +186,92 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
         seen = max(seen, len({w.gateway for w in snap.windows}))
     rate = aggregate_rate(snap.windows, seen)
     history = state.history
+    season = state.season
+    excess = state.excess
+    horizon_s = config.startup_s + config.interval_s
     if rate is not None:
         history = _drop_before(history, now - config.window_s) + ((now, rate),)
+        if config.season_periods_s:
+            bucket = config.season_bucket_s
+            span = max(config.season_periods_s) * config.season_cycles + config.season_base_s + bucket
+            season = _drop_before(season, now - span)
+            if season and now - season[-1][0] < bucket - 1e-9:  # same bucket: keep the latest rate
+                season = season[:-1]
+            season = season + ((now, rate),)
+        if config.margin_quantile > 0:
+            # how far the rate exceeded what the replicas serving it were sized for (margin aside)
+            old = _drop_before(state.covers, now - horizon_s - 1e-6)
+            if old:
+                e = min(rate / max(old[0][1], 1.0) - 1.0, config.margin_max)
+                excess = _drop_before(excess, now - config.margin_window_s)
+                if excess and now - excess[-1][0] < config.margin_bucket_s:
+                    if e > excess[-1][1]:
+                        excess = excess[:-1] + ((excess[-1][0], e),)
+                else:
+                    excess = excess + ((now, e),)
     if not history:  # nothing measured yet: keep what runs
-        return ScaleDecision(snap.target_replicas, "no-data"), SwayamState(history, state.needs, seen)
-    horizon_s = config.startup_s + config.interval_s
+        return ScaleDecision(snap.target_replicas, "no-data"), replace(state, gateways_seen=seen)
     predicted = PREDICTORS[config.predictor](history, horizon_s)
+    base = predicted
+    fall_to = None  # a rate the seasonal history says the coming horizon stays under
+    if config.season_periods_s and season:
+        ch = seasonal_changes(season, now, horizon_s, config.season_periods_s, config.season_cycles,
+                              config.season_base_s)
+        if ch is not None:
+            i = _first_after(season, now - config.season_base_s)
+            level = sum(r for _, r in season[i:]) / max(len(season) - i, 1)
+            if ch[0] > 0:
+                base = max(base, level + ch[0])
+            if config.season_scale_in and ch[1] < -max(0.1 * level, 3 * math.sqrt(level / config.interval_s)):
+                fall_to = level + ch[1]
+    margin = config.margin_frac
+    if config.margin_quantile > 0 and len(excess) >= 3:
+        margin = min(max(margin, _quantile((e for _, e in excess), config.margin_quantile)), config.margin_max)
     span = config.window_s if len(history) > 1 else config.interval_s
-    planned = predicted * (1 + config.margin_frac) + config.noise_z * math.sqrt(predicted / span)
-    need = replicas_needed(snap.service, planned, snap.max_replicas) if predicted > 0 else 0
+    planned = base * (1 + margin) + config.noise_z * math.sqrt(base / span)
+    need = replicas_needed(snap.service, planned, snap.max_replicas) if base > 0 else 0
     # needs of the last keep_alive_s as a monotonic queue: needs[0] is their maximum
     needs = _drop_before(state.needs, now - config.keep_alive_s)
     while needs and needs[-1][1] <= need:
         needs = needs[:-1]
     needs = needs + ((now, need),)
-    target = clamp(needs[0][1], snap)
+    covers = state.covers
+    if config.margin_quantile > 0:  # the same for the base rates: what the held target covers, margin aside
+        peaks = _drop_before(state.peaks, now - config.keep_alive_s)
+        while peaks and peaks[-1][1] <= base:
+            peaks = peaks[:-1]
+        peaks = peaks + ((now, base),)
+        covers = _drop_before(covers, now - horizon_s - 1e-6) + ((now, peaks[0][1]),)
+    else:
+        peaks = state.peaks
+    held = needs[0][1]
+    recent = state.recent
+    if config.hold_quantile > 0:
+        usual = need  # the need without a recurring (seasonal) bump: the level worth holding
+        if config.season_periods_s and season:
+            ch = seasonal_changes(season, now - config.interval_s, config.interval_s, config.season_periods_s,
+                                  config.season_cycles, config.season_base_s)
+            if ch is not None and ch[0] > 0:
+                r = max(predicted - ch[0], 0.0)
+                usual = replicas_needed(snap.service, r * (1 + margin) + config.noise_z * math.sqrt(r / span),
+                                        snap.max_replicas) if r > 0 else 0
+        recent = _drop_before(recent, now - config.hold_window_s)
+        if recent and now - recent[-1][0] < config.interval_s - 1e-6:
+            recent = recent[:-1] + ((recent[-1][0], max(recent[-1][1], usual)),)
+        else:
+            recent = recent + ((now, usual),)
+        held = max(held, _quantile((n for _, n in recent), config.hold_quantile))
+    if fall_to is not None and held > need:  # a recurring fall: scale in before the keep-alive ends
+        rate_to = max(fall_to, 0.0)
+        held = max(need, min(held, replicas_needed(snap.service, rate_to * (1 + margin) + config.noise_z
+                                                   * math.sqrt(rate_to / span), snap.max_replicas)))
+        needs = ((now, held),)  # the keep-alive restarts from the lowered target
+    target = clamp(held, snap)
     if target > snap.target_replicas:
         reason = "scale-up"
     elif target < snap.target_replicas:
         reason = "scale-in-after-keep-alive"
     else:
         reason = "hold" if need < target else "steady"
-    return ScaleDecision(target, reason, planned), SwayamState(history, needs, seen)
+    return (ScaleDecision(target, reason, planned),
+            SwayamState(history, needs, seen, peaks, covers, excess, season, recent))

@@ -62,7 +62,8 @@ def test_predictors_follow_a_ramp():
 
 
 def test_swayam_scales_ahead_and_keeps_alive():
-    a = make_autoscaler("swayam", startup_s=10, interval_s=10, keep_alive_s=60)
+    a = make_autoscaler("swayam", startup_s=10, interval_s=10, keep_alive_s=60, predictor="linreg",
+                        hold_quantile=0, season_periods_s=())
     s = a.initial_state()
     d, s = a.decide(snap(rate=None), s, 0.0)
     assert d.reason == "no-data" and d.target_replicas == 1
@@ -119,3 +120,59 @@ def test_oracle_needs_the_future():
         a.decide(snap(), a.initial_state(), 0.0)
     d, _ = a.decide(snap(future=capacity_rps(SVC, 4)), a.initial_state(), 0.0)
     assert d.target_replicas == 4
+
+
+def _drive(a, rates, t0=0.0, step=10.0):
+    """Feed swayam one 10 s window per rate (fake clock); the targets it decides."""
+    s, d, out = a.initial_state(), None, []
+    for k, r in enumerate(rates):
+        t = t0 + step * (k + 1)
+        d, s = a.decide(snap(target=d.target_replicas if d else 1, rate=r, t=t, span=step), s, t)
+        out.append(d.target_replicas)
+    return out, s
+
+
+def test_swayam_seasonal_spike_is_provisioned_ahead_and_released():
+    # 100 rps, with a 600 rps spike for the 20 s after every 5-minute mark
+    rates = [600.0 if (10 * (k + 1)) % 300 in (10, 20) else 100.0 for k in range(0, 120)]
+    a = make_autoscaler("swayam", startup_s=10, interval_s=10, keep_alive_s=60, season_periods_s=(300.0,),
+                        season_cycles=2, hold_quantile=0)
+    targets, _ = _drive(a, rates)
+    hi, lo = replicas_needed(SVC, 600.0), replicas_needed(SVC, 100.0)
+    # decisions at t = 1190 (index 118) are made before the window [1200, 1210) is seen
+    before = [k for k in range(60, 119) if (10 * (k + 2)) % 300 == 10]  # the tick just before a spike
+    assert before and all(targets[k] >= hi for k in before)
+    # after two cycles of history the spike is known: right after it the target falls at once (no keep-alive)
+    after = [k for k in range(60, 119) if (10 * (k + 1)) % 300 == 40]
+    assert after and all(targets[k] == max(lo, 1) for k in after)
+    # without the seasonal term the same spike is only seen once it is there, and held for the keep-alive
+    b = make_autoscaler("swayam", startup_s=10, interval_s=10, keep_alive_s=60, season_periods_s=(), hold_quantile=0)
+    plain, _ = _drive(b, rates)
+    assert all(plain[k] < hi for k in before) and all(plain[k] >= hi for k in after)
+
+
+def test_swayam_holds_a_recurring_level_but_not_a_lone_spike():
+    a = make_autoscaler("swayam", startup_s=10, interval_s=10, keep_alive_s=30, hold_quantile=0.8,
+                        hold_window_s=300, season_periods_s=())
+    lo, hi = replicas_needed(SVC, 100.0), replicas_needed(SVC, 600.0)
+    # the rate returns to 600 for 20 s of every minute: the quantile hold keeps the replicas between
+    flicker = [600.0 if k % 6 in (0, 1) else 100.0 for k in range(60)]
+    targets, _ = _drive(a, flicker)
+    assert all(t >= hi for t in targets[20:])
+    # one lone 20 s spike after a quiet spell: released once the keep-alive has passed
+    lone = [100.0] * 40 + [600.0] * 2 + [100.0] * 10
+    targets, _ = _drive(a, lone)
+    assert targets[41] >= hi and targets[-1] == max(lo, 1)
+
+
+def test_swayam_adaptive_margin_grows_after_surprises():
+    kw = dict(startup_s=10, interval_s=10, keep_alive_s=10, hold_quantile=0, season_periods_s=())
+    base = 0.9 * capacity_rps(SVC, 2)  # two replicas without a margin, three with 30 % more
+    calm = [base] * 60
+    jumpy = [base if (k // 6) % 2 else 1.6 * base for k in range(60)] + [base] * 3
+    fixed = make_autoscaler("swayam", **kw)
+    adaptive = make_autoscaler("swayam", margin_quantile=0.9, margin_window_s=600, **kw)
+    assert _drive(adaptive, calm)[0][-1] == _drive(fixed, calm)[0][-1]  # no surprise: no extra margin
+    (_, s), = [_drive(adaptive, jumpy)]
+    assert s.excess and max(e for _, e in s.excess) > 0.3
+    assert _drive(adaptive, jumpy)[0][-1] > _drive(fixed, jumpy)[0][-1]

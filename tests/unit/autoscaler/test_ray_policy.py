@@ -68,3 +68,18 @@ def test_fallback_without_gateway_metrics():
     policy = SwayamRayPolicy(**KWARGS)
     n, _ = policy(make_ctx(cfg, now=5.0, rate_by_gw={}, ongoing=200.0))
     assert n > 1
+
+
+def test_state_json_round_trip_and_live_defaults():
+    from autoscaler.ray_policy import LIVE_DEFAULTS, state_from_json, state_to_json
+    from autoscaler.swayam import SwayamState
+
+    st = SwayamState(((1.0, 2.0),), ((1.0, 3),), 2, ((1.0, 2.0),), ((1.0, 2.5),), ((0.0, 0.1),), ((1.0, 2.0),),
+                     ((1.0, 4),))
+    assert state_from_json(state_to_json(st)) == st
+    assert state_from_json({"history": [[1, 2]], "needs": [[1, 3]]}).season == ()  # an older state still loads
+    policy = SwayamRayPolicy(**KWARGS)
+    assert policy.config.hold_quantile == 0 and policy.config.season_periods_s == ()
+    assert policy.config.keep_alive_s == 30  # what the deployment asks wins over LIVE_DEFAULTS
+    assert SwayamRayPolicy(**{**KWARGS, "swayam": {"hold_quantile": 0.9}}).config.hold_quantile == 0.9
+    assert set(LIVE_DEFAULTS) <= set(type(policy.config).model_fields)
