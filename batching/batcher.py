@@ -321,8 +321,9 @@ class Batcher:
             # saturated event loop would also count the loop's own lateness, inflate the estimate,
             # shrink the batches and feed back into more lateness).
             observed = finished - started if self.round_trip_latency else res.compute_s
+            late = sum(e.item.size for e in entries if finished > e.item.deadline_s)
             self.policy.observe(BatchResult(self.model, variant, rows, observed, finished,
-                                            device_type=res.device_type))
+                                            device_type=res.device_type, late_rows=late))
             self.on_event("batch", (variant, rows, res.compute_s, d.reason))
             off = 0
             for e in entries:

@@ -180,7 +180,9 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
             b = batches[bi]
             del busy[b.variant][rep]
             free[b.variant].append(rep)
-            policy.observe(BatchResult(model, b.variant, b.rows, fin - b.start_s, fin, True, device_type))
+            late = sum(1 for rid in b.ids if fin > outcomes[rid].deadline_s)  # requests (= rows for one-row requests)
+            policy.observe(BatchResult(model, b.variant, b.rows, fin - b.start_s, fin, True, device_type,
+                                       late_rows=late))
         while i < n_req and reqs[i].arrival_s <= now:
             r = reqs[i]
             i += 1

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from typing import Mapping, Sequence
 
 from batching._edf import DeadlineOrder
@@ -77,7 +78,8 @@ class SLOPolicy:
                  safety_ms: float = 0.0, spill_derate: float = 0.9, restore_headroom: float = 0.25,
                  restore_hold_ms: float = 500.0, rate_window_ms: float = 1000.0,
                  predict_busy: bool = False, wait_load: float = 0.5, shed_quantile: str = "p50",
-                 size_quantile: str = "p99"):
+                 size_quantile: str = "p99", late_target: float = 0.01, late_window_ms: float = 1000.0,
+                 late_min_rows: int = 32):
         self.max_batch_size = max_batch_size
         self.default_variant = default_variant
         self.lat = LatencyModel(latency_fn if latency_fn is not None else profile, max_batch_size,
@@ -110,6 +112,15 @@ class SLOPolicy:
         self.rate = ArrivalRate(rate_window_ms / 1e3)
         self._q = DeadlineOrder()
         self._busy_pred: dict[str, list[float]] = {}  # heap of predicted finishes per variant
+        # Lateness feedback: predictions can be right on average and still wrong under a load the
+        # profile never saw (CPU shared with the gateway's loop). When more than late_target of
+        # the rows answered by the variants in use over late_window_ms were late, the level
+        # rises one step and stays up until the lower level is comfortable again.
+        self.late_target = late_target
+        self.late_window_s = late_window_ms / 1e3
+        self.late_min_rows = late_min_rows
+        self._late: deque = deque()  # (finished_s, rank, rows, late rows)
+        self._late_level = 0
 
     # ---- variants ---------------------------------------------------------------------------
     def _learn_variants(self, names) -> None:
@@ -181,6 +192,7 @@ class SLOPolicy:
             return memo[k]
 
         max_level = max((self._rank[v] for v in pools), default=0)
+        need = max(need, self._lateness_level(now, max_level))
         level = self.levels.update(now, max_level, need, overloaded,
                                    lambda k: self._comfortable(k, pools, now, B) and not overloaded(k))
         reserved: set[int] = set()
@@ -199,6 +211,25 @@ class SLOPolicy:
             if d is not None and d < wake_s:
                 wake_s = d
         return Wait(wake_s if wake_s < _INF else None, "filling" if reserved else "no_work")
+
+    def _lateness_level(self, now: float, max_level: int) -> int:
+        """The level observed lateness asks for (see ``late_target``)."""
+        lvl = self.levels.level
+        if self._late_level > lvl:  # the level came down since (comfortable for restore_hold)
+            self._late_level = lvl
+        q = self._late
+        while q and q[0][0] < now - self.late_window_s:
+            q.popleft()
+        if lvl < max_level:
+            rows = late = 0
+            for _, rank, n, k in q:
+                if rank <= lvl:
+                    rows += n
+                    late += k
+            if rows >= self.late_min_rows and late > self.late_target * rows:
+                self._late_level = lvl + 1
+                q.clear()  # the next step needs fresh evidence at the new level
+        return self._late_level
 
     def _scan(self, ents, pools, now: float, max_size: int):
         """Shed what cannot make it; also the next time something becomes infeasible, and the
@@ -415,3 +446,6 @@ class SLOPolicy:
         if pred:
             heapq.heappop(pred)
         self.lat.observe(result)
+        if result.ok:
+            self._late.append((result.finished_s, self._rank.get(result.variant, 0), result.rows,
+                               result.late_rows))

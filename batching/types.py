@@ -93,3 +93,4 @@ class BatchResult:
     finished_s: float
     ok: bool = True
     device_type: str = "cpu"
+    late_rows: int = 0  # rows of the batch answered after their deadline (the driver's clock)

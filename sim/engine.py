@@ -228,8 +228,9 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
                 if now - it.arrival_s <= slo + 1e-12:
                     m.rec.minute_good[k] += 1
             m.in_system -= len(r.batch)
+            late = sum(1 for it in r.batch if now - it.arrival_s > slo + 1e-12)
             m.policy.observe(BatchResult(m.spec.name, VARIANT, len(r.batch), now - r.started, now,
-                                         device_type=m.spec.device_type))
+                                         device_type=m.spec.device_type, late_rows=late))
             r.batch = ()
             if r.draining:
                 m.hold(now)
