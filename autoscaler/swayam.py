@@ -128,12 +128,10 @@ def _drop_before(points: tuple, t0: float) -> tuple:
 
 
 def _first_after(points: tuple, t0: float, lo: int = 0) -> int:
-    """Index of the first point with time > t0 (points sorted by time)."""
-    return bisect.bisect_right(points, t0, lo, key=_time)
-
-
-def _time(p: tuple) -> float:
-    return p[0]
+    """Index of the first point with time > t0 (points sorted by time). Bisects on the (time, rate)
+    tuples themselves against ``(t0, inf)``, in C: a ``key=`` function cost ~70% of a simulated
+    day at 300 models."""
+    return bisect.bisect_right(points, (t0, math.inf), lo)
 
 
 def seasonal_changes(season: tuple[tuple[float, float], ...], now: float, horizon_s: float,
