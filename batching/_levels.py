@@ -91,3 +91,45 @@ class LevelController:
         if level != self.level:
             self.switches += 1
             self.level = level
+
+
+class LatenessMonitor:
+    """Lateness feedback for the degrade level (the ``slo`` policy's ``late_*`` arguments).
+
+    Predictions can be right on average and still wrong under a load the profile never saw (CPU
+    shared with the gateway's event loop). Each batch result says how many of its rows were
+    answered late; when more than ``target`` of the rows that the variants in use (rank <= level)
+    answered over ``window_s`` were late, with at least ``min_rows`` answered, the level this asks
+    for is one step above the current one. It stays there until the level comes down by the usual
+    restore rule, and the evidence is cleared at each step, so a further step needs new late answers.
+    """
+
+    __slots__ = ("target", "window_s", "min_rows", "_q", "level")
+
+    def __init__(self, target: float = 0.01, window_s: float = 1.0, min_rows: int = 32):
+        self.target = target
+        self.window_s = window_s
+        self.min_rows = min_rows
+        self._q: deque = deque()  # (finished_s, rank, rows, late rows)
+        self.level = 0
+
+    def observe(self, finished_s: float, rank: int, rows: int, late_rows: int) -> None:
+        self._q.append((finished_s, rank, rows, late_rows))
+
+    def need(self, now: float, level: int, max_level: int) -> int:
+        """The level observed lateness asks for, given the current ``level``."""
+        if self.level > level:  # the level came down since (comfortable for restore_hold)
+            self.level = level
+        q = self._q
+        while q and q[0][0] < now - self.window_s:
+            q.popleft()
+        if level < max_level:
+            rows = late = 0
+            for _, rank, n, k in q:
+                if rank <= level:
+                    rows += n
+                    late += k
+            if rows >= self.min_rows and late > self.target * rows:
+                self.level = level + 1
+                q.clear()
+        return self.level

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from typing import Mapping, Sequence
 
+from batching._admission import predict_finish
 from batching._edf import DeadlineOrder
-from batching._levels import ArrivalRate, LevelController
+from batching._levels import ArrivalRate, LatenessMonitor, LevelController
 from batching.latency import LatencyFn, LatencyModel, LatencySource
 from batching.policy import register_policy
 from batching.profile import ProfileTable
@@ -112,15 +112,8 @@ class SLOPolicy:
         self.rate = ArrivalRate(rate_window_ms / 1e3)
         self._q = DeadlineOrder()
         self._busy_pred: dict[str, list[float]] = {}  # heap of predicted finishes per variant
-        # Lateness feedback: predictions can be right on average and still wrong under a load the
-        # profile never saw (CPU shared with the gateway's loop). When more than late_target of
-        # the rows answered by the variants in use over late_window_ms were late, the level
-        # rises one step and stays up until the lower level is comfortable again.
-        self.late_target = late_target
-        self.late_window_s = late_window_ms / 1e3
-        self.late_min_rows = late_min_rows
-        self._late: deque = deque()  # (finished_s, rank, rows, late rows)
-        self._late_level = 0
+        # Lateness feedback (batching._levels.LatenessMonitor, docs/batching.md).
+        self.lateness = LatenessMonitor(late_target, late_window_ms / 1e3, late_min_rows)
 
     # ---- variants ---------------------------------------------------------------------------
     def _learn_variants(self, names) -> None:
@@ -192,7 +185,7 @@ class SLOPolicy:
             return memo[k]
 
         max_level = max((self._rank[v] for v in pools), default=0)
-        need = max(need, self._lateness_level(now, max_level))
+        need = max(need, self.lateness.need(now, self.levels.level, max_level))
         level = self.levels.update(now, max_level, need, overloaded,
                                    lambda k: self._comfortable(k, pools, now, B) and not overloaded(k))
         reserved: set[int] = set()
@@ -211,25 +204,6 @@ class SLOPolicy:
             if d is not None and d < wake_s:
                 wake_s = d
         return Wait(wake_s if wake_s < _INF else None, "filling" if reserved else "no_work")
-
-    def _lateness_level(self, now: float, max_level: int) -> int:
-        """The level observed lateness asks for (see ``late_target``)."""
-        lvl = self.levels.level
-        if self._late_level > lvl:  # the level came down since (comfortable for restore_hold)
-            self._late_level = lvl
-        q = self._late
-        while q and q[0][0] < now - self.late_window_s:
-            q.popleft()
-        if lvl < max_level:
-            rows = late = 0
-            for _, rank, n, k in q:
-                if rank <= lvl:
-                    rows += n
-                    late += k
-            if rows >= self.late_min_rows and late > self.late_target * rows:
-                self._late_level = lvl + 1
-                q.clear()  # the next step needs fresh evidence at the new level
-        return self._late_level
 
     def _scan(self, ents, pools, now: float, max_size: int):
         """Shed what cannot make it; also the next time something becomes infeasible, and the
@@ -415,31 +389,10 @@ class SLOPolicy:
             # on the calibrator's word alone, and with nothing admitted no batch would ever correct a
             # stale (too slow) estimate: the system would refuse forever after an overload.
             return None
-        finish = self._predict_finish(free, ahead, item.size, B)
+        finish = predict_finish(self.lat_shed, free, ahead, item.size, B, self.safety_s)
         if finish > item.deadline_s + EPS_S:
             return Shed((item.id,), "admission", (finish - item.deadline_s,))
         return None
-
-    def _predict_finish(self, free: list[tuple[float, int, str]], ahead: int, size: int, B: int,
-                        max_steps: int = 256) -> float:
-        """When a request of ``size`` rows behind ``ahead`` rows finishes: full batches go to the
-        replica that frees first; past ``max_steps`` batches the rest is fluid (rows / throughput)."""
-        lat = self.lat_shed
-        gap = self.safety_s  # each batch in the chain also pays a dispatch margin (the hand-off)
-        heapq.heapify(free)
-        steps = 0
-        while ahead + size > B and steps < max_steps:
-            chunk = min(B, ahead)  # a request is never split: it rides with the leftover or alone
-            t, r, v = heapq.heappop(free)
-            heapq.heappush(free, (t + lat.latency_s(v, chunk) + gap, r, v))
-            ahead -= chunk
-            steps += 1
-        if ahead + size > B:  # very long queue: the remainder at the pool's full-batch throughput
-            tput = sum(lat.throughput_rps(v, B) for _, _, v in free)
-            t0 = min(t for t, _, _ in free)
-            return t0 + ahead / tput + min(lat.latency_s(v, size) for _, _, v in free)
-        t, _, v = free[0]
-        return t + lat.latency_s(v, max(ahead, 0) + size) + gap
 
     def observe(self, result: BatchResult) -> None:
         pred = self._busy_pred.get(result.variant)
@@ -447,5 +400,5 @@ class SLOPolicy:
             heapq.heappop(pred)
         self.lat.observe(result)
         if result.ok:
-            self._late.append((result.finished_s, self._rank.get(result.variant, 0), result.rows,
-                               result.late_rows))
+            self.lateness.observe(result.finished_s, self._rank.get(result.variant, 0), result.rows,
+                                  result.late_rows)

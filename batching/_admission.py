@@ -1,0 +1,41 @@
+"""When would a newly admitted request finish? Private machinery of the ``slo`` policy's ``admit``.
+
+The queue ahead of the request (in deadline order) is played out batch by batch: full batches of
+``B`` rows go to whichever allowed replica frees first, each costing its latency plus ``gap`` (the
+dispatch margin, paid by every batch in the chain), and the request rides in the batch after them
+with the leftover rows (a request is never split). A fluid estimate (rows / throughput, from now)
+admits up to a batch and a half too many at a small ``B`` under overload (docs/reliability.md).
+
+>>> from batching.latency import LatencyModel
+>>> lat = LatencyModel(lambda v, n: 0.100, 4)
+>>> round(predict_finish(lat, [(0.100, 0, "v")], ahead=4, size=1, B=4, gap=0.0), 3)
+0.3
+>>> round(predict_finish(lat, [(0.100, 0, "v")], ahead=3, size=1, B=4, gap=0.0), 3)
+0.2
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from batching.latency import LatencyModel
+
+
+def predict_finish(lat: LatencyModel, free: list[tuple[float, int, str]], ahead: int, size: int, B: int,
+                   gap: float, max_steps: int = 256) -> float:
+    """``free``: (time a replica frees, variant rank, variant) per allowed replica (consumed).
+    Past ``max_steps`` batches the rest is fluid: rows / the pool's full-batch throughput."""
+    heapq.heapify(free)
+    steps = 0
+    while ahead + size > B and steps < max_steps:
+        chunk = min(B, ahead)  # a request is never split: it rides with the leftover or alone
+        t, r, v = heapq.heappop(free)
+        heapq.heappush(free, (t + lat.latency_s(v, chunk) + gap, r, v))
+        ahead -= chunk
+        steps += 1
+    if ahead + size > B:  # very long queue: the remainder at the pool's full-batch throughput
+        tput = sum(lat.throughput_rps(v, B) for _, _, v in free)
+        t0 = min(t for t, _, _ in free)
+        return t0 + ahead / tput + min(lat.latency_s(v, size) for _, _, v in free)
+    t, _, v = free[0]
+    return t + lat.latency_s(v, max(ahead, 0) + size) + gap
