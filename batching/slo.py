@@ -295,11 +295,8 @@ class SLOPolicy:
         head = None
         for e in ents:
             it = e[4]
-            allowed = self._allowed(it)
-            if v not in allowed or it.id in reserved:
+            if not self._eligible(it, v, rank, spill, reserved):
                 continue
-            if rank > 0 and allowed[0] != v and not spill:
-                continue  # a cheaper variant serves only the overflow, and only when degraded
             if head is None:
                 c = min(B, lat.max_rows_within(v, e[0] - now - self.safety_s + EPS_S))
                 if c < it.size:
@@ -345,14 +342,21 @@ class SLOPolicy:
         reserved.update(ids)
         return latest
 
+    def _eligible(self, it: QueuedItem, v: str, rank: int, spill: bool, reserved: set[int]) -> bool:
+        """May variant ``v`` (of ``rank``) take ``it`` now? A cheaper variant serves only the
+        overflow (requests that prefer a better one), and only when degraded (``spill``)."""
+        allowed = self._allowed(it)
+        if v not in allowed or it.id in reserved:
+            return False
+        return rank == 0 or allowed[0] == v or spill
+
     def _late_start(self, v: str, rank: int, spill: bool, ents, reserved: set[int], fit: int) -> Dispatch:
         """The head request (first eligible in ``ents``) and the next eligible ones, up to ``fit`` rows."""
         ids: list[int] = []
         rows = 0
         for e in ents:
             it = e[4]
-            allowed = self._allowed(it)
-            if v not in allowed or it.id in reserved or (rank > 0 and allowed[0] != v and not spill):
+            if not self._eligible(it, v, rank, spill, reserved):
                 continue
             if rows + it.size > fit:
                 if ids:

@@ -25,6 +25,7 @@ from batching.batcher import RunResult
 from gateway.config import Settings
 from batching.profile import ProfileTable
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
+from gateway.proctree import descendants, reap
 from gateway.rates import RateMeter, gateway_id
 from models.ray_replica import build_app, deployment_name
 from models.repository import ModelRepository
@@ -152,7 +153,7 @@ class RayServeBackend:
             return
         resources = {f"accelerator_type:{t}": float(n) for t, n in s.emulated_gpus.items()}
         for attempt in (1, 2):
-            before = _descendants(os.getpid())
+            before = descendants(os.getpid())
             try:
                 ray.init(num_cpus=s.ray_num_cpus or os.cpu_count(), num_gpus=sum(s.emulated_gpus.values()) or None,
                          resources=resources or None, include_dashboard=False, namespace="sloserve",
@@ -163,7 +164,7 @@ class RayServeBackend:
                     raise
                 log.warning("local Ray did not come up in time (%s); retrying once", e)
                 ray.shutdown()
-                _reap(_descendants(os.getpid()) - before)
+                reap(descendants(os.getpid()) - before)
         self._started_ray = True
         print(f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
               f"(attach with ray.init(address=...) or `ray status --address ...`)", flush=True)
@@ -263,7 +264,7 @@ class RayServeBackend:
 
         if not ray.is_initialized():
             return
-        ours = _descendants(os.getpid()) if self._started_ray else set()
+        ours = descendants(os.getpid()) if self._started_ray else set()
         try:
             if self.settings.ray_deploy:
                 for app in self._apps.values():
@@ -273,7 +274,7 @@ class RayServeBackend:
         finally:
             if self._started_ray:
                 ray.shutdown()
-                _reap(ours)
+                reap(ours)
 
     def ready(self) -> bool:
         return self._ready
@@ -321,43 +322,3 @@ class RayServeBackend:
         except rex.RayTaskError as e:
             raise InternalError(f"replica for '{model}/{variant}' failed: {e.cause!r:.200}") from None
         return RunResult(outputs, compute_s, device)
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` now (Ray's gcs, raylet and the agents the raylet starts)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), ()):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-
-def _reap(pids: set[int], grace_s: float = 3.0) -> None:
-    """After ray.shutdown(): end whatever the embedded Ray left behind (its dashboard and
-    runtime-env agents outlive the raylet), so a stopped gateway leaves no orphan."""
-    import signal
-
-    deadline = time.monotonic() + grace_s
-    alive = {p for p in pids if os.path.exists(f"/proc/{p}")}
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = {p for p in alive if os.path.exists(f"/proc/{p}")}
-    for p in alive:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-    if alive:
-        log.info("killed %d Ray process(es) left after ray.shutdown()", len(alive))

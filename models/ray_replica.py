@@ -47,7 +47,7 @@ class OnnxReplica:
         """``stamp`` = (gateway id, that gateway's arrival rate for this model in rows/s, its share of
         the traffic): kept for :meth:`record_autoscaling_stats`, the autoscaler's input."""
         if stamp is not None:
-            self._stamps[stamp[0]] = (float(stamp[1]), float(stamp[2]), time.monotonic())
+            self._keep(stamp)
         if self.fault_delay_s:
             await asyncio.sleep(self.fault_delay_s)  # chaos drill: a batch that takes long
         t0 = time.perf_counter()
@@ -61,6 +61,9 @@ class OnnxReplica:
 
     async def note_rate(self, stamp: tuple[str, float, float]) -> None:
         """A stamp sent on its own (the gateway's poll), for when no batch carries one."""
+        self._keep(stamp)
+
+    def _keep(self, stamp: tuple[str, float, float]) -> None:
         self._stamps[stamp[0]] = (float(stamp[1]), float(stamp[2]), time.monotonic())
 
     def record_autoscaling_stats(self) -> dict[str, float]:

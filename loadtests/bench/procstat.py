@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gateway.proctree import descendants
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -24,19 +26,7 @@ def _stat(pid: int) -> tuple[int, float] | None:
 
 def tree_pids(root: int) -> list[int]:
     """root and all its descendants (by parent pid), alive now."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        st = _stat(int(name))
-        if st is not None:
-            children.setdefault(st[0], []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, ()))
-    return out
+    return [root, *descendants(root)]
 
 
 def tree_cpu_s(root: int) -> float:

@@ -275,11 +275,11 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
                 continue
             seed = 1000 * round_no + k
             sched = schedule(args, rate, seed)
-            before = shed_histogram(launch.metrics_url) if system.startswith("sloserve") else None
+            before = shed_histogram(launch.scrape()) if system.startswith("sloserve") else None
             recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, f"{system}-{k}")
             m = metrics(recs, trailer, args, acc, peer_acc, rate)
             if before is not None:
-                m.update(shed_server_side(before, shed_histogram(launch.metrics_url)))
+                m.update(shed_server_side(before, shed_histogram(launch.scrape())))
             steps.append(m)
             print(f"  [{system} r{round_no}] {rate:>6.0f}/s att {m['attainment']:.4f} good {m['goodput_rps']:.0f}/s "
                   f"p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} effacc {m['effective_accuracy']:.4f} "
@@ -296,20 +296,11 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
             "max_rate_at_target": max_rate(steps, args.target, start_rate, rates), "memory": mem}
 
 
-def shed_histogram(url: str | None) -> dict[float, float]:
-    """Cumulative bucket counts of ``sloserve_shed_answer_seconds`` (all models and reasons):
-    the server's own time from a shed decision to its 503 being written."""
-    if not url:
-        return {}
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return {}
+def shed_histogram(text: str | None) -> dict[float, float]:
+    """Cumulative bucket counts of ``sloserve_shed_answer_seconds`` (all models and reasons) in a
+    scrape: the server's own time from a shed decision to its 503 being written."""
     out: dict[float, float] = {}
-    for line in text.splitlines():
+    for line in (text or "").splitlines():
         if line.startswith("sloserve_shed_answer_seconds_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             key = float("inf") if le == "+Inf" else float(le)

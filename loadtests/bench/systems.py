@@ -177,14 +177,20 @@ class Launch:
             return ""
 
     # ---- batch statistics ----------------------------------------------------------------
-    def batch_counters(self, model: str) -> tuple[float, float] | None:
-        """(requests, batches) executed so far, from the system's Prometheus endpoint, if it has one."""
+    def scrape(self) -> str | None:
+        """The system's Prometheus exposition text now, None if it has no endpoint or it failed."""
         if not self.metrics_url:
             return None
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
-                text = r.read().decode(errors="replace")
+                return r.read().decode(errors="replace")
         except OSError:
+            return None
+
+    def batch_counters(self, model: str) -> tuple[float, float] | None:
+        """(requests, batches) executed so far, from the system's Prometheus endpoint, if it has one."""
+        text = self.scrape()
+        if text is None:
             return None
         if self.system.startswith("sloserve"):
             rows = _prom_sum(text, "sloserve_batch_rows_sum", model)

@@ -18,6 +18,7 @@ import urllib.request
 import numpy as np
 import pytest
 
+from gateway.proctree import parent_pid
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -60,10 +61,8 @@ def post(server, params, timeout=60):
 
 def _ancestors(pid: int):
     while pid > 1:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        pid = parent_pid(pid)
+        if pid is None:
             return
         yield pid
 

@@ -1,0 +1,56 @@
+"""Process trees from /proc (Linux): who a process's children are, and ending the ones left over.
+
+One implementation for the gateway (reaping what an embedded Ray leaves behind), the benchmark
+harness (a server's whole tree: CPU and memory) and the tests (whose replica is this)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+log = logging.getLogger("sloserve.proctree")
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid``, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2:].split()[1])  # after the command: state, ppid
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ppid = parent_pid(int(entry))
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def reap(pids: set[int], grace_s: float = 3.0) -> None:
+    """Give ``pids`` ``grace_s`` to exit, then SIGKILL whatever is left."""
+    deadline = time.monotonic() + grace_s
+    alive = {p for p in pids if os.path.exists(f"/proc/{p}")}
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = {p for p in alive if os.path.exists(f"/proc/{p}")}
+    for p in alive:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    if alive:
+        log.info("killed %d process(es) left behind", len(alive))
