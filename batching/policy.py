@@ -40,7 +40,10 @@ def make_policy(name: str, **kwargs: Any) -> BatchPolicy:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown batching policy {name!r}; known: {sorted(POLICIES)}") from None
-    return factory(**kwargs)
+    try:
+        return factory(**kwargs)
+    except TypeError as e:  # a misspelt or unknown argument in the config
+        raise ValueError(f"batching policy {name!r}: {e}") from None
 
 
 def _register_builtins() -> None:

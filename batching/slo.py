@@ -80,6 +80,9 @@ class SLOPolicy:
                  predict_busy: bool = False, wait_load: float = 0.5, shed_quantile: str = "p50",
                  size_quantile: str = "p99", late_target: float = 0.01, late_window_ms: float = 1000.0,
                  late_min_rows: int = 32):
+        if not (0.0 <= late_target <= 1.0 and late_window_ms > 0 and late_min_rows >= 1):
+            raise ValueError(f"late_target must be in [0, 1] (got {late_target}), late_window_ms > 0 "
+                             f"(got {late_window_ms}) and late_min_rows >= 1 (got {late_min_rows})")
         self.max_batch_size = max_batch_size
         self.default_variant = default_variant
         self.lat = LatencyModel(latency_fn if latency_fn is not None else profile, max_batch_size,

@@ -17,7 +17,7 @@ from batching.batcher import Batcher
 from batching.clock import Clock, MonotonicClock
 from batching.policy import POLICIES, make_policy
 from batching.profile import ProfileTable
-from gateway.backends import Backend
+from gateway.backends import Backend, ModelLoadError
 from gateway.config import Settings
 from gateway.errors import DeadlineUnreachable, InvalidArgument, NotFound, ServingError, TooManyRequests, Unavailable
 from gateway.metrics import Metrics
@@ -56,7 +56,10 @@ class ModelState:
             "safety_ms": settings.dispatch_margin_ms, "max_wait_ms": settings.slo_max_wait_ms,
             "size_quantile": settings.slo_size_quantile,
         }
-        self.policy = make_policy(policy_name, **_accepted(policy_name, {**context, **batching}))
+        try:
+            self.policy = make_policy(policy_name, **_accepted(policy_name, {**context, **batching}))
+        except ValueError as e:  # the server refuses to start, saying which setting to fix
+            raise ModelLoadError(f"models.{cfg.name}.batching {batching}: {e}") from None
         hook, depth = metrics.batcher_hook(cfg.name)
         max_rows = (over.max_queue_rows if over and over.max_queue_rows else settings.max_queue_rows)
         self.batcher = Batcher(cfg.name, self.policy, backend, self.by_accuracy, cfg.max_batch_size,

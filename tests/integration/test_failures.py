@@ -57,6 +57,23 @@ def test_model_file_that_cannot_load_stops_startup_naming_it(model_repo, tmp_pat
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("batching, names", [({"policy": "slo", "late_windw_ms": 5}, "late_windw_ms"),
+                                              ({"policy": "slo", "late_target": 2}, "late_target"),
+                                              ({"policy": "nope"}, "unknown batching policy")])
+def test_bad_batching_config_stops_startup_naming_it(model_repo, tmp_path, batching, names):
+    """A misspelt or out-of-range batching argument is a configuration error (exit 2, the setting
+    named), not a traceback, and not a server that starts with the setting ignored."""
+    repo = digits_repo(model_repo, tmp_path)
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"models": {"digits": {"batching": batching}}}))
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--repo", str(repo), "--backend", "inprocess",
+           "--http-port", "0", "--grpc-port", "0", "--config", str(cfg)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "models.digits.batching" in p.stderr and names in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+
+
 @pytest.mark.parametrize("late_grace_s, batch_timeout_s, bound_s", [(0.3, 30.0, 0.5), (None, 0.6, 0.6)])
 async def test_hung_replica_answers_504_at_its_bound(model_repo, tmp_path, late_grace_s, batch_timeout_s, bound_s):
     """A replica that holds a batch far past its deadline (fault_delay_ms = 5 s): the request gets

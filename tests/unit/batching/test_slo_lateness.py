@@ -58,3 +58,14 @@ def test_too_few_rows_or_old_lateness_is_not_evidence():
     q.plan(QueueView("m", [QueuedItem(i, 2.0, 2.030, variants=("big", "small")) for i in range(4)],
                      {"big": 0, "small": 1}, 8, busy_until_s={"big": (2.002,), "small": ()}), 2.0)
     assert q.level == 0  # older than late_window_ms (1 s)
+
+
+def test_bad_lateness_settings_and_misspelt_arguments_are_config_errors():
+    import pytest
+
+    from batching.policy import make_policy
+
+    with pytest.raises(ValueError, match="late_target"):
+        make_policy("slo", late_target=-1)
+    with pytest.raises(ValueError, match="late_windw_ms"):
+        make_policy("slo", late_windw_ms=5)
