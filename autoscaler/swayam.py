@@ -120,11 +120,8 @@ def aggregate_rate(windows: tuple[RateWindow, ...], gateways_seen: int) -> float
 
 
 def _drop_before(points: tuple, t0: float) -> tuple:
-    i = 0
-    n = len(points)
-    while i < n and points[i][0] <= t0:
-        i += 1
-    return points[i:] if i else points
+    """The points with time > t0."""
+    return points[_first_after(points, t0):]
 
 
 def _first_after(points: tuple, t0: float, lo: int = 0) -> int:
@@ -226,8 +223,16 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     if config.margin_quantile > 0 and len(excess) >= 3:
         margin = min(max(margin, _quantile((e for _, e in excess), config.margin_quantile)), config.margin_max)
     span = config.window_s if len(history) > 1 else config.interval_s
-    planned = base * (1 + margin) + config.noise_z * math.sqrt(base / span)
-    need = replicas_needed(snap.service, planned, snap.max_replicas) if base > 0 else 0
+
+    def plan_rate(r: float) -> float:
+        """Rate ``r`` plus the margin and the noise term: what replicas are sized for."""
+        return r * (1 + margin) + config.noise_z * math.sqrt(r / span)
+
+    def size(r: float) -> int:
+        return replicas_needed(snap.service, plan_rate(r), snap.max_replicas) if r > 0 else 0
+
+    planned = plan_rate(base)
+    need = size(base)
     # needs of the last keep_alive_s as a monotonic queue: needs[0] is their maximum
     needs = _drop_before(state.needs, now - config.keep_alive_s)
     while needs and needs[-1][1] <= need:
@@ -250,9 +255,7 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
             ch = seasonal_changes(season, now - config.interval_s, config.interval_s, config.season_periods_s,
                                   config.season_cycles, config.season_base_s)
             if ch is not None and ch[0] > 0:
-                r = max(predicted - ch[0], 0.0)
-                usual = replicas_needed(snap.service, r * (1 + margin) + config.noise_z * math.sqrt(r / span),
-                                        snap.max_replicas) if r > 0 else 0
+                usual = size(max(predicted - ch[0], 0.0))
         recent = _drop_before(recent, now - config.hold_window_s)
         if recent and now - recent[-1][0] < config.interval_s - 1e-6:
             recent = recent[:-1] + ((recent[-1][0], max(recent[-1][1], usual)),)
@@ -260,9 +263,7 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
             recent = recent + ((now, usual),)
         held = max(held, _quantile((n for _, n in recent), config.hold_quantile))
     if fall_to is not None and held > need:  # a recurring fall: scale in before the keep-alive ends
-        rate_to = max(fall_to, 0.0)
-        held = max(need, min(held, replicas_needed(snap.service, rate_to * (1 + margin) + config.noise_z
-                                                   * math.sqrt(rate_to / span), snap.max_replicas)))
+        held = max(need, min(held, size(max(fall_to, 0.0))))
         needs = ((now, held),)  # the keep-alive restarts from the lowered target
     target = clamp(held, snap)
     if target > snap.target_replicas:

@@ -154,18 +154,16 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
     from autoscaler.placement_types import PlacementConfig
 
     horizon = max(s.arrivals.duration_s for s in specs)
-    jobs = load_training_jobs(a.training_trace, start_s=a.training_start_s,
-                              window_s=a.training_window_s or horizon / a.training_time_scale,
-                              submit_col=a.training_submit_col, duration_col=a.training_duration_col,
-                              gpus_col=a.training_gpus_col, backlog=not a.no_training_backlog,
-                              time_scale=a.training_time_scale)
     mix = {k: int(v) for k, v in (x.split(":") for x in a.gpu_mix.split(",") if x)}
     missing = {s.device_type for s in specs} - set(mix)
     if missing:
         raise SystemExit(f"sloserve sim: --gpu-mix has no GPUs of type(s) {sorted(missing)}")
+    jobs = load_training_jobs(a.training_trace, start_s=a.training_start_s,
+                              window_s=a.training_window_s or horizon / a.training_time_scale,
+                              submit_col=a.training_submit_col, duration_col=a.training_duration_col,
+                              gpus_col=a.training_gpus_col, backlog=not a.no_training_backlog,
+                              time_scale=a.training_time_scale, max_gpus=max(mix.values()))
     lo, hi = (float(x) for x in a.iteration_time_s.split(","))
-    jobs = [j if j.num_gpus <= max(mix.values()) else j.__class__(j.job_id, j.submit_s, j.work_s, max(mix.values()))
-            for j in jobs]
     hcfg = HarvestConfig(gpus=mix, iteration_time_s=(lo, hi), checkpoint_every_s=a.checkpoint_every_s,
                          checkpoint_write_s=a.checkpoint_write_s, known_durations=not a.unknown_durations,
                          seed=a.seed)
@@ -184,7 +182,7 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
     plot_harvest(path.parent / "harvest.png", runs, meta["title"])
     if a.harvest_plot:
         plot_harvest(a.harvest_plot, runs, meta["title"])
-    for r in summary_rows(runs, a.checkpoint_every_s):
+    for r in summary_rows(runs):
         d = "" if r["delta_points"] is None else f" ({r['delta_points']:+.3f} pt)"
         print(f"{r['policy']:22s} slo={100 * r['slo_attainment']:.3f}%{d} train_h={r['training_gpu_hours']:.0f} "
               f"idle_h={r['idle_gpu_hours']:.0f} harvest={100 * r['harvest_fraction']:.1f}% "

@@ -209,6 +209,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
     if hasattr(ctl.placement, "finish"):  # a hook with its own clock (sim/harvest.py) runs to the end
         ctl.placement.finish(duration)
     t_ser = [tk * tick_steps * dt_s for tk in range(n_ticks)]
+    idx = np.minimum((np.array(t_ser) // interval).astype(int), n_int - 1)  # each tick's trace interval
     for j, r in enumerate(recs):
         r.minute_total = total_m[:, j].copy()
         r.minute_good = good_m[:, j].copy()
@@ -217,7 +218,6 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         r.series_t = t_ser
         r.series_target = ser_target[:, j].tolist()
         r.series_ready = ser_ready[:, j].tolist()
-        idx = np.minimum((np.array(t_ser) // interval).astype(int), n_int - 1)
         r.series_rate = rates[idx, j].tolist()
         r.scale_events = int((np.diff(ser_target[:, j]) != 0).sum())
     return {"summary": summarize(recs, duration, cfg.sla), "records": recs, "duration_s": duration,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -86,7 +86,6 @@ class _Job:
     release_s: float | None = None  # preempting: when its GPUs are released
     run: int = 0
     finished_s: float | None = None
-    first_start_s: float | None = None
 
     @property
     def interval_s(self) -> float:
@@ -214,8 +213,6 @@ class HarvestPlacement:
     def _start(self, j: _Job, gpu_ids: tuple[str, ...], now_s: float) -> None:
         j.gpu_ids, j.s0, j.run = tuple(gpu_ids), now_s, j.run + 1
         j.overhead_s = self.pcfg.restart_overhead_s if j.base_s > 0 else 0.0
-        if j.first_start_s is None:
-            j.first_start_s = now_s
         heapq.heappush(self._events, (j.finish_time(), 1, j.spec.job_id, j.run))
 
     def _preempt(self, j: _Job, now_s: float) -> None:

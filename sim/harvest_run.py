@@ -47,7 +47,7 @@ def run_harvest(specs: list[ModelSpec], autoscalers: list[str], placements: list
         for p in order_placements(placements):
             pc = pcfg
             if p == "static":
-                pc = static_config(pcfg, peak or {}, static_margin) if peak else pcfg
+                pc = static_config(pcfg, peak, static_margin) if peak else pcfg
             runs = run_experiment(specs, [a], cfg, mode, lambda p=p, pc=pc: HarvestPlacement(p, jobs, types, hcfg, pc),
                                   show_progress)
             res = runs[a]
@@ -59,7 +59,7 @@ def run_harvest(specs: list[ModelSpec], autoscalers: list[str], placements: list
     return out
 
 
-def summary_rows(runs: dict[str, Any], checkpoint_every_s: float) -> list[dict]:
+def summary_rows(runs: dict[str, Any]) -> list[dict]:
     """One row per run: the goal metrics (for the CLI print-out and docs/benchmarks.md)."""
     rows = []
     base = {k.split("/")[0]: r["summary"]["slo_attainment"] for k, r in runs.items() if k.endswith("/none")}
