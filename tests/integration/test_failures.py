@@ -120,9 +120,12 @@ def call(url: str, body: bytes, timeout: float = 5.0) -> tuple[int, dict]:
         return e.code, {"error": json.loads(e.read()).get("error", ""), "retry_after": e.headers.get("Retry-After")}
 
 
-def retrying_client(url: str, n: int, seed: int, ref: Reference, out: list, stop_by: float) -> None:
-    """Sends n distinct inputs one after another; each is retried on connection errors and 503
-    until answered (or stop_by), and every answer is checked against the reference."""
+def retrying_client(url: str, n: int, seed: int, ref: Reference, out: list, stop_by: float,
+                    pace_s: float = 0.02) -> None:
+    """Sends n distinct inputs one after another, ``pace_s`` apart (so the stream outlasts the
+    restart even on a fast box: unpaced, 150 answers can all be in before the first server stops);
+    each is retried on connection errors and 503 until answered (or stop_by), and every answer is
+    checked against the reference."""
     rng = np.random.default_rng(seed)
     for i in range(n):
         x = rng.integers(0, 17, 64).astype(np.float32)
@@ -148,6 +151,7 @@ def retrying_client(url: str, n: int, seed: int, ref: Reference, out: list, stop
             want = ref.probs(variant, x)
             assert np.allclose(np.asarray(got["probs"]["data"], np.float32), want, atol=1e-5), (i, variant)
             out.append(("ok", i, tries))
+            time.sleep(pace_s)
             break
 
 
