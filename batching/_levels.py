@@ -11,6 +11,7 @@ a load that hovers at the best variant's capacity does not flap between variants
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, Iterable
 
@@ -104,7 +105,7 @@ class LatenessMonitor:
     restore rule, and the evidence is cleared at each step, so a further step needs new late answers.
     """
 
-    __slots__ = ("target", "window_s", "min_rows", "_q", "level")
+    __slots__ = ("target", "window_s", "min_rows", "_q", "level", "_last_s")
 
     def __init__(self, target: float = 0.01, window_s: float = 1.0, min_rows: int = 32):
         self.target = target
@@ -112,13 +113,17 @@ class LatenessMonitor:
         self.min_rows = min_rows
         self._q: deque = deque()  # (finished_s, rank, rows, late rows)
         self.level = 0
+        self._last_s = -math.inf  # the last batch result seen
 
     def observe(self, finished_s: float, rank: int, rows: int, late_rows: int) -> None:
         self._q.append((finished_s, rank, rows, late_rows))
+        self._last_s = max(self._last_s, finished_s)
 
     def need(self, now: float, level: int, max_level: int) -> int:
         """The level observed lateness asks for, given the current ``level``."""
-        if self.level > level:  # the level came down since (comfortable for restore_hold)
+        if now - self._last_s > self.window_s:  # idle for a window: old lateness says nothing now
+            self.level = 0
+        elif self.level > level:  # the level came down since (comfortable for restore_hold)
             self.level = level
         q = self._q
         while q and q[0][0] < now - self.window_s:

@@ -69,3 +69,14 @@ def test_bad_lateness_settings_and_misspelt_arguments_are_config_errors():
         make_policy("slo", late_target=-1)
     with pytest.raises(ValueError, match="late_windw_ms"):
         make_policy("slo", late_windw_ms=5)
+
+
+def test_lateness_does_not_outlive_an_idle_window():
+    """After a burst raised the level, a later burst (with nothing back for over a window in
+    between) does not start degraded on the old evidence."""
+    p = policy()
+    for k in range(8):
+        p.observe(BatchResult("m", "big", 8, 0.004, finished_s=0.01 * k, late_rows=1))
+    p.plan(view(items()), 0.1)
+    assert p.lateness.need(0.1, 1, 1) == 1
+    assert p.lateness.need(5.0, 1, 1) == 0
