@@ -15,6 +15,7 @@ import numpy as np
 
 from batching.batcher import Batcher
 from batching.clock import Clock, MonotonicClock
+from gateway.looplag import LoopLag
 from batching.policy import POLICIES, make_policy
 from batching.profile import ProfileTable
 from gateway.backends import Backend, ModelLoadError
@@ -133,11 +134,24 @@ class DataPlane:
         _inflight_gauge(self.metrics, self.inflight)
         self._started = False
         self._note_arrival = getattr(backend, "note_arrival", None)
+        # the event loop's lag, counted against deadlines (gateway/looplag.py); started with the loop
+        self.loop_lag = (LoopLag() if settings.arrival_lag_compensation and isinstance(self.clock, MonotonicClock)
+                         else None)
+        if self.loop_lag is not None:
+            self.metrics.loop_lag.set_function(lambda: self.loop_lag.estimate_s)
+
+    def arrival_now(self) -> float:
+        """A request's arrival stamp: now, less the time its bytes are estimated to have waited
+        for the event loop (the loop's current lag), which the client's clock already counts."""
+        lag = self.loop_lag
+        return self.clock.now() - (lag.touch() if lag is not None else 0.0)
         if hasattr(backend, "on_replicas"):
             gauge = self.metrics.replicas
             backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
 
     async def start(self) -> None:
+        if self.loop_lag is not None:
+            self.loop_lag.start()
         await self.backend.start()
         if not hasattr(self.backend, "on_replicas"):
             for name, m in self.models.items():
@@ -150,6 +164,8 @@ class DataPlane:
 
     async def stop(self) -> None:
         self._started = False
+        if self.loop_lag is not None:
+            self.loop_lag.stop()
         for m in self.models.values():
             await m.batcher.close()
         await self.backend.stop()
@@ -240,7 +256,7 @@ class DataPlane:
         return m.default_variants
 
     async def infer(self, req: InferRequest) -> InferResponse:
-        arrival = req.arrival_s or self.clock.now()
+        arrival = req.arrival_s or self.arrival_now()
         variant_label = "none"
         m = None
         try:

@@ -52,7 +52,7 @@ class InferFastPath:
             return await self.app(scope, receive, send)
         model, version = target
         dp = self.dp
-        arrival = dp.clock.now()
+        arrival = dp.arrival_now()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         held = 0
         try:

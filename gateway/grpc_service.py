@@ -145,7 +145,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         held = 0
         try:
-            arrival = self.dp.clock.now()
+            arrival = self.dp.arrival_now()
             held = self.dp.inflight.take(request.ByteSize(), request.model_name)
             req = decode_grpc(request)
             self.limits.check(req)

@@ -183,7 +183,7 @@ def create_app(dp: DataPlane, auth: bool = True) -> FastAPI:
         return Response(status_code=200 if dp.model_ready(model, version) else 503)
 
     async def _infer(request: Request, model: str, version: str | None) -> Response:
-        arrival = dp.clock.now()
+        arrival = dp.arrival_now()
         cl = request.headers.get("content-length", "")
         held = dp.inflight.take(int(cl) if cl.isdigit() and int(cl) <= limit else 0, model)
         try:

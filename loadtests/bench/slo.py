@@ -275,16 +275,22 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
                 continue
             seed = 1000 * round_no + k
             sched = schedule(args, rate, seed)
-            before = shed_histogram(launch.scrape()) if system.startswith("sloserve") else None
+            text = launch.scrape() if system.startswith("sloserve") else None
+            before = shed_histogram(text) if text is not None else None
+            met_before = slo_counts(text)
             recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, f"{system}-{k}")
             m = metrics(recs, trailer, args, acc, peer_acc, rate)
             if before is not None:
-                m.update(shed_server_side(before, shed_histogram(launch.scrape())))
+                text = launch.scrape()
+                m.update(shed_server_side(before, shed_histogram(text)))
+                m.update(server_on_time(met_before, slo_counts(text)))
             steps.append(m)
             print(f"  [{system} r{round_no}] {rate:>6.0f}/s att {m['attainment']:.4f} good {m['goodput_rps']:.0f}/s "
                   f"p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} effacc {m['effective_accuracy']:.4f} "
                   f"srv {m['server_cores']:.2f} gen {m['gen_cores']:.2f} other {m['other_cores']:.2f}"
-                  + (f" {m['variants']}" if 'variants' in m else ""), file=sys.stderr, flush=True)
+                  + (f" {m['variants']}" if 'variants' in m else "")
+                  + (f" server-on-time {m['server_on_time']}" if m.get('server_on_time') is not None else ""),
+                  file=sys.stderr, flush=True)
             fails = fails + 1 if (m["attainment"] or 0) < args.target else 0
             if fails >= args.stop_after or (m["attainment"] or 0) < args.floor:
                 break
@@ -306,6 +312,27 @@ def shed_histogram(text: str | None) -> dict[float, float]:
             key = float("inf") if le == "+Inf" else float(le)
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def slo_counts(text: str | None) -> dict[str, float]:
+    """``sloserve_slo_requests`` summed over models: answered requests by whether they met their
+    deadline as the gateway measures it (from its own arrival stamp)."""
+    out = {"true": 0.0, "false": 0.0}
+    for line in (text or "").splitlines():
+        if line.startswith("sloserve_slo_requests_total{"):
+            met = line.split('met="', 1)[1].split('"', 1)[0]
+            out[met] = out.get(met, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def server_on_time(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The share of a step's answers the gateway itself counted on time. Against the client's
+    attainment it shows how much lateness the server never sees (socket and event-loop waits
+    before the arrival stamp, the answer's way back)."""
+    met = after.get("true", 0.0) - before.get("true", 0.0)
+    late = after.get("false", 0.0) - before.get("false", 0.0)
+    n = met + late
+    return {"server_answered": int(n), "server_on_time": round(met / n, 4) if n > 0 else None}
 
 
 def shed_server_side(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
@@ -358,7 +385,7 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
             for k in ("attainment", "goodput_rps", "ok_rps", "p50_ms", "p99_ms", "p999_ms", "shed_share",
                       "effective_accuracy", "server_cores", "gen_cores", "gen_cpu_ms_per_req", "other_cores",
                       "shed_answer_p50_ms", "shed_answer_p99_ms", "shed_answer_under_1ms",
-                      "shed_server_under_1ms", "shed_server_p50_le_ms", "shed_server_p99_le_ms"):
+                      "shed_server_under_1ms", "shed_server_p50_le_ms", "shed_server_p99_le_ms", "server_on_time"):
                 vals = [s[k] for s in ss if s.get(k) is not None]
                 if vals:
                     row[k] = round(statistics.median(vals), 5)

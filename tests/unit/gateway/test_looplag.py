@@ -1,0 +1,68 @@
+"""The event-loop lag probe (gateway/looplag.py): its estimate, its idle stop, and the arrival stamp."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.looplag import LoopLag
+
+
+def test_estimate_is_a_capped_ewma_of_probe_lateness():
+    lag = LoopLag(alpha=0.5, cap_s=0.01)
+    lag.observe(0.004)
+    assert lag.estimate_s == pytest.approx(0.002)
+    lag.observe(0.004)
+    assert lag.estimate_s == pytest.approx(0.003)
+    lag.observe(1.0)  # one long stall counts as the cap, not a second
+    assert lag.estimate_s == pytest.approx(0.0065)
+    lag.observe(-0.001)  # a timer early (clock granularity) counts as no lag
+    assert lag.estimate_s == pytest.approx(0.00325)
+
+
+def test_probe_runs_only_while_requests_come():
+    t = [0.0]
+    ran = []
+
+    class Loop:  # a fake loop: timers are run by hand, time moves by hand
+        def call_later(self, delay, cb):
+            ran.append(cb)
+            return self
+
+        def cancel(self):
+            pass
+
+    lag = LoopLag(period_s=0.005, alpha=1.0, idle_s=1.0, clock=lambda: t[0])
+    lag.start(Loop())
+    assert ran == []  # bound, but no probe before the first request
+    assert lag.touch() == 0.0 and len(ran) == 1
+    t[0] = 0.008  # the timer fires 3 ms late
+    ran.pop()()
+    assert lag.estimate_s == pytest.approx(0.003) and len(ran) == 1  # re-armed: a request came < 1 s ago
+    t[0] = 2.0  # no request for 2 s: the probe stops and forgets
+    ran.pop()()
+    assert ran == [] and lag.estimate_s == 0.0
+    lag.touch()  # the next arrival starts it again
+    assert len(ran) == 1
+
+
+def test_a_busy_loop_shows_up_in_the_estimate():
+    async def main():
+        lag = LoopLag(period_s=0.002, alpha=0.5)
+        lag.start()
+        lag.touch()
+        await asyncio.sleep(0.01)
+        quiet = lag.estimate_s
+        for _ in range(5):  # five iterations that each hold the loop ~8 ms
+            lag.touch()
+            end = lag.clock() + 0.008
+            while lag.clock() < end:
+                pass
+            await asyncio.sleep(0)
+        busy = lag.estimate_s
+        lag.stop()
+        return quiet, busy
+
+    quiet, busy = asyncio.run(main())
+    assert busy > quiet and busy > 0.002
