@@ -114,9 +114,10 @@ class Settings(BaseSettings):
         default=100.0, ge=0, description="Run batches predicted faster than this on the event loop."
     )
     arrival_lag_compensation: bool = Field(
-        default=True,
-        description="Stamp each request's arrival earlier by the event loop's current lag (a 5 ms timer probe): "
-                    "the time its bytes waited in the socket, which the client's clock counts and the deadline must too.",
+        default=False,
+        description="Stamp each request's arrival earlier by the event loop's current lag (sloserve_event_loop_lag_seconds), "
+                    "the time its bytes waited in the socket. Off by default: under a 3x burst it made things worse "
+                    "(docs/benchmarks.md).",
     )
     max_request_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."

@@ -134,20 +134,23 @@ class DataPlane:
         _inflight_gauge(self.metrics, self.inflight)
         self._started = False
         self._note_arrival = getattr(backend, "note_arrival", None)
-        # the event loop's lag, counted against deadlines (gateway/looplag.py); started with the loop
-        self.loop_lag = (LoopLag() if settings.arrival_lag_compensation and isinstance(self.clock, MonotonicClock)
-                         else None)
+        # the event loop's lag (gateway/looplag.py): a metric, and optionally counted against deadlines
+        self.loop_lag = LoopLag() if isinstance(self.clock, MonotonicClock) else None
+        self._lag_in_arrival = settings.arrival_lag_compensation
         if self.loop_lag is not None:
             self.metrics.loop_lag.set_function(lambda: self.loop_lag.estimate_s)
+        if hasattr(backend, "on_replicas"):
+            gauge = self.metrics.replicas
+            backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
 
     def arrival_now(self) -> float:
         """A request's arrival stamp: now, less the time its bytes are estimated to have waited
         for the event loop (the loop's current lag), which the client's clock already counts."""
         lag = self.loop_lag
-        return self.clock.now() - (lag.touch() if lag is not None else 0.0)
-        if hasattr(backend, "on_replicas"):
-            gauge = self.metrics.replicas
-            backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
+        if lag is None:
+            return self.clock.now()
+        est = lag.touch()
+        return self.clock.now() - est if self._lag_in_arrival else self.clock.now()
 
     async def start(self) -> None:
         if self.loop_lag is not None:
