@@ -116,8 +116,7 @@ class Settings(BaseSettings):
     arrival_lag_compensation: bool = Field(
         default=False,
         description="Stamp each request's arrival earlier by the event loop's current lag (sloserve_event_loop_lag_seconds), "
-                    "the time its bytes waited in the socket. Off by default: under a 3x burst it made things worse "
-                    "(docs/benchmarks.md).",
+                    "the time its bytes waited in the socket. Off by default: no measured gain yet (docs/benchmarks.md).",
     )
     max_request_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
