@@ -1,0 +1,38 @@
+"""Pure helpers of `sloserve bench slo` (loadtests/bench/slo.py): step length and server-side counts."""
+
+from __future__ import annotations
+
+import argparse
+
+from loadtests.bench.slo import schedule, server_on_time, slo_counts, step_duration
+
+
+def _args(**kw):
+    base = dict(duration=3.0, min_requests=200, arrival="poisson", cv=2.0, burst_factor=3.0)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_low_rates_are_stretched_to_carry_enough_requests():
+    a = _args()
+    assert step_duration(a, 10) == 20.0  # 27 requests could not judge 99%; 200 can
+    assert step_duration(a, 100) == 3.0  # 300 requests in the given 3 s already
+    assert step_duration(_args(min_requests=0), 10) == 3.0
+    n = len(schedule(a, 10, seed=1))
+    assert 150 < n < 250
+    assert max(schedule(a, 10, seed=1)) <= 20.0
+
+
+def test_server_on_time_from_two_scrapes():
+    def scrape(met, late):
+        return (f'# TYPE sloserve_slo_requests_total counter\n'
+                f'sloserve_slo_requests_total{{model="heavy",met="true"}} {met}\n'
+                f'sloserve_slo_requests_total{{model="heavy",met="false"}} {late}\n'
+                f'sloserve_slo_requests_total{{model="digits",met="true"}} 5.0\n'
+                f'sloserve_slo_requests_created{{model="heavy",met="true"}} 1.7e9\n')
+
+    before, after = slo_counts(scrape(10.0, 1.0)), slo_counts(scrape(108.0, 3.0))
+    assert before == {"true": 15.0, "false": 1.0}
+    assert server_on_time(before, after) == {"server_answered": 100, "server_on_time": 0.98}
+    assert server_on_time(after, after) == {"server_answered": 0, "server_on_time": None}
+    assert slo_counts(None) == {"true": 0.0, "false": 0.0}
