@@ -79,6 +79,100 @@ class SwayamConfig(BaseModel):
             raise ValueError(f"unknown predictor {self.predictor!r}; known: {sorted(PREDICTORS)}")
 
 
+class SeasonLog:
+    """The seasonal samples, ``(time_s, rate)`` oldest first, as a read-only sequence of pairs.
+
+    The samples live in two append-only lists (times, rates) that successive states share; a log is
+    the slice ``[lo, hi)`` of them. :meth:`add` appends in place only when this log ends where the
+    lists end (the usual chain of states, one decision after the other). A log that is no longer the
+    newest (an older state decided again), a replaced sample (two calls in one bucket), a trim of
+    ``_COMPACT`` samples or times out of order copy instead. So a log never changes once made, and
+    ``decide`` stays a pure function of its arguments, at O(1) per decision where a tuple of pairs
+    cost O(samples) (a ``+`` copy and a slice per decision).
+
+    Not meant to be appended to from two threads at once (nothing here is; the live adapter
+    rebuilds the state from JSON each call).
+    """
+
+    __slots__ = ("_hi", "_lo", "_r", "_sorted", "_t")
+
+    def __init__(self, pairs=()):
+        self._t = [t for t, _ in pairs]
+        self._r = [r for _, r in pairs]
+        self._lo, self._hi = 0, len(self._t)
+        self._sorted = all(a <= b for a, b in zip(self._t, self._t[1:]))  # (False with a NaN time)
+
+    @classmethod
+    def of(cls, season) -> SeasonLog:
+        """``season`` as a log (a tuple of pairs, e.g. from ``ray_policy.state_from_json``, is copied once)."""
+        return season if type(season) is SeasonLog else cls(season)
+
+    @staticmethod
+    def _view(t: list, r: list, lo: int, hi: int, sorted_: bool) -> SeasonLog:
+        log = object.__new__(SeasonLog)
+        log._t, log._r, log._lo, log._hi, log._sorted = t, r, lo, hi, sorted_
+        return log
+
+    def add(self, now: float, rate: float, span_s: float, bucket_s: float) -> SeasonLog:
+        """Drop the samples at or before ``now - span_s``, then record ``(now, rate)``: a new sample, or
+        in place of the latest one when that is less than ``bucket_s`` old."""
+        t, r, hi = self._t, self._r, self._hi
+        if self._sorted:  # step past the dropped samples (one or two): where bisection would land
+            lo, old = self._lo, now - span_s
+            while lo < hi and t[lo] <= old:
+                lo += 1
+        else:
+            lo = bisect.bisect_right(t, now - span_s, self._lo, hi)
+        keep = hi - 1 if lo < hi and now - t[hi - 1] < bucket_s - 1e-9 else hi  # same bucket: replace the latest
+        sorted_ = self._sorted and (now >= t[keep - 1] if keep > lo else not math.isnan(now))
+        if keep == hi and hi == len(t) and sorted_ and lo < _COMPACT:  # the usual case: append in place
+            t.append(now)
+            r.append(rate)
+            return SeasonLog._view(t, r, lo, hi + 1, True)
+        return SeasonLog._view(t[lo:keep] + [now], r[lo:keep] + [rate], 0, keep - lo + 1, sorted_)
+
+    def _level(self, after: float) -> float:
+        """The mean rate of the samples later than ``after`` (0 when none)."""
+        t, lo, hi = self._t, self._lo, self._hi
+        if self._sorted:  # step back from the end (a few samples)
+            i = hi
+            while i > lo and t[i - 1] > after:
+                i -= 1
+        else:
+            i = bisect.bisect_right(t, after, lo, hi)
+        return sum(self._r[i:hi]) / max(hi - i, 1)
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    def __iter__(self):
+        return zip(self._t[self._lo:self._hi], self._r[self._lo:self._hi])
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return tuple(self)[k]
+        n = self._hi - self._lo
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError("season index out of range")
+        return self._t[self._lo + k], self._r[self._lo + k]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (SeasonLog, tuple, list)):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"SeasonLog({tuple(self)!r})"
+
+
+_COMPACT = 32  # copy the kept samples to fresh lists once this many were dropped (bounds the lists)
+
+
 @dataclass(frozen=True, slots=True)
 class SwayamState:
     history: tuple[tuple[float, float], ...] = ()  # (time_s, aggregate rate rps), oldest first
@@ -87,7 +181,7 @@ class SwayamState:
     peaks: tuple[tuple[float, float], ...] = ()  # (time_s, base rate): decreasing bases of the last keep_alive_s
     covers: tuple[tuple[float, float], ...] = ()  # (time_s, rate the target was sized for, margin aside)
     excess: tuple[tuple[float, float], ...] = ()  # (bucket start, largest exceedance in it)
-    season: tuple[tuple[float, float], ...] = ()  # (time_s, rate), one per season bucket
+    season: SeasonLog | tuple[tuple[float, float], ...] = ()  # (time_s, rate), one per season bucket
     recent: tuple[tuple[float, int], ...] = ()  # (time_s, need), one per interval_s, of the last hold_window_s
 
 
@@ -100,11 +194,11 @@ def aggregate_rate(windows: tuple[RateWindow, ...], gateways_seen: int) -> float
     if not windows:
         return None
     default_share = 1.0 / max(gateways_seen, 1)
-    names = {w.gateway for w in windows}
-    if len(names) == len(windows):  # the usual case: one report per gateway
-        rate = share = 0.0
+    n = len(windows)
+    if n == 1 or (n == 2 and windows[0].gateway != windows[1].gateway) or len({w.gateway for w in windows}) == n:
+        rate = share = 0.0  # the usual case: one report per gateway
         for w in windows:
-            rate += w.arrivals / w.duration_s
+            rate += w.arrivals / max(w.end_s - w.start_s, 1e-9)  # (w.duration_s, inlined)
             share += w.share if w.share > 0 else default_share
         return rate / max(share, 1e-9)
     per_gw: dict[str, list[float]] = {}
@@ -131,8 +225,8 @@ def _first_after(points: tuple, t0: float, lo: int = 0) -> int:
     return bisect.bisect_right(points, (t0, math.inf), lo)
 
 
-def seasonal_changes(season: tuple[tuple[float, float], ...], now: float, horizon_s: float,
-                     periods_s: tuple[float, ...], cycles: int, base_s: float) -> tuple[float, float] | None:
+def seasonal_changes(season, now: float, horizon_s: float, periods_s: tuple[float, ...], cycles: int,
+                     base_s: float) -> tuple[float, float] | None:
     """How the rate moved over the coming ``horizon_s`` one, two, ... ``cycles`` periods ago.
 
     For each period ``P`` and cycle ``k`` the change ``d`` is the largest rate in ``(now - kP, now - kP +
@@ -140,37 +234,83 @@ def seasonal_changes(season: tuple[tuple[float, float], ...], now: float, horizo
     the largest over the periods of the smallest change over the cycles (a rise that recurred every
     time; negative when none did) and ``high`` the largest change of all (below zero only when the rate
     fell at this phase in every cycle of every period). A period counts once the history holds
-    ``cycles`` of it; None before any does, or across a gap in the history.
+    ``cycles`` of it; None before any does, or across a gap in the history. ``season`` is a
+    :class:`SeasonLog` or a tuple of ``(time_s, rate)`` pairs, oldest first.
+
+    Cost: three bisections of a list of floats (in C) and two short slices per period and cycle;
+    ``tests/unit/autoscaler/test_season.py`` checks it against the plain tuple version.
 
     >>> s = tuple((float(t), 100.0 + (50.0 if t % 300 in (10, 20) else 0.0)) for t in range(0, 1201, 10))
     >>> [tuple(round(x, 1) for x in seasonal_changes(s, t, 20.0, (300.0,), 3, 30.0)) for t in (1190.0, 1170.0, 1220.0)]
     [(50.0, 50.0), (0.0, 0.0), (-33.3, -33.3)]
     """
-    if not season:
+    return _changes(SeasonLog.of(season), now, horizon_s, periods_s, cycles, base_s)
+
+
+def _changes(log: SeasonLog, now: float, horizon_s: float, periods_s: tuple[float, ...], cycles: int,
+             base_s: float) -> tuple[float, float] | None:
+    times, rates, lo, hi = log._t, log._r, log._lo, log._hi
+    if lo == hi:
         return None
-    rise = high = -math.inf
+    first = times[lo] - 1e-9
+    last = times[hi - 1]
+    sorted_ = log._sorted
+    # sorted times: a window's first base sample is guessed from the mean spacing (exact on an even
+    # grid, as the simulator's rounds are) and checked; any other case bisects
+    spacing = (last - times[lo]) / (hi - 1 - lo) if sorted_ and hi - lo > 1 else 0.0
+    guess = sorted_ and spacing > 0
+    rise = high = _NINF
+    ks = range(1, cycles + 1)
     for period in periods_s:
-        if now - cycles * period - base_s < season[0][0] - 1e-9:  # not yet `cycles` periods of history
+        if now - cycles * period - base_s < first:  # not yet `cycles` periods of history
             continue
-        low = math.inf
-        for k in range(1, cycles + 1):
+        low = _INF
+        for k in ks:
             t0 = now - k * period
-            b = _first_after(season, t0 - base_s)
-            i = _first_after(season, t0, b)
-            j = _first_after(season, t0 + horizon_s, i)
+            # the base samples [b, i) are in (t0 - base_s, t0], the peak samples [i, j) in (t0, t0 + horizon_s]
+            x = t0 - base_s
+            b = -1
+            if guess:
+                back = (last - x) / spacing
+                if 1.0 <= back < hi - lo:
+                    b = hi - int(back)  # lo < b < hi
+                    if not times[b - 1] <= x < times[b]:
+                        b = -1
+            if b < 0:
+                b = bisect.bisect_right(times, x, lo, hi)
+            end = t0 + horizon_s
+            if sorted_:  # a few samples on: step there (where bisection lands in sorted times)
+                i = b
+                while i < hi and times[i] <= t0:
+                    i += 1
+                j = i
+                while j < hi and times[j] <= end:
+                    j += 1
+            else:
+                i = bisect.bisect_right(times, t0, b, hi)
+                j = bisect.bisect_right(times, end, i, hi)
             if i <= b or j <= i:  # a gap in the history: no evidence either way
                 return None
-            d = max(r for _, r in season[i:j]) - sum(r for _, r in season[b:i]) / (i - b)
-            low = min(low, d)
-            high = max(high, d)
-        rise = max(rise, low)
-    if rise == -math.inf:
+            # the same sums as over (time, rate) pairs: sum() adds left to right from 0, max() keeps the first
+            d = ((rates[i] if j == i + 1 else max(rates[i:j]))
+                 - ((0.0 + rates[b]) if i == b + 1 else sum(rates[b:i]) / (i - b)))
+            # low = min(low, d) and high = max(high, d), as the plain loop had them (ifs are faster)
+            if d < low:  # noqa: PLR1730
+                low = d
+            if d > high:  # noqa: PLR1730
+                high = d
+        if low > rise:  # noqa: PLR1730
+            rise = low
+    if rise == _NINF:
         return None
     return rise, high
 
 
+_INF, _NINF = math.inf, -math.inf
+
+
 def _quantile(values, q: float) -> float:
-    xs = sorted(values)
+    xs = sorted(values)  # (a list sorts faster than a generator: callers pass one)
     return xs[min(int(q * len(xs)), len(xs) - 1)]
 
 
@@ -189,10 +329,7 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
         if config.season_periods_s:
             bucket = config.season_bucket_s
             span = max(config.season_periods_s) * config.season_cycles + config.season_base_s + bucket
-            season = _drop_before(season, now - span)
-            if season and now - season[-1][0] < bucket - 1e-9:  # same bucket: keep the latest rate
-                season = season[:-1]
-            season = season + ((now, rate),)
+            season = SeasonLog.of(season).add(now, rate, span, bucket)
         if config.margin_quantile > 0:
             # how far the rate exceeded what the replicas serving it were sized for (margin aside)
             old = _drop_before(state.covers, now - horizon_s - 1e-6)
@@ -209,19 +346,18 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     predicted = PREDICTORS[config.predictor](history, horizon_s)
     base = predicted
     fall_to = None  # a rate the seasonal history says the coming horizon stays under
-    if config.season_periods_s and season:
-        ch = seasonal_changes(season, now, horizon_s, config.season_periods_s, config.season_cycles,
-                              config.season_base_s)
+    log = SeasonLog.of(season) if config.season_periods_s and season else None
+    if log is not None:
+        ch = _changes(log, now, horizon_s, config.season_periods_s, config.season_cycles, config.season_base_s)
         if ch is not None:
-            i = _first_after(season, now - config.season_base_s)
-            level = sum(r for _, r in season[i:]) / max(len(season) - i, 1)
+            level = log._level(now - config.season_base_s)
             if ch[0] > 0:
                 base = max(base, level + ch[0])
             if config.season_scale_in and ch[1] < -max(0.1 * level, 3 * math.sqrt(level / config.interval_s)):
                 fall_to = level + ch[1]
     margin = config.margin_frac
     if config.margin_quantile > 0 and len(excess) >= 3:
-        margin = min(max(margin, _quantile((e for _, e in excess), config.margin_quantile)), config.margin_max)
+        margin = min(max(margin, _quantile([e for _, e in excess], config.margin_quantile)), config.margin_max)
     span = config.window_s if len(history) > 1 else config.interval_s
 
     def plan_rate(r: float) -> float:
@@ -251,9 +387,9 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     recent = state.recent
     if config.hold_quantile > 0:
         usual = need  # the need without a recurring (seasonal) bump: the level worth holding
-        if config.season_periods_s and season:
-            ch = seasonal_changes(season, now - config.interval_s, config.interval_s, config.season_periods_s,
-                                  config.season_cycles, config.season_base_s)
+        if log is not None:
+            ch = _changes(log, now - config.interval_s, config.interval_s, config.season_periods_s,
+                          config.season_cycles, config.season_base_s)
             if ch is not None and ch[0] > 0:
                 usual = size(max(predicted - ch[0], 0.0))
         recent = _drop_before(recent, now - config.hold_window_s)
@@ -261,7 +397,7 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
             recent = recent[:-1] + ((recent[-1][0], max(recent[-1][1], usual)),)
         else:
             recent = recent + ((now, usual),)
-        held = max(held, _quantile((n for _, n in recent), config.hold_quantile))
+        held = max(held, _quantile([n for _, n in recent], config.hold_quantile))
     if fall_to is not None and held > need:  # a recurring fall: scale in before the keep-alive ends
         held = max(need, min(held, size(max(fall_to, 0.0))))
         needs = ((now, held),)  # the keep-alive restarts from the lowered target

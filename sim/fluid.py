@@ -141,13 +141,14 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         share = (blk_arr * share_w).tolist()
         ongoing_l = ongoing.tolist()
         t_prev = t - cfg.tick_s
-        snaps = [ScalingSnapshot(names[j], int(target[j]), int(ready[j]), svc[j], ongoing_l[j],
-                                 tuple(RateWindow(g, t_prev, t, share[j], share_w) for g in gws) if tk else (),
+        tgt_l, ready_l = target.tolist(), ready.tolist()
+        snaps = [ScalingSnapshot(names[j], tgt_l[j], ready_l[j], svc[j], ongoing_l[j],
+                                 tuple([RateWindow(g, t_prev, t, share[j], share_w) for g in gws]) if tk else (),
                                  mins[j], maxs[j], fut[j]) for j in range(n)]
         grants = ctl.round_snapshots(t, snaps)
         delays = getattr(ctl.placement, "start_delay_s", None) or {}  # e.g. waiting for a preempted GPU
         for j, g in enumerate(grants):
-            diff = g - int(target[j])
+            diff = g - tgt_l[j]
             if diff > 0:
                 heapq.heappush(pending, (t + cfg.startup_s + delays.get(names[j], 0.0), j, diff))
             elif diff < 0:  # drop starting replicas first (newest), then ready ones
