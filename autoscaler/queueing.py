@@ -129,26 +129,47 @@ def max_throughput_rps(service: ServiceModel, replicas: int) -> float:
     return replicas * cap / service.curve.at(cap, "p50")
 
 
-def late_fraction(service: ServiceModel, replicas: int, rate: float) -> float:
-    """Predicted share of requests that miss the SLO at a steady ``rate`` on ``replicas`` (fluid mode)."""
+def late_fraction(service: ServiceModel, replicas: int, rate: float, _memo: dict | None = None) -> float:
+    """Predicted share of requests that miss the SLO at a steady ``rate`` on ``replicas`` (fluid mode).
+
+    ``_memo`` (a dict kept by a caller that asks for many rates and replica counts of one service)
+    keeps the steady batch per per-replica rate and the largest on-time batch per replica count:
+    the same numbers, computed once."""
     if rate <= 0:
         return 0.0
     if replicas <= 0:
         return 1.0
     r = rate / replicas
-    b = steady_batch(service, r)
+    if _memo is None:
+        _memo = {}
+    key = ("b", r)
+    if key not in _memo:
+        _memo[key] = (steady_batch(service, r),)
+    b = _memo[key][0]
     if b is None:
         return 1.0
-    # the largest batch whose latency (with the wait for a replica) still meets the SLO
+    key = ("lo", replicas)
+    if key not in _memo:
+        _memo[key] = _largest_on_time_batch(service, replicas)
+    lo = _memo[key]
+    if lo is None:
+        return 1.0
+    key = ("sd", r)
+    if key not in _memo:
+        _memo[key] = batch_spread(service, r, b)
+    return 1.0 - _ND.cdf((lo - b) / _memo[key])
+
+
+def _largest_on_time_batch(service: ServiceModel, replicas: int) -> float | None:
+    """The largest batch whose latency (with the wait for a replica) still meets the SLO (None: not even one)."""
     budget = service.slo_s / (1 + 1 / replicas)
     lo, hi = 0.0, float(service.max_batch_size)
     if service.curve.at(1, "p99") > budget:
-        return 1.0
+        return None
     for _ in range(30):
         mid = (lo + hi) / 2
         if service.curve.at(max(mid, 1.0), "p99") <= budget:
             lo = mid
         else:
             hi = mid
-    sd = batch_spread(service, r, b)
-    return 1.0 - _ND.cdf((lo - b) / sd)
+    return lo

@@ -40,12 +40,14 @@ class _LateTable:
         self.r_max = 1.05 * cap / service.curve.at(cap, "p50")
         self.r_step = self.r_max / (_R_POINTS - 1)
         grid = np.arange(_R_POINTS) * self.r_step
-        self.table = np.array([[late_fraction(service, int(c), float(r) * int(c)) for r in grid]
+        memo: dict = {}  # steady batches per rate, on-time batch limits per replica count: computed once
+        self.table = np.array([[late_fraction(service, int(c), float(r) * int(c), memo) for r in grid]
                                for c in _C_BUCKETS])
         # mean latency at a per-replica rate: wait ~ half a batch + own batch (for Little's law)
         lat = []
         for r in grid:
-            b = steady_batch(service, float(r))
+            hit = memo.get(("b", float(r)))
+            b = hit[0] if hit is not None else steady_batch(service, float(r))
             lat.append(1.5 * service.curve.at(max(b, 1.0), "p50") if b is not None else service.slo_s)
         self.latency = np.array(lat)
 

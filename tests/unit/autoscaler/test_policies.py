@@ -176,3 +176,19 @@ def test_swayam_adaptive_margin_grows_after_surprises():
     (_, s), = [_drive(adaptive, jumpy)]
     assert s.excess and max(e for _, e in s.excess) > 0.3
     assert _drive(adaptive, jumpy)[0][-1] > _drive(fixed, jumpy)[0][-1]
+
+
+def test_late_fraction_memo_gives_the_same_numbers():
+    """The fluid tables ask late_fraction for 13 replica counts x 400 rates per service and share
+    its steady batches and on-time limits through a memo: it must not change one value."""
+    memo: dict = {}
+    for c in (1, 2, 3, 6, 12, 48, 128):
+        for k in range(0, 120):
+            rate = c * k * 6.0
+            assert late_fraction(SVC, c, rate, memo) == late_fraction(SVC, c, rate)
+    tight = ServiceModel(Curve((1, 8, 32), (0.010, 0.020, 0.050), (0.012, 0.024, 0.060)), slo_s=0.015,
+                         max_batch_size=32)
+    memo = {}
+    for c in (1, 2, 8):
+        for rate in (0.0, 5.0, 50.0, 500.0):
+            assert late_fraction(tight, c, rate, memo) == late_fraction(tight, c, rate)
