@@ -197,8 +197,10 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
                                        s.arrivals.peak_rate(now, now + cfg.startup_s + cfg.tick_s)))
                 m.ongoing_acc = 0.0
             grants = ctl.round(now, obs)
+            delays = ctl.placement.start_delay_s  # e.g. waiting for a preempted GPU, as in fluid mode
             for mi2, (m, g) in enumerate(zip(models, grants)):
-                _resize(m, g, now, cfg.startup_s, lambda t, r, i=mi2: push(t, _READY, i, r))
+                _resize(m, g, now, cfg.startup_s + delays.get(m.spec.name, 0.0),
+                        lambda t, r, i=mi2: push(t, _READY, i, r))
                 m.rec.tick(now, m.spec.arrivals.rate_at(now), g, obs[mi2].ready)
                 pump(m, mi2, now)
             last_tick = now
@@ -245,6 +247,7 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
             m.wake_at = None
         pump(m, mi, now)
 
+    ctl.placement.finish(duration)  # a hook with its own clock (sim/harvest.py) runs to the end
     for m in models:
         m.hold(duration)
         for it in m.queue:  # never served

@@ -148,7 +148,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
                                  tuple([RateWindow(g, t_prev, t, share[j], share_w) for g in gws]) if tk else (),
                                  mins[j], maxs[j], fut[j]) for j in range(n)]
         grants = ctl.round_snapshots(t, snaps)
-        delays = getattr(ctl.placement, "start_delay_s", None) or {}  # e.g. waiting for a preempted GPU
+        delays = ctl.placement.start_delay_s  # e.g. waiting for a preempted GPU
         for j, g in enumerate(grants):
             diff = g - tgt_l[j]
             if diff > 0:
@@ -209,8 +209,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         blk_q /= steps
         blk_lam /= steps
 
-    if hasattr(ctl.placement, "finish"):  # a hook with its own clock (sim/harvest.py) runs to the end
-        ctl.placement.finish(duration)
+    ctl.placement.finish(duration)  # a hook with its own clock (sim/harvest.py) runs to the end
     t_ser = [tk * tick_steps * dt_s for tk in range(n_ticks)]
     idx = np.minimum((np.array(t_ser) // interval).astype(int), n_int - 1)  # each tick's trace interval
     for j, r in enumerate(recs):

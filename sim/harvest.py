@@ -15,7 +15,7 @@ simulator calls ``allocate(wants, holding, now_s)``; the hook
    and loses nothing, else it is killed and loses its work since the last checkpoint; either way it
    goes back to the queue and resumes from its checkpoint (after ``restart_overhead_s``) when the
    policy places it again. A replica waiting for a preempted GPU starts that much later
-   (``start_delay_s``, read by the fluid driver).
+   (``start_delay_s``, read by both drivers: fluid and request level).
 
 A running job alternates ``checkpoint_every_s`` of work with a ``checkpoint_write_s`` pause, so
 its progress and last checkpoint at any instant have a closed form (no per-iteration events).

@@ -19,11 +19,21 @@ from typing import Mapping, Protocol
 
 
 class PlacementHook(Protocol):
+    """What the simulator's drivers (fluid and request level) ask of a placement.
+
+    ``allocate`` grants replicas each round. ``start_delay_s`` says, after that round, how long the
+    replicas just granted to a model wait for their GPU before their start-up begins (a preempted
+    training job's grace, sim/harvest.py); both drivers add it to the start-up time. ``finish``
+    is called once at the end of the run, so a hook with a clock of its own can account up to it."""
+
     name: str
+    start_delay_s: Mapping[str, float]
 
     def allocate(self, wants: Mapping[str, int], holding: Mapping[str, int], now_s: float) -> dict[str, int]: ...
 
     def report(self) -> dict: ...
+
+    def finish(self, end_s: float) -> None: ...
 
 
 @dataclass
@@ -34,6 +44,7 @@ class FixedPool:
     gpu_type: str = "a100"
     name: str = "fixed-pool"
     refused: int = field(default=0, init=False)  # replica-requests the pool could not grant
+    start_delay_s: Mapping[str, float] = field(default_factory=dict, init=False)  # a free GPU is ready at once
 
     def allocate(self, wants: Mapping[str, int], holding: Mapping[str, int], now_s: float) -> dict[str, int]:
         grant = {m: min(wants[m], holding.get(m, 0)) for m in wants}
@@ -48,3 +59,6 @@ class FixedPool:
 
     def report(self) -> dict:
         return {"placement": self.name, "gpus": self.gpus, "gpu_type": self.gpu_type, "refused": self.refused}
+
+    def finish(self, end_s: float) -> None:
+        return None

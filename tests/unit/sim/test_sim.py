@@ -62,3 +62,32 @@ def test_scaling_to_capacity():
     spec = make_spec("m", arr.poisson(1.0, 60.0), SVC, "t4", peak_replicas=3)
     assert spec.arrivals.rates.max() == pytest.approx(0.9 * capacity_rps(SVC, 3))
     assert spec.initial_replicas == 3
+
+
+class _SlowGpus(FixedPool):
+    """A pool whose GPUs come free only ``delay`` seconds after a grant (a training job's grace)."""
+
+    def __init__(self, delay: float):
+        super().__init__()
+        self.delay = delay
+        self.finished: list[float] = []
+
+    def allocate(self, wants, holding, now_s):
+        grant = super().allocate(wants, holding, now_s)
+        self.start_delay_s = {m: self.delay for m in grant if grant[m] > holding.get(m, 0)}
+        return grant
+
+    def finish(self, end_s):
+        self.finished.append(end_s)
+
+
+@pytest.mark.parametrize("driver", [simulate_requests, simulate_fluid])
+def test_both_drivers_wait_for_the_gpu_a_placement_delays(driver):
+    """A replica granted on a GPU that frees only later (sim/harvest.py) starts late in either driver,
+    and the hook hears the end of the run once."""
+    spec = make_spec("m", arr.diurnal(120.0, duration_s=900.0, period_s=900.0), SVC, "t4")
+    quick, slow = _SlowGpus(0.0), _SlowGpus(120.0)
+    a = driver([spec], "oracle", SimConfig(seed=1), placement=quick)["summary"]
+    b = driver([spec], "oracle", SimConfig(seed=1), placement=slow)["summary"]
+    assert b["slo_attainment"] < a["slo_attainment"] - 0.01
+    assert quick.finished == slow.finished == [900.0]
