@@ -8,7 +8,7 @@ from loadtests.bench.slo import schedule, server_on_time, slo_counts, step_durat
 
 
 def _args(**kw):
-    base = dict(duration=3.0, min_requests=200, arrival="poisson", cv=2.0, burst_factor=3.0)
+    base = {"duration": 3.0, "min_requests": 200, "arrival": "poisson", "cv": 2.0, "burst_factor": 3.0}
     base.update(kw)
     return argparse.Namespace(**base)
 
