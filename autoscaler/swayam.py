@@ -198,7 +198,7 @@ def aggregate_rate(windows: tuple[RateWindow, ...], gateways_seen: int) -> float
     if n == 1 or (n == 2 and windows[0].gateway != windows[1].gateway) or len({w.gateway for w in windows}) == n:
         rate = share = 0.0  # the usual case: one report per gateway
         for w in windows:
-            rate += w.arrivals / max(w.end_s - w.start_s, 1e-9)  # (w.duration_s, inlined)
+            rate += w.arrivals / w.duration_s
             share += w.share if w.share > 0 else default_share
         return rate / max(share, 1e-9)
     per_gw: dict[str, list[float]] = {}

@@ -144,13 +144,10 @@ class DataPlane:
             backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
 
     def arrival_now(self) -> float:
-        """A request's arrival stamp: now, less the time its bytes are estimated to have waited
-        for the event loop (the loop's current lag), which the client's clock already counts."""
-        lag = self.loop_lag
-        if lag is None:
-            return self.clock.now()
-        est = lag.touch()
-        return self.clock.now() - est if self._lag_in_arrival else self.clock.now()
+        """A request's arrival stamp: now; with ``arrival_lag_compensation``, less the loop's current
+        lag (the time its bytes are estimated to have waited for the event loop)."""
+        lag = self.loop_lag.touch() if self.loop_lag is not None else 0.0  # touch: keep the probe running
+        return self.clock.now() - (lag if self._lag_in_arrival else 0.0)
 
     async def start(self) -> None:
         if self.loop_lag is not None:

@@ -1,4 +1,4 @@
-"""The event loop's lag, counted against each request's deadline.
+"""The event loop's lag: a metric, and optionally counted against each request's deadline.
 
 A request's bytes can sit in its socket for a whole loop iteration before the gateway reads them
 and stamps its arrival: under a burst one iteration decodes dozens of JSON bodies, several
@@ -8,9 +8,10 @@ wait is lateness the batching policy never sees (measured under a 3x burst on he
 
 :class:`LoopLag` probes the loop with a timer every ``period_s`` and keeps an exponentially
 weighted mean of how late the timer ran: a ready callback waits as long as a freshly readable
-socket does, for the rest of the iteration in progress (idle, ~0.15 ms under uvloop). The data
-plane stamps an arrival that much earlier (``arrival_lag_compensation``), so deadlines,
-admission, shedding and the on-time count all start nearer the client's send.
+socket does, for the rest of the iteration in progress (idle, ~0.15 ms under uvloop). It is
+exported as ``sloserve_event_loop_lag_seconds``. With ``arrival_lag_compensation`` (off by
+default: it measured no gain, docs/benchmarks.md) the data plane stamps an arrival that much
+earlier, so deadlines, admission, shedding and the on-time count start nearer the client's send.
 
 The probe runs only while requests come (it stops ``idle_s`` after the last one and the next
 arrival restarts it): an idle gateway pays nothing, a busy one ~200 timer callbacks a second.

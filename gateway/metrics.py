@@ -27,7 +27,7 @@ class Metrics:
         self.slo = Counter("sloserve_slo_requests", "Answered requests by whether they met their deadline.",
                            ["model", "met"], registry=r)
         self.loop_lag = Gauge("sloserve_event_loop_lag_seconds", "The gateway event loop's lag (EWMA of a 5 ms "
-                              "timer probe, run while requests come), counted against each request's deadline.", registry=r)
+                              "timer probe, run while requests come).", registry=r)
         self.queue_depth = Gauge("sloserve_queue_rows", "Rows waiting in the batching queue.", ["model"], registry=r)
         self.batch_size = Histogram("sloserve_batch_rows", "Rows per dispatched batch.", ["model", "variant"],
                                     buckets=BATCH_BUCKETS, registry=r)

@@ -46,8 +46,7 @@ class _LateTable:
         # mean latency at a per-replica rate: wait ~ half a batch + own batch (for Little's law)
         lat = []
         for r in grid:
-            hit = memo.get(("b", float(r)))
-            b = hit[0] if hit is not None else steady_batch(service, float(r))
+            b = steady_batch(service, float(r))
             lat.append(1.5 * service.curve.at(max(b, 1.0), "p50") if b is not None else service.slo_s)
         self.latency = np.array(lat)
 

@@ -45,7 +45,8 @@ from typing import Any
 from loadtests.bench.closed import machine
 from loadtests.bench.gen import read_records
 from loadtests.bench.procstat import CpuWindow, tree_memory_mb
-from loadtests.bench.systems import (BatchingKnobs, Launch, default_tmp, make_launch, prioritise, request_body)
+from loadtests.bench.systems import (BatchingKnobs, Launch, default_tmp, make_launch, prioritise, prom_sum,
+                                     request_body)
 
 POLICIES = ("slo", "timeout", "fixed", "aimd", "nexus")
 DEFAULT_SYSTEMS = ",".join([f"sloserve-{p}" for p in POLICIES] + ["triton", "rayserve", "mlserver"])
@@ -110,7 +111,7 @@ def burst_arrivals(rate: float, factor: float, dur: float, rng: random.Random) -
 def step_duration(args: argparse.Namespace, rate: float) -> float:
     """Seconds of arrivals at ``rate``: ``--duration``, stretched so that a step carries at least
     ``--min-requests`` (99% attainment cannot be judged on 27 requests: one late one is 96%)."""
-    return max(args.duration, getattr(args, "min_requests", 0) / rate) if rate > 0 else args.duration
+    return max(args.duration, args.min_requests / rate) if rate > 0 else args.duration
 
 
 def schedule(args: argparse.Namespace, rate: float, seed: int) -> list[float]:
@@ -282,15 +283,13 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
                 continue
             seed = 1000 * round_no + k
             sched = schedule(args, rate, seed)
-            text = launch.scrape() if system.startswith("sloserve") else None
-            before = shed_histogram(text) if text is not None else None
-            met_before = slo_counts(text)
+            before = launch.scrape() if system.startswith("sloserve") else None  # the gateway's own counts
             recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, f"{system}-{k}")
             m = metrics(recs, trailer, args, acc, peer_acc, rate)
             if before is not None:
-                text = launch.scrape()
-                m.update(shed_server_side(before, shed_histogram(text)))
-                m.update(server_on_time(met_before, slo_counts(text)))
+                after = launch.scrape()
+                m.update(shed_server_side(shed_histogram(before), shed_histogram(after)))
+                m.update(server_on_time(slo_counts(before), slo_counts(after)))
             steps.append(m)
             print(f"  [{system} r{round_no}] {rate:>6.0f}/s att {m['attainment']:.4f} good {m['goodput_rps']:.0f}/s "
                   f"p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} effacc {m['effective_accuracy']:.4f} "
@@ -324,12 +323,7 @@ def shed_histogram(text: str | None) -> dict[float, float]:
 def slo_counts(text: str | None) -> dict[str, float]:
     """``sloserve_slo_requests`` summed over models: answered requests by whether they met their
     deadline as the gateway measures it (from its own arrival stamp)."""
-    out = {"true": 0.0, "false": 0.0}
-    for line in (text or "").splitlines():
-        if line.startswith("sloserve_slo_requests_total{"):
-            met = line.split('met="', 1)[1].split('"', 1)[0]
-            out[met] = out.get(met, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
+    return {met: prom_sum(text or "", "sloserve_slo_requests_total", met=met) for met in ("true", "false")}
 
 
 def server_on_time(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:

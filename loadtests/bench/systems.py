@@ -193,11 +193,11 @@ class Launch:
         if text is None:
             return None
         if self.system.startswith("sloserve"):
-            rows = _prom_sum(text, "sloserve_batch_rows_sum", model)
-            batches = _prom_sum(text, "sloserve_batch_rows_count", model)
+            rows = prom_sum(text, "sloserve_batch_rows_sum", model)
+            batches = prom_sum(text, "sloserve_batch_rows_count", model)
         elif self.system == "triton":
-            rows = _prom_sum(text, "nv_inference_request_success", model)
-            batches = _prom_sum(text, "nv_inference_exec_count", model)
+            rows = prom_sum(text, "nv_inference_request_success", model)
+            batches = prom_sum(text, "nv_inference_exec_count", model)
         else:
             return None
         return rows, batches
@@ -211,11 +211,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _prom_sum(text: str, name: str, model: str) -> float:
+def prom_sum(text: str, name: str, model: str | None = None, **labels: str) -> float:
+    """The sum of metric ``name`` over the series with these label values (``model``: any when None)."""
+    if model is not None:
+        labels["model"] = model
     total = 0.0
     pat = re.compile(rf'^{re.escape(name)}\{{([^}}]*)\}}\s+(\S+)', re.M)
     for m in pat.finditer(text):
-        if f'model="{model}"' in m.group(1):
+        if all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
             total += float(m.group(2))
     return total
 
