@@ -124,6 +124,7 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
     ``max_batch_size``, dispatches to a variant with no idle replica, or an empty Dispatch/Shed.
     """
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+    rows_of = {r.id: r.size for r in reqs}
     if variants is None:
         seen: dict[str, None] = {}
         for r in reqs:
@@ -180,7 +181,7 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
             b = batches[bi]
             del busy[b.variant][rep]
             free[b.variant].append(rep)
-            late = sum(1 for rid in b.ids if fin > outcomes[rid].deadline_s)  # requests (= rows for one-row requests)
+            late = sum(rows_of[rid] for rid in b.ids if fin > outcomes[rid].deadline_s)  # rows, as the live batcher counts
             policy.observe(BatchResult(model, b.variant, b.rows, fin - b.start_s, fin, True, device_type,
                                        late_rows=late))
         while i < n_req and reqs[i].arrival_s <= now:

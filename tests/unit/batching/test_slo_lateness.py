@@ -80,3 +80,26 @@ def test_lateness_does_not_outlive_an_idle_window():
     p.plan(view(items()), 0.1)
     assert p.lateness.need(0.1, 1, 1) == 1
     assert p.lateness.need(5.0, 1, 1) == 0
+
+
+def test_offline_replay_reports_late_rows_not_requests():
+    """A late 4-row request is 4 late rows in the BatchResult, as the live batcher counts them."""
+    from batching.offline import Request, replay
+    from batching.types import BatchResult
+
+    seen: list[BatchResult] = []
+
+    class Spy:
+        name = "spy"
+        default_variant = "v"
+
+        def plan(self, view, now):
+            from batching.types import Dispatch
+            return Dispatch(tuple(it.id for it in view.items), "v", "all")
+
+        def observe(self, result):
+            seen.append(result)
+
+    replay(Spy(), [Request(0, 0.0, 0.010, size=4), Request(1, 0.0, 1.0, size=2)], lambda v, n: 0.050, 1,
+           variants=["v"])
+    assert [(r.rows, r.late_rows) for r in seen] == [(6, 4)]
