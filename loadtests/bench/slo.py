@@ -45,8 +45,8 @@ from typing import Any
 from loadtests.bench.closed import machine
 from loadtests.bench.gen import read_records
 from loadtests.bench.procstat import CpuWindow, tree_memory_mb
-from loadtests.bench.systems import (BatchingKnobs, Launch, default_tmp, make_launch, prioritise, prom_sum,
-                                     request_body)
+from loadtests.bench.systems import (SYSTEMS, BatchingKnobs, Launch, default_tmp, make_launch, prioritise,
+                                     prom_sum, request_body)
 
 POLICIES = ("slo", "timeout", "fixed", "aimd", "nexus")
 DEFAULT_SYSTEMS = ",".join([f"sloserve-{p}" for p in POLICIES] + ["triton", "rayserve", "mlserver"])
@@ -574,6 +574,13 @@ def main_args(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.duration > 120 or args.rounds > 10:
         raise SystemExit("--duration <= 120 s and --rounds <= 10")
+    if args.min_requests < 0:
+        raise SystemExit(f"--min-requests must be >= 0 (got {args.min_requests}; 0 never stretches a step)")
+    unknown = [s for s in (x.strip() for x in args.systems.split(","))
+               if s and s.partition("@")[0] not in SYSTEMS and not s.startswith(("sloserve-", "triton-"))]
+    if unknown:
+        raise SystemExit(f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)} "
+                         f"(sloserve-<policy>[@variant], triton-<delay ms>x<instances>)")
     result = run(args)
     text = json.dumps(result, indent=1)
     if args.out:

@@ -36,3 +36,16 @@ def test_server_on_time_from_two_scrapes():
     assert server_on_time(before, after) == {"server_answered": 100, "server_on_time": 0.98}
     assert server_on_time(after, after) == {"server_answered": 0, "server_on_time": None}
     assert slo_counts(None) == {"true": 0.0, "false": 0.0}
+
+
+def test_bad_arguments_stop_before_anything_starts():
+    import pytest
+
+    from loadtests.bench.slo import add_arguments, main_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(SystemExit, match=r"unknown system\(s\) \['nope'\]"):
+        main_args(p.parse_args(["--systems", "sloserve@any,nope"]))
+    with pytest.raises(SystemExit, match="--min-requests must be >= 0"):
+        main_args(p.parse_args(["--min-requests", "-5"]))
