@@ -569,9 +569,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main_args(args: argparse.Namespace) -> int:
-    import signal
-    # SIGTERM unwinds like Ctrl-C, so the system under test is stopped by its launcher's finally
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.duration > 120 or args.rounds > 10:
         raise SystemExit("--duration <= 120 s and --rounds <= 10")
     if args.min_requests < 0:
@@ -581,6 +578,9 @@ def main_args(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)} "
                          f"(sloserve-<policy>[@variant], triton-<delay ms>x<instances>)")
+    import signal
+    # SIGTERM unwinds like Ctrl-C, so the system under test is stopped by its launcher's finally
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args)
     text = json.dumps(result, indent=1)
     if args.out:
