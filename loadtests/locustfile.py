@@ -55,6 +55,9 @@ def _options(parser) -> None:
                    help="host:port of the gRPC endpoint (default: the HTTP host, port 8001)")
     g.add_argument("--results-json", env_var="SLOSERVE_RESULTS_JSON", default="",
                    help="write the SLO summary and a per-second timeline to this file")
+    g.add_argument("--exit-code-file", env_var="SLOSERVE_EXIT_CODE_FILE", default="",
+                   help="write the process's exit code here once the run's stats are out (sloserve "
+                        "loadtest uses it to end a process that then hangs on its way out)")
     # Trace shape (loadtests/trace_shape.py): see that module.
     g.add_argument("--trace-file", env_var="SLOSERVE_TRACE_FILE", default="",
                    help="per-minute arrival trace CSV (default ../shared/traces/azure_functions_2019_...)")
@@ -136,7 +139,7 @@ class Tally:
 
 
 def _q(xs: list[float], q: float) -> float | None:
-    return xs[min(len(xs) - 1, int(math.ceil(q * len(xs))) - 1)] if xs else None
+    return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)] if xs else None
 
 
 TALLY = Tally()
@@ -169,6 +172,15 @@ def _from_worker(client_id, data, **_kw) -> None:
         TALLY.merge(data["sloserve"])
 
 
+_EXIT_CODE_FILE = [""]
+
+
+@events.init.add_listener
+def _remember_exit_code_file(environment, **_kw) -> None:
+    opts = environment.parsed_options
+    _EXIT_CODE_FILE[0] = getattr(opts, "exit_code_file", "") if opts is not None else ""
+
+
 @events.quitting.add_listener
 def _verdict(environment, **_kw) -> None:
     if isinstance(environment.runner, WorkerRunner):
@@ -189,6 +201,22 @@ def _verdict(environment, **_kw) -> None:
     elif environment.process_exit_code is None and not environment.runner.exceptions \
             and not locust_log.unhandled_greenlet_exception:
         environment.process_exit_code = 0  # failures under --max-error-rate are within the contract
+
+
+@events.quit.add_listener
+def _record_exit_code(exit_code, **_kw) -> None:
+    """Fired after the stats are printed, just before Locust exits: leave the code for the parent.
+
+    With gRPC made gevent-friendly, the interpreter can hang on its way out after everything is
+    printed (seen once in CI). ``sloserve loadtest`` waits a short grace after this file appears,
+    then ends the process and returns the code written here, so the verdict is never lost to a hang.
+    """
+    path = _EXIT_CODE_FILE[0]
+    if path:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(path, "w") as f:
+            f.write(f"{exit_code}\n")
 
 
 # ------------------------------------------------------------------------------------ users
@@ -303,4 +331,4 @@ class V2GrpcUser(_SloUser, User):
         TALLY.add(ms, self.slo_ms, ok=exc is None, batch=batch)
 
 
-__all__ = ["V2HttpUser", "V2GrpcUser", "Tally"]
+__all__ = ["Tally", "V2GrpcUser", "V2HttpUser"]

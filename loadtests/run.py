@@ -16,6 +16,8 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -84,16 +86,54 @@ def locust_command(a: argparse.Namespace) -> list[str]:
     return cmd
 
 
+EXIT_GRACE_S = 10.0  # how long Locust may take to exit once it has written its exit code
+
+
 def run(a: argparse.Namespace) -> int:
     cmd = locust_command(a)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}  # flags above are the truth
-    try:
-        return subprocess.run(cmd, env=env, timeout=a.duration + 60).returncode
-    except subprocess.TimeoutExpired:
-        print("sloserve loadtest: Locust did not stop within 60 s of its time limit", file=sys.stderr)
-        return 4
-    except KeyboardInterrupt:
-        return 130
+    with tempfile.TemporaryDirectory(prefix="sloserve-loadtest-") as tmp:
+        code_file = Path(tmp) / "exit_code"
+        proc = subprocess.Popen(cmd + ["--exit-code-file", str(code_file)], env=env)
+        try:
+            return _wait(proc, code_file, a.duration + 60)
+        except KeyboardInterrupt:
+            proc.kill()
+            proc.wait()
+            return 130
+
+
+def _wait(proc: subprocess.Popen, code_file: Path, limit_s: float) -> int:
+    """Locust's exit code; a Locust that hangs after its verdict is ended with that verdict's code.
+
+    Once the run is over, Locust writes its exit code to ``code_file`` (loadtests/locustfile.py,
+    the ``quit`` event) and then leaves. If it is still there ``EXIT_GRACE_S`` later, the process
+    is hanging on its way out (gRPC under gevent, seen in CI): it is killed and the written code,
+    which already holds the SLO verdict, is returned. A Locust that never gets that far is killed
+    at ``limit_s`` and the run fails with 4.
+    """
+    deadline = time.monotonic() + limit_s
+    written_at = None
+    while True:
+        try:
+            return proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if written_at is None and code_file.exists() and code_file.read_text().strip():
+            written_at = now
+        if written_at is not None and now - written_at > EXIT_GRACE_S:
+            proc.kill()
+            proc.wait()
+            code = int(code_file.read_text().strip())
+            print(f"sloserve loadtest: Locust hung on its way out after its verdict; ended it (exit code {code})",
+                  file=sys.stderr)
+            return code
+        if now > deadline:
+            proc.kill()
+            proc.wait()
+            print("sloserve loadtest: Locust did not stop within 60 s of its time limit", file=sys.stderr)
+            return 4
 
 
 def register(sub) -> None:
