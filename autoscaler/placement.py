@@ -31,15 +31,24 @@ Registry (``POLICIES`` / ``get_policy(name)``):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 
 from autoscaler.placement_cost import preemption_cost, rank_types
 from autoscaler.placement_engine import Cluster, Mode
-from autoscaler.placement_types import (PlacementConfig, PlacementDecision, PlacementSnapshot, PlacementState,
-                                        Replica, StartTraining, StopReplica, TrainingJob, Unplaced)
+from autoscaler.placement_types import (
+    PlacementConfig,
+    PlacementDecision,
+    PlacementSnapshot,
+    PlacementState,
+    Replica,
+    StartTraining,
+    StopReplica,
+    TrainingJob,
+    Unplaced,
+)
 
 Policy = Callable[[PlacementSnapshot, PlacementConfig, PlacementState, float],
                   tuple[PlacementDecision, PlacementState]]

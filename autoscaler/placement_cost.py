@@ -25,9 +25,14 @@ unit of cost.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
-from autoscaler.placement_types import PlacementConfig, PlacementSnapshot, PreemptionCost, TrainingJob
+from autoscaler.placement_types import (
+    PlacementConfig,
+    PlacementSnapshot,
+    PreemptionCost,
+    TrainingJob,
+)
 
 
 def checkpoints_in_grace(job: TrainingJob, config: PlacementConfig) -> bool:

@@ -6,11 +6,17 @@ Nothing here is public API; ``autoscaler.placement`` is.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
-from autoscaler.placement_types import (Gpu, PlacementConfig, PlacementSnapshot, Preempt, StartReplica,
-                                        TrainingJob)
+from autoscaler.placement_types import (
+    Gpu,
+    PlacementConfig,
+    PlacementSnapshot,
+    Preempt,
+    StartReplica,
+    TrainingJob,
+)
 
 # chooses the job to preempt among candidates (never empty)
 VictimChooser = Callable[[list[TrainingJob]], TrainingJob]

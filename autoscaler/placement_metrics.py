@@ -22,7 +22,7 @@ Catalogue:
 from __future__ import annotations
 
 from collections import Counter as _Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 

@@ -15,9 +15,10 @@ seconds, work in GPU-seconds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -166,7 +167,7 @@ class PlacementConfig(BaseModel):
     seed: int = Field(default=0, description="Seed of the cost-blind random choice (with the round number).")
 
     @model_validator(mode="after")
-    def _positive_costs(self) -> "PlacementConfig":
+    def _positive_costs(self) -> PlacementConfig:
         bad = {k: v for k, v in self.gpu_cost_per_hour.items() if v <= 0}
         if bad:
             raise ValueError(f"gpu_cost_per_hour must be positive, got {bad}")

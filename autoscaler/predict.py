@@ -16,7 +16,7 @@ predict) and returns a rate. We tried four (numbers in docs/simulator.md, "Rate 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 History = Sequence[tuple[float, float]]
 

@@ -18,14 +18,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoscaler.training_checkpoint import MidWriteHook, clean_temp, load_latest, write_checkpoint, write_json_atomic
+from autoscaler.training_checkpoint import (
+    MidWriteHook,
+    clean_temp,
+    load_latest,
+    write_checkpoint,
+    write_json_atomic,
+)
 
 Status = Literal["queued", "running", "preempted", "finished", "cancelled", "failed"]  # a job's state
 RunStatus = Literal["finished", "preempted", "stopped"]  # how one run() ended

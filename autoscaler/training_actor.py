@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoscaler.training import PreemptOutcome, PreemptSignal, TrainingRunner, TrainingSpec, preempt_then_kill
+from autoscaler.training import (
+    PreemptOutcome,
+    PreemptSignal,
+    TrainingRunner,
+    TrainingSpec,
+    preempt_then_kill,
+)
 
 
 def resource_name(gpu_type: str) -> str:

@@ -46,8 +46,9 @@ def _submit(args) -> int:
         print(f"sloserve: {e}", file=sys.stderr)
         return 2
     if args.foreground:  # Ctrl-C checkpoints at the next iteration boundary
-        from autoscaler.training import PreemptSignal
         import signal
+
+        from autoscaler.training import PreemptSignal
 
         sig = PreemptSignal()
         signal.signal(signal.SIGINT, lambda *_: sig.request())

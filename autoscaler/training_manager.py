@@ -28,7 +28,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from autoscaler.training import PreemptOutcome, PreemptSignal, TrainingRunner, TrainingSpec, preempt_then_kill
+from autoscaler.training import (
+    PreemptOutcome,
+    PreemptSignal,
+    TrainingRunner,
+    TrainingSpec,
+    preempt_then_kill,
+)
 from autoscaler.training_checkpoint import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,6 +4,7 @@ Policies never read the wall clock: the driver (the live :class:`~batching.batch
 the simulator) passes ``now`` explicitly.
 """
 
+from batching.policy import POLICIES, BatchPolicy, make_policy, register_policy
 from batching.types import (
     BatchResult,
     Decision,
@@ -13,16 +14,15 @@ from batching.types import (
     Shed,
     Wait,
 )
-from batching.policy import BatchPolicy, make_policy, register_policy, POLICIES
 
 __all__ = [
-    "BatchResult",
+    "POLICIES",
     "BatchPolicy",
+    "BatchResult",
     "Decision",
     "Dispatch",
-    "POLICIES",
-    "QueuedItem",
     "QueueView",
+    "QueuedItem",
     "Shed",
     "Wait",
     "make_policy",

@@ -13,7 +13,7 @@ Order: earliest deadline first, then higher priority, then earlier arrival, then
 from __future__ import annotations
 
 import bisect
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from batching.types import QueuedItem
 
@@ -25,7 +25,7 @@ def entry(item: QueuedItem) -> Entry:
 
 
 class DeadlineOrder:
-    __slots__ = ("entries", "known", "_gone", "rows", "big_items", "max_size")
+    __slots__ = ("_gone", "big_items", "entries", "known", "max_size", "rows")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
@@ -85,8 +85,7 @@ class DeadlineOrder:
             known[it.id] = it
             self.rows += it.size
             self.big_items += it.size > 1
-            if it.size > self.max_size:
-                self.max_size = it.size
+            self.max_size = max(self.max_size, it.size)
             bisect.insort(ents, entry(it))
         return new
 

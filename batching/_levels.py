@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from batching.types import QueuedItem
 
@@ -21,7 +21,7 @@ from batching.types import QueuedItem
 class ArrivalRate:
     """Rows per second that arrived during the last ``window_s`` (by ``arrival_s``; no clock)."""
 
-    __slots__ = ("window_s", "_events", "_rows", "slo_s", "_first_s")
+    __slots__ = ("_events", "_first_s", "_rows", "slo_s", "window_s")
 
     def __init__(self, window_s: float = 1.0):
         self.window_s = window_s
@@ -54,7 +54,7 @@ class ArrivalRate:
 class LevelController:
     """The degrade level and its hysteresis (see the module docstring)."""
 
-    __slots__ = ("restore_headroom", "restore_hold_s", "level", "switches", "_calm_since_s")
+    __slots__ = ("_calm_since_s", "level", "restore_headroom", "restore_hold_s", "switches")
 
     def __init__(self, restore_headroom: float = 0.25, restore_hold_s: float = 0.5):
         if not 0.0 <= restore_headroom < 1.0 or restore_hold_s < 0:
@@ -105,7 +105,7 @@ class LatenessMonitor:
     restore rule, and the evidence is cleared at each step, so a further step needs new late answers.
     """
 
-    __slots__ = ("target", "window_s", "min_rows", "_q", "level", "_last_s")
+    __slots__ = ("_last_s", "_q", "level", "min_rows", "target", "window_s")
 
     def __init__(self, target: float = 0.01, window_s: float = 1.0, min_rows: int = 32):
         self.target = target

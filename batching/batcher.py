@@ -17,16 +17,23 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Mapping, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from batching.clock import Clock, MonotonicClock
 from batching.policy import BatchPolicy
 from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed, Wait
-from gateway.errors import (DeadlineUnreachable, InternalError, ReplicaFailed, ServingError, TooManyRequests,
-                             Unavailable)
+from gateway.errors import (
+    DeadlineUnreachable,
+    InternalError,
+    ReplicaFailed,
+    ServingError,
+    TooManyRequests,
+    Unavailable,
+)
 
 log = logging.getLogger("sloserve.batching")
 
@@ -37,7 +44,7 @@ class BatchRunner(Protocol):
     def slots(self, model: str, variant: str) -> int: ...
 
     def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
-            timeout_s: float | None = None) -> Awaitable["RunResult"]: ...
+            timeout_s: float | None = None) -> Awaitable[RunResult]: ...
 
 
 @dataclass(slots=True)
@@ -333,7 +340,7 @@ class Batcher:
                     e.future.set_result(Outcome(sl, variant, rows, started - e.item.arrival_s, res.compute_s,
                                                 res.device_type))
                 off += n
-        except Exception as e:  # noqa: BLE001 - e.g. inputs that would not concatenate
+        except Exception as e:
             log.exception("batch on %s/%s failed before reaching a replica", self.model, variant)
             for ent in entries:
                 if not ent.future.done():

@@ -18,8 +18,9 @@ non-decreasing (a bigger batch never finishes sooner), and rebuilt when the cali
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Union
+from typing import Union
 
 from batching.calibration import Calibrator
 from batching.profile import ProfileTable

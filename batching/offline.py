@@ -19,8 +19,8 @@ request-level runs.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 from batching.policy import BatchPolicy
 from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed, Wait

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from batching.types import BatchResult, Decision, QueueView
 

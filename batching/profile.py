@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Iterable, Mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +74,14 @@ class ProfileTable:
 
     @classmethod
     def from_points(cls, points: Mapping[Key, tuple[Iterable[int], Iterable[float], Iterable[float]]],
-                    accuracy: Mapping[tuple[str, str], float] | None = None) -> "ProfileTable":
+                    accuracy: Mapping[tuple[str, str], float] | None = None) -> ProfileTable:
         """Build from milliseconds: {(model, variant, device): (batch_sizes, p50_ms, p99_ms)}."""
         curves = {k: Curve(tuple(b), tuple(x / 1e3 for x in p50), tuple(x / 1e3 for x in p99))
                   for k, (b, p50, p99) in points.items()}
         return cls(curves, accuracy or {})
 
     @classmethod
-    def load(cls, repo: str | Path) -> "ProfileTable":
+    def load(cls, repo: str | Path) -> ProfileTable:
         """Read every ``<repo>/<model>/<variant>/profiles/*.json``."""
         curves: dict[Key, Curve] = {}
         accuracy: dict[tuple[str, str], float] = {}
@@ -113,7 +113,7 @@ class ProfileTable:
             raise KeyError(f"no latency profile for {model}/{variant} on any device type")
         return c.at(rows, quantile)
 
-    def with_curve(self, key: Key, curve: Curve) -> "ProfileTable":
+    def with_curve(self, key: Key, curve: Curve) -> ProfileTable:
         """A new table with one curve replaced (tables are frozen; calibration builds new ones)."""
         curves = dict(self.curves)
         curves[key] = curve

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from batching._admission import predict_finish
 from batching._edf import DeadlineOrder
@@ -42,14 +42,22 @@ from batching._levels import ArrivalRate, LatenessMonitor, LevelController
 from batching.latency import LatencyFn, LatencyModel, LatencySource
 from batching.policy import register_policy
 from batching.profile import ProfileTable
-from batching.types import BatchResult, Decision, Dispatch, QueuedItem, QueueView, Shed, Wait
+from batching.types import (
+    BatchResult,
+    Decision,
+    Dispatch,
+    QueuedItem,
+    QueueView,
+    Shed,
+    Wait,
+)
 
 _INF = math.inf
 EPS_S = 1e-9
 
 
 class _Pool:
-    __slots__ = ("idle", "replicas", "start_s", "free_s")
+    __slots__ = ("free_s", "idle", "replicas", "start_s")
 
     def __init__(self, idle: int, replicas: int, start_s: float, free_s: list[float]):
         self.idle = idle  # replicas free now
@@ -239,8 +247,7 @@ class SLOPolicy:
                 if fin <= d + EPS_S:
                     if latest == -_INF and not first and rank > need:
                         need = rank
-                    if d - L > latest:
-                        latest = d - L
+                    latest = max(latest, d - L)
                 first = False
             if latest == -_INF:
                 fin50 = [pools[v].start_s + self.lat_shed.latency_s(v, it.size) for v in self._allowed(it) if v in pools]

@@ -12,8 +12,9 @@ Every decision carries a ``reason`` (a short constant string) that metrics and l
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence, Union
+from typing import Union
 
 
 @dataclass(frozen=True, slots=True)

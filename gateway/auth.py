@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -74,11 +75,11 @@ class TokenTable:
         return len(self._entries)
 
     @classmethod
-    def parse(cls, text: str, source: str = "auth_tokens") -> "TokenTable":
+    def parse(cls, text: str, source: str = "auth_tokens") -> TokenTable:
         return cls(_parse_entries(text, source))
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "TokenTable | None":
+    def from_settings(cls, settings: Any) -> TokenTable | None:
         """The table for ``auth_tokens_file`` + ``auth_tokens``; None when neither is set."""
         texts = []
         if settings.auth_tokens_file is not None:

@@ -16,7 +16,14 @@ import numpy as np
 import orjson
 
 from gateway.errors import InvalidArgument
-from gateway.types import V2_TO_NUMPY, InferRequest, InferResponse, NUMPY_TO_V2, RequestedOutput, RequestParams
+from gateway.types import (
+    NUMPY_TO_V2,
+    V2_TO_NUMPY,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    RequestParams,
+)
 
 MAX_DIMS = 16
 MAX_ELEMENTS = 1 << 28
@@ -311,7 +318,7 @@ class InputLimits:
     naming the input, the bound and the setting that moves it.
     """
 
-    __slots__ = ("max_elements", "max_rows", "allow_nonfinite")
+    __slots__ = ("allow_nonfinite", "max_elements", "max_rows")
 
     def __init__(self, max_elements: int = MAX_ELEMENTS, max_rows: int | None = None,
                  allow_nonfinite: bool = False):
@@ -320,7 +327,7 @@ class InputLimits:
         self.allow_nonfinite = allow_nonfinite
 
     @classmethod
-    def from_settings(cls, s: Any) -> "InputLimits":
+    def from_settings(cls, s: Any) -> InputLimits:
         return cls(s.max_tensor_elements, s.max_batch_rows, s.allow_nonfinite)
 
     def check(self, req: InferRequest) -> None:

@@ -8,11 +8,19 @@ names the key and the value.
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+import tomllib
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 
@@ -193,7 +201,7 @@ class Settings(BaseSettings):
         return v
 
     @model_validator(mode="after")
-    def _tls_pair(self) -> "Settings":
+    def _tls_pair(self) -> Settings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
         for f in (self.tls_cert_file, self.tls_key_file, self.auth_tokens_file):

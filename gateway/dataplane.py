@@ -19,7 +19,14 @@ from batching.policy import POLICIES, make_policy
 from batching.profile import ProfileTable
 from gateway.backends import Backend, ModelLoadError
 from gateway.config import Settings
-from gateway.errors import DeadlineUnreachable, InvalidArgument, NotFound, ServingError, TooManyRequests, Unavailable
+from gateway.errors import (
+    DeadlineUnreachable,
+    InvalidArgument,
+    NotFound,
+    ServingError,
+    TooManyRequests,
+    Unavailable,
+)
 from gateway.looplag import LoopLag
 from gateway.metrics import Metrics
 from gateway.types import InferRequest, InferResponse, RequestedOutput

@@ -36,8 +36,16 @@ from dataclasses import asdict, dataclass, field
 
 from autoscaler.placement import get_policy
 from autoscaler.placement_metrics import gpu_usage
-from autoscaler.placement_types import (Gpu, PlacementConfig, PlacementDecision, PlacementSnapshot, PlacementState,
-                                        Replica, ReplicaTarget, TrainingJob)
+from autoscaler.placement_types import (
+    Gpu,
+    PlacementConfig,
+    PlacementDecision,
+    PlacementSnapshot,
+    PlacementState,
+    Replica,
+    ReplicaTarget,
+    TrainingJob,
+)
 from autoscaler.training import TrainingSpec
 from autoscaler.training_manager import JobInfo, TrainingManager, make_router
 
@@ -180,7 +188,7 @@ class HarvestController:
             if j.state == "running":
                 try:
                     self.manager.preempt(j.job_id)
-                except Exception:  # noqa: BLE001 - shutting down: best effort, the checkpoint is on disk
+                except Exception:
                     log.warning("could not checkpoint training job %s on shutdown", j.job_id, exc_info=True)
 
     def _loop(self) -> None:
@@ -188,7 +196,7 @@ class HarvestController:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - Ray or Serve restarting: try again next round
+            except Exception:
                 log.warning("harvest round failed", exc_info=True)
             self._wake.wait(interval)
             self._wake.clear()
@@ -380,7 +388,7 @@ class HarvestController:
     def _start(self, job_id: str) -> None:
         try:
             self.manager.start(job_id)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("could not start training job %s", job_id, exc_info=True)
         finally:
             self._starting.discard(job_id)
@@ -413,7 +421,7 @@ class HarvestController:
             self.metrics.training_lost_seconds.labels(rec.gpu_type.lower()).inc(lost_s)
             log.info("reclaimed %s for %s/%s: %s, GPU free after %.3f s", rec.job_id, rec.model, rec.variant,
                      rec.outcome, rec.freed_s)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("preempting %s failed", rec.job_id, exc_info=True)
         finally:
             with self._lock:

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from batching.batcher import RunResult
-from gateway.config import Settings
 from batching.profile import ProfileTable
+from gateway.config import Settings
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
 from gateway.proctree import descendants, reap
 from gateway.rates import RateMeter, gateway_id
@@ -159,7 +159,7 @@ class RayServeBackend:
                          resources=resources or None, include_dashboard=False, namespace="sloserve",
                          log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
                 break
-            except Exception as e:  # noqa: BLE001 - Ray waits a fixed 30 s for its raylet; a busy box misses it
+            except Exception as e:
                 if attempt == 2 or "timed out during startup" not in str(e):
                     raise
                 log.warning("local Ray did not come up in time (%s); retrying once", e)
@@ -248,7 +248,7 @@ class RayServeBackend:
                     continue
                 last = loop.time()
                 self._replicas.update(await loop.run_in_executor(None, self._running_counts))
-            except Exception:  # noqa: BLE001 - the controller may be restarting; keep the last view
+            except Exception:
                 log.debug("serve.status failed", exc_info=True)
 
     async def stop(self) -> None:

@@ -21,8 +21,8 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 from urllib.parse import urlsplit
 
 
@@ -86,7 +86,7 @@ IDLE_MAX_S = 2.0  # uvicorn closes keep-alive connections idle for 5 s: never re
 
 
 class _Conn:
-    __slots__ = ("reader", "writer", "idle_since")
+    __slots__ = ("idle_since", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer

@@ -23,9 +23,9 @@ from pathlib import Path
 from locust import LoadTestShape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trace_rates import DEFAULT_TRACE, load_trace, rate_at  # noqa: E402
+from trace_rates import DEFAULT_TRACE, load_trace, rate_at
 
-__all__ = ["TraceShape", "DEFAULT_TRACE", "load_trace", "rate_at"]
+__all__ = ["DEFAULT_TRACE", "TraceShape", "load_trace", "rate_at"]
 
 
 class TraceShape(LoadTestShape):

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnx
@@ -102,10 +102,11 @@ def _upsample(x64: np.ndarray) -> np.ndarray:
 def _train(hidden: tuple[int, ...], x: np.ndarray, y: np.ndarray, seed: int, epochs: int) -> Dense:
     if epochs == 0:
         return _random_features(hidden, x, y, seed)
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
     from sklearn.neural_network import MLPClassifier
-    import warnings
-    from sklearn.exceptions import ConvergenceWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import onnxruntime as ort

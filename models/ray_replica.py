@@ -20,7 +20,6 @@ from ray import serve
 from models.repository import ModelRepository, check_name
 from models.runtime import Replica, RuntimeOptions, device_type
 
-
 STAMP_TTL_S = 5.0
 
 

@@ -90,7 +90,7 @@ class ModelConfig(BaseModel):
         return check_name("model", v)
 
     @model_validator(mode="after")
-    def _cross(self) -> "ModelConfig":
+    def _cross(self) -> ModelConfig:
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate variant names in {names}")
@@ -134,7 +134,7 @@ class ModelRepository:
         self.root = Path(root).resolve()
         self.models: dict[str, LoadedModel] = {}
 
-    def load(self) -> "ModelRepository":
+    def load(self) -> ModelRepository:
         if not self.root.is_dir():
             raise FileNotFoundError(
                 f"model repository {self.root} does not exist; build the demo one with "

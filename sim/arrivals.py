@@ -44,7 +44,7 @@ class Arrivals:
         i1 = min(int(t1 // self.interval_s), len(self.rates) - 1)
         return float(self.rates[i0:i1 + 1].max()) if i1 >= i0 else 0.0
 
-    def scaled(self, factor: float) -> "Arrivals":
+    def scaled(self, factor: float) -> Arrivals:
         ts = self.timestamps
         if ts is not None and factor != 1.0:
             rng = np.random.default_rng(12345)
@@ -52,7 +52,7 @@ class Arrivals:
             ts = np.sort(np.repeat(ts, reps.astype(int)) + rng.random(int(reps.sum())) * 1e-3)
         return Arrivals(self.interval_s, self.rates * factor, ts, self.name)
 
-    def sliced(self, start_s: float, end_s: float) -> "Arrivals":
+    def sliced(self, start_s: float, end_s: float) -> Arrivals:
         i0, i1 = int(start_s // self.interval_s), int(math.ceil(end_s / self.interval_s))
         ts = None
         if self.timestamps is not None:

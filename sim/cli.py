@@ -147,11 +147,11 @@ def main(a: argparse.Namespace) -> int:
 
 def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) -> int:
     """``--training-trace``: every (autoscaler, placement) pair on typed GPUs shared with training."""
+    from autoscaler.placement_types import PlacementConfig
     from sim.harvest import HarvestConfig
     from sim.harvest_run import plot_harvest, run_harvest, summary_rows
     from sim.run import write_outputs
     from sim.training_trace import demand_gpu_hours, load_training_jobs
-    from autoscaler.placement_types import PlacementConfig
 
     horizon = max(s.arrivals.duration_s for s in specs)
     mix = {k: int(v) for k, v in (x.split(":") for x in a.gpu_mix.split(",") if x)}

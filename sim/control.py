@@ -14,7 +14,7 @@ class ModelSpec:
     """One simulated model: its arrivals, its replicas' service model and bounds."""
 
     name: str
-    arrivals: "object"  # sim.arrivals.Arrivals
+    arrivals: object  # sim.arrivals.Arrivals
     service: ServiceModel
     device_type: str = "a100"
     min_replicas: int = 1

@@ -72,7 +72,7 @@ def batching_policy_for(cfg: SimConfig, spec: ModelSpec):
 
 
 class _Replica:
-    __slots__ = ("ready", "busy_until", "draining", "batch", "started")
+    __slots__ = ("batch", "busy_until", "draining", "ready", "started")
 
     def __init__(self):
         self.ready = False

@@ -35,15 +35,22 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoscaler.placement import get_policy
-from autoscaler.placement_types import (Gpu, PlacementConfig, PlacementSnapshot, PlacementState, Replica,
-                                        ReplicaTarget, TrainingJob)
+from autoscaler.placement_types import (
+    Gpu,
+    PlacementConfig,
+    PlacementSnapshot,
+    PlacementState,
+    Replica,
+    ReplicaTarget,
+    TrainingJob,
+)
 from sim.training_trace import JobSpec, checkpoint_interval_iterations
 
 VARIANT = "default"

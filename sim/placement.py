@@ -14,8 +14,9 @@ its inventory and returns the replicas it started or kept per model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Protocol
 
 
 class PlacementHook(Protocol):

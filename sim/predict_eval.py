@@ -1,7 +1,9 @@
 """Rate predictors on the selected Azure columns (docs/simulator.md table): python -m sim.predict_eval."""
 import numpy as np
-from sim.arrivals import from_counts
+
 from autoscaler.predict import PREDICTORS
+from sim.arrivals import from_counts
+
 T='../shared/traces/azure_functions_2019_selected_per_minute.csv'
 cols=['aggregate_1350fn','diurnal_strong','diurnal_onoff','steady_mild_diurnal','business_hours_bursty']
 print('| predictor | ' + ' | '.join(cols) + ' |')

@@ -14,8 +14,8 @@ p99 = 1.15 x p50 + 0.3 ms, the spread seen in profiles of batched GPU inference.
 
 from __future__ import annotations
 
-from batching.profile import Curve, ProfileTable
 from autoscaler.types import ServiceModel
+from batching.profile import Curve, ProfileTable
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 VARIANT = "default"

@@ -1,9 +1,11 @@
 """Fluid vs request-level validation on a trace slice: python -m sim.validate COLUMN START_MIN END_MIN BATCHING[,..] PEAK_REPLICAS."""
 import sys
+
 from sim.arrivals import from_counts
+from sim.engine import SimConfig
 from sim.profiles import default_profiles, service_for
 from sim.run import make_spec, run_experiment
-from sim.engine import SimConfig
+
 svc = service_for(default_profiles(), 'gpt2-gen', 't4', slo_ms=1000)
 arr = from_counts('../shared/traces/azure_functions_2019_selected_per_minute.csv', sys.argv[1], 60).sliced(float(sys.argv[2])*60, float(sys.argv[3])*60)
 spec = make_spec('m', arr, svc, 't4', peak_replicas=int(sys.argv[5]))

@@ -28,8 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.bench.procstat import CpuWindow, tree_memory_mb
-from loadtests.bench.systems import (SYSTEMS, BatchingKnobs, Launch, default_tmp, make_launch, prioritise,
-                                     request_body)
+from loadtests.bench.systems import (
+    SYSTEMS,
+    BatchingKnobs,
+    Launch,
+    default_tmp,
+    make_launch,
+    prioritise,
+    request_body,
+)
 
 LUA = r"""
 wrk.method = "POST"
@@ -67,7 +74,7 @@ def run_wrk(url: str, lua: Path, concurrency: int, duration_s: float, threads: i
     out = proc.stdout.read().decode(errors="replace")
     _, status, ru = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    m = re.search(r"^WRKJSON (\{.*\})$", out, re.M)
+    m = re.search(r"^WRKJSON (\{.*\})$", out, re.MULTILINE)
     if proc.returncode != 0 or m is None:
         raise RuntimeError(f"wrk failed (rc {proc.returncode}):\n{out[-2000:]}")
     res = json.loads(m.group(1))

@@ -15,7 +15,12 @@ import sys
 from pathlib import Path
 
 from loadtests.bench.closed import run_wrk, write_lua
-from loadtests.bench.systems import BatchingKnobs, default_tmp, make_launch, request_body
+from loadtests.bench.systems import (
+    BatchingKnobs,
+    default_tmp,
+    make_launch,
+    request_body,
+)
 
 WRAPPER = r'''
 import atexit, gc, os, sys, threading, time

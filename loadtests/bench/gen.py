@@ -27,18 +27,19 @@ import json
 import resource
 import struct
 import sys
-import time
-from time import monotonic as _now  # not loop.time(): uvloop's is libuv's cached millisecond clock
 from array import array
 from collections import deque
+from time import (
+    monotonic as _now,  # not loop.time(): uvloop's is libuv's cached millisecond clock
+)
 
 REC = struct.Struct("<dddhh")
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("gen", "transport", "buf", "req", "need", "status", "closed", "close_after")
+    __slots__ = ("buf", "close_after", "closed", "gen", "need", "req", "status", "transport")
 
-    def __init__(self, gen: "Generator"):
+    def __init__(self, gen: Generator):
         self.gen = gen
         self.transport = None
         self.buf = bytearray()
@@ -200,8 +201,7 @@ class Generator:
             while i < n and sched[i] <= now:
                 lag = now - sched[i]
                 lag_sum += lag
-                if lag > self.max_lag:
-                    self.max_lag = lag
+                self.max_lag = max(self.max_lag, lag)
                 self.submit(i)
                 i += 1
             if i < n:  # no spinning: the event loop's timer granularity (~1 ms) shows up as lag, counted
@@ -238,8 +238,7 @@ def main(argv: list[str]) -> int:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     trailer["cpu_s"] = ru.ru_utime + ru.ru_stime
     with open(argv[1], "wb") as out:
-        for k in range(len(schedule)):
-            out.write(REC.pack(schedule[k], g.sent[k], g.done[k], g.status[k], g.variant[k]))
+        out.writelines(REC.pack(schedule[k], g.sent[k], g.done[k], g.status[k], g.variant[k]) for k in range(len(schedule)))
         out.write(b"\n" + json.dumps(trailer).encode() + b"\n")
     return 0
 

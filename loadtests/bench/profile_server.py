@@ -22,7 +22,13 @@ from pathlib import Path
 
 from loadtests.bench.closed import run_wrk, write_lua
 from loadtests.bench.procstat import CpuWindow
-from loadtests.bench.systems import BatchingKnobs, default_tmp, make_launch, prioritise, request_body
+from loadtests.bench.systems import (
+    BatchingKnobs,
+    default_tmp,
+    make_launch,
+    prioritise,
+    request_body,
+)
 
 # (category, substrings of a frame "function (file:line)"); the innermost matching frame decides.
 CATEGORIES = [

@@ -45,8 +45,16 @@ from typing import Any
 from loadtests.bench.closed import machine
 from loadtests.bench.gen import read_records
 from loadtests.bench.procstat import CpuWindow, tree_memory_mb
-from loadtests.bench.systems import (SYSTEMS, BatchingKnobs, Launch, default_tmp, make_launch, prioritise,
-                                     prom_sum, request_body)
+from loadtests.bench.systems import (
+    SYSTEMS,
+    BatchingKnobs,
+    Launch,
+    default_tmp,
+    make_launch,
+    prioritise,
+    prom_sum,
+    request_body,
+)
 
 POLICIES = ("slo", "timeout", "fixed", "aimd", "nexus")
 DEFAULT_SYSTEMS = ",".join([f"sloserve-{p}" for p in POLICIES] + ["triton", "rayserve", "mlserver"])
@@ -239,7 +247,7 @@ def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dic
                 shed_send.append(done_t - sent_t)
         else:
             errors += 1
-    ms = lambda x: None if x is None else round(x * 1e3, 3)  # noqa: E731
+    ms = lambda x: None if x is None else round(x * 1e3, 3)
     out = {
         "rate": rate, "sent": n, "offered_rps": round(n / dur, 1),
         "attainment": round(on_time / n, 5) if n else None,

@@ -216,7 +216,7 @@ def prom_sum(text: str, name: str, model: str | None = None, **labels: str) -> f
     if model is not None:
         labels["model"] = model
     total = 0.0
-    pat = re.compile(rf'^{re.escape(name)}\{{([^}}]*)\}}\s+(\S+)', re.M)
+    pat = re.compile(rf'^{re.escape(name)}\{{([^}}]*)\}}\s+(\S+)', re.MULTILINE)
     for m in pat.finditer(text):
         if all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
             total += float(m.group(2))

@@ -18,7 +18,6 @@ import os
 import sys
 import sysconfig
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,11 +49,10 @@ def main() -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import numpy as np
+    from _ort import OrtModel
     from pytriton.decorators import batch
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
-
-    from _ort import OrtModel
 
     def make_infer(m: OrtModel):
         @batch

@@ -17,7 +17,12 @@ from tritonclient.grpc import service_pb2 as pb
 from gateway.codec import InputLimits, decode_rest
 from gateway.errors import InvalidArgument
 from gateway.grpc_service import decode_grpc
-from tests.fuzz.strategies import grpc_request, nested, rest_binary_request, rest_json_request
+from tests.fuzz.strategies import (
+    grpc_request,
+    nested,
+    rest_binary_request,
+    rest_json_request,
+)
 
 N = int(os.environ.get("SLOSERVE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 import random
 import shutil
+import urllib.request
 
 import httpx
 import pytest

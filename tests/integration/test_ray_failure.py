@@ -15,7 +15,6 @@ import time
 import urllib.error
 import urllib.request
 
-import numpy as np
 import pytest
 
 from gateway.proctree import parent_pid

@@ -16,7 +16,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.integration.test_ray_failure import KILLER, gcs_address, replica_pid, wait_recovered
+from tests.integration.test_ray_failure import (
+    KILLER,
+    gcs_address,
+    replica_pid,
+    wait_recovered,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -1,10 +1,16 @@
 """The four autoscalers, driven with hand-made snapshots and explicit time (no clock, no sleep)."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoscaler.predict import PREDICTORS
-from autoscaler.queueing import capacity_rps, late_fraction, replicas_needed, tail_latency_s
+from autoscaler.queueing import (
+    capacity_rps,
+    late_fraction,
+    replicas_needed,
+    tail_latency_s,
+)
 from autoscaler.registry import AUTOSCALERS, make_autoscaler
 from autoscaler.swayam import aggregate_rate
 from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
@@ -134,7 +140,7 @@ def _drive(a, rates, t0=0.0, step=10.0):
 
 def test_swayam_seasonal_spike_is_provisioned_ahead_and_released():
     # 100 rps, with a 600 rps spike for the 20 s after every 5-minute mark
-    rates = [600.0 if (10 * (k + 1)) % 300 in (10, 20) else 100.0 for k in range(0, 120)]
+    rates = [600.0 if (10 * (k + 1)) % 300 in (10, 20) else 100.0 for k in range(120)]
     a = make_autoscaler("swayam", startup_s=10, interval_s=10, keep_alive_s=60, season_periods_s=(300.0,),
                         season_cycles=2, hold_quantile=0)
     targets, _ = _drive(a, rates)
@@ -183,7 +189,7 @@ def test_late_fraction_memo_gives_the_same_numbers():
     its steady batches and on-time limits through a memo: it must not change one value."""
     memo: dict = {}
     for c in (1, 2, 3, 6, 12, 48, 128):
-        for k in range(0, 120):
+        for k in range(120):
             rate = c * k * 6.0
             assert late_fraction(SVC, c, rate, memo) == late_fraction(SVC, c, rate)
     tight = ServiceModel(Curve((1, 8, 32), (0.010, 0.020, 0.050), (0.012, 0.024, 0.060)), slo_s=0.015,

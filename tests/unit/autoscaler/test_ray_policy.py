@@ -25,7 +25,7 @@ def make_ctx(config, *, now, rate_by_gw, current=1, target=1, state=None, ongoin
         total_num_requests=lambda: ongoing, capacity_adjusted_min_replicas=config.min_replicas,
         capacity_adjusted_max_replicas=config.max_replicas, policy_state=dict(state or {}),
         current_time=now, config=config, total_queued_requests=lambda: 0.0,
-        aggregated_metrics=lambda: metrics, raw_metrics=lambda: {}, last_scale_up_time=None,
+        aggregated_metrics=lambda: metrics, raw_metrics=dict, last_scale_up_time=None,
         last_scale_down_time=None)
 
 

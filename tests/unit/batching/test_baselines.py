@@ -1,7 +1,7 @@
+from batching_factories import items, linear, view
+
 from batching import make_policy
 from batching.types import BatchResult, Dispatch, QueuedItem, Shed, Wait
-
-from batching_factories import items, linear, view
 
 
 def test_all_builtins_registered():

@@ -17,7 +17,7 @@ def test_timeout_policy_replay_matches_hand_computation():
 
 def test_deterministic():
     reqs = [Request(i, 0.0003 * i, 0.02, variants=("big", "small")) for i in range(300)]
-    lat = lambda v, n: (0.004 + 0.0005 * n) if v == "big" else (0.001 + 0.0001 * n)  # noqa: E731
+    lat = lambda v, n: (0.004 + 0.0005 * n) if v == "big" else (0.001 + 0.0001 * n)
     runs = [replay(make_policy("slo", latency_fn=lat, variants=["big", "small"]), reqs, lat,
                    {"big": 1, "small": 1}) for _ in range(2)]
     assert runs[0].outcomes == runs[1].outcomes and runs[0].batches == runs[1].batches
@@ -51,7 +51,7 @@ def test_a_policy_that_never_acts_strands_requests():
 
 
 def test_admission_refusals_are_outcomes():
-    lat = lambda v, n: 0.002 + 0.001 * n  # noqa: E731
+    lat = lambda v, n: 0.002 + 0.001 * n
     reqs = [Request(i, 0.0, 0.05, variants=("v",)) for i in range(200)]
     r = replay(make_policy("slo", latency_fn=lat, max_batch_size=8), reqs, lat, {"v": 1},
                max_batch_size=8, admission=True)

@@ -2,13 +2,12 @@
 
 from collections import Counter
 
+from batching_factories import ACC, two_variants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batching import make_policy
 from batching.offline import Request, replay
-
-from batching_factories import ACC, two_variants
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -65,7 +64,7 @@ def test_every_request_answered_exactly_once_and_no_batch_over_max(spec, name, B
 def test_feasible_load_meets_every_deadline(a_ms, b_ms, B, slo_factor, gaps, busy):
     """One replica; each request could be served alone after the previous one (gap >= l(1),
     SLO >= l(1)); latency is exactly the profile's. The SLO policy then meets every deadline."""
-    lat = lambda v, n: (a_ms + b_ms * n) / 1e3  # noqa: E731
+    lat = lambda v, n: (a_ms + b_ms * n) / 1e3
     l1 = lat("v", 1)
     t, reqs = 0.0, []
     for i, g in enumerate(gaps):
@@ -114,7 +113,7 @@ def test_variants_degrade_under_overload_and_return_with_hysteresis():
     reqs = burst_trace()
     p = make("slo", two_variants, 32)
     r = replay(p, reqs, two_variants, {"big": 1, "small": 1}, max_batch_size=32)
-    phase = lambda o: 0 if o.arrival_s < 1.0 else (1 if o.arrival_s < 2.0 else 2)  # noqa: E731
+    phase = lambda o: 0 if o.arrival_s < 1.0 else (1 if o.arrival_s < 2.0 else 2)
     per = [Counter(o.variant for o in r.outcomes if phase(o) == k) for k in range(3)]
     assert per[0]["small"] == 0  # light: the best variant only
     assert per[1]["small"] > 0.2 * sum(per[1].values())  # burst: overflow goes to the cheap one

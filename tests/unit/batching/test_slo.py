@@ -1,11 +1,10 @@
 import pytest
+from batching_factories import ACC, items, linear, two_variants, view
 
 from batching import make_policy
 from batching.profile import ProfileTable
 from batching.slo import SLOPolicy
 from batching.types import Dispatch, QueuedItem, Shed, Wait
-
-from batching_factories import ACC, items, linear, two_variants, view
 
 
 def policy(**kw):

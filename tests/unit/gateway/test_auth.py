@@ -7,7 +7,12 @@ import hmac
 import pytest
 
 from gateway import auth
-from gateway.auth import BearerAuthMiddleware, PermissionDenied, TokenTable, bearer_token
+from gateway.auth import (
+    BearerAuthMiddleware,
+    PermissionDenied,
+    TokenTable,
+    bearer_token,
+)
 from gateway.config import Settings
 from gateway.errors import Unauthenticated
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from autoscaler.placement_types import Gpu, PlacementSnapshot, Replica, ReplicaTarget, TrainingJob
+from autoscaler.placement_types import (
+    Gpu,
+    PlacementSnapshot,
+    Replica,
+    ReplicaTarget,
+    TrainingJob,
+)
 
 TYPES = ("A100", "T4", "V100")
 MEMORY = {"A100": 40960, "T4": 16384, "V100": 16384}

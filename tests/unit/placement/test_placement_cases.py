@@ -6,8 +6,14 @@ import pytest
 
 from autoscaler.placement import apply_decision, decide, get_policy, static_partition
 from autoscaler.placement_cost import preemption_cost
-from autoscaler.placement_types import (Gpu, PlacementConfig, PlacementSnapshot, PlacementState, Replica,
-                                        ReplicaTarget)
+from autoscaler.placement_types import (
+    Gpu,
+    PlacementConfig,
+    PlacementSnapshot,
+    PlacementState,
+    Replica,
+    ReplicaTarget,
+)
 from tests.unit.placement.factories import job
 
 CFG = PlacementConfig(gpu_cost_per_hour={"T4": 1.0, "A100": 4.0})

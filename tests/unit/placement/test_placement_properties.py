@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from autoscaler.placement import POLICIES, apply_decision, check_capacity, get_policy
 from autoscaler.placement_cost import lost_work_gpu_s, preemption_cost
-from autoscaler.placement_types import Gpu, PlacementConfig, PlacementSnapshot, PlacementState, ReplicaTarget
+from autoscaler.placement_types import (
+    Gpu,
+    PlacementConfig,
+    PlacementSnapshot,
+    PlacementState,
+    ReplicaTarget,
+)
 from tests.unit.placement.factories import job, worlds
 
 CFG = PlacementConfig()

@@ -7,8 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.training import PreemptSignal, TrainingRunner, TrainingSpec, preempt_then_kill
-from autoscaler.training_checkpoint import clean_temp, list_checkpoints, load_latest, write_checkpoint
+from autoscaler.training import (
+    PreemptSignal,
+    TrainingRunner,
+    TrainingSpec,
+    preempt_then_kill,
+)
+from autoscaler.training_checkpoint import (
+    clean_temp,
+    list_checkpoints,
+    load_latest,
+    write_checkpoint,
+)
 
 SPEC = dict(dataset="synthetic", hidden=16, batch_size=32)
 

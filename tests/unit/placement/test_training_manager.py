@@ -9,8 +9,14 @@ from prometheus_client import CollectorRegistry
 
 from autoscaler.placement import decide
 from autoscaler.placement_metrics import PlacementMetrics, gpu_usage
-from autoscaler.placement_types import (Gpu, PlacementConfig, PlacementSnapshot, PlacementState, Replica,
-                                        ReplicaTarget)
+from autoscaler.placement_types import (
+    Gpu,
+    PlacementConfig,
+    PlacementSnapshot,
+    PlacementState,
+    Replica,
+    ReplicaTarget,
+)
 from autoscaler.training import TrainingSpec
 from autoscaler.training_manager import ThreadLauncher, TrainingManager, make_router
 from tests.unit.placement.factories import job
