@@ -1,17 +1,48 @@
-"""Fluid vs request-level validation on a trace slice: python -m sim.validate COLUMN START_MIN END_MIN BATCHING[,..] PEAK_REPLICAS."""
-import sys
+"""Fluid against request-level mode on a slice of a trace (docs/simulator.md, "Validation").
+
+    python -m sim.validate COLUMN START_MIN END_MIN BATCHING[,BATCHING...] PEAK_REPLICAS
+    python -m sim.validate diurnal_strong 600 620 slo 4
+
+Runs every autoscaler in both modes on minutes ``START_MIN .. END_MIN`` of a column of the Azure
+Functions 2019 selection (gpt2-gen on a simulated T4, SLO 1 s, 10 s start-up and rounds) and prints
+one line per (batching policy, mode, autoscaler).
+"""
+
+from __future__ import annotations
+
+import argparse
 
 from sim.arrivals import from_counts
 from sim.engine import SimConfig
 from sim.profiles import default_profiles, service_for
 from sim.run import make_spec, run_experiment
 
-svc = service_for(default_profiles(), 'gpt2-gen', 't4', slo_ms=1000)
-arr = from_counts('../shared/traces/azure_functions_2019_selected_per_minute.csv', sys.argv[1], 60).sliced(float(sys.argv[2])*60, float(sys.argv[3])*60)
-spec = make_spec('m', arr, svc, 't4', peak_replicas=int(sys.argv[5]))
-for batching in sys.argv[4].split(','):
-  for mode in ('request','fluid'):
-    cfg = SimConfig(seed=1, batching=batching, autoscaler_kwargs={'swayam': {'startup_s': 10, 'interval_s': 10}})
-    runs = run_experiment([spec], ['swayam','ray-default','kpa','oracle'], cfg, mode, show_progress=False)
-    for k, r in runs.items():
-        s = r['summary']; print(batching, mode, k, round(r['wall_s'],1), {a: round(s[a], 4) for a in ['requests','slo_attainment','minutes_sla_met_fraction','replica_seconds']}, flush=True)
+TRACE = "../shared/traces/azure_functions_2019_selected_per_minute.csv"
+AUTOSCALERS = ["swayam", "ray-default", "kpa", "oracle"]
+KEYS = ["requests", "slo_attainment", "minutes_sla_met_fraction", "replica_seconds"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__.split("\n\n")[0])
+    p.add_argument("column")
+    p.add_argument("start_min", type=float)
+    p.add_argument("end_min", type=float)
+    p.add_argument("batching", help="batching policies, comma-separated")
+    p.add_argument("peak_replicas", type=int)
+    p.add_argument("--trace", default=TRACE)
+    a = p.parse_args(argv)
+    svc = service_for(default_profiles(), "gpt2-gen", "t4", slo_ms=1000)
+    arr = from_counts(a.trace, a.column, 60).sliced(a.start_min * 60, a.end_min * 60)
+    spec = make_spec("m", arr, svc, "t4", peak_replicas=a.peak_replicas)
+    for batching in a.batching.split(","):
+        for mode in ("request", "fluid"):
+            cfg = SimConfig(seed=1, batching=batching, autoscaler_kwargs={"swayam": {"startup_s": 10, "interval_s": 10}})
+            runs = run_experiment([spec], AUTOSCALERS, cfg, mode, show_progress=False)
+            for name, r in runs.items():
+                s = r["summary"]
+                print(batching, mode, name, round(r["wall_s"], 1), {k: round(s[k], 4) for k in KEYS}, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
