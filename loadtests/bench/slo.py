@@ -210,8 +210,9 @@ def run_step(launch: Launch, hdrs: dict[str, str], body_path: Path, sched: list[
     trailer["gen_cpu_s"] = ru.ru_utime + ru.ru_stime
     trailer["server_cpu_s"] = server_s
     trailer["other_cpu_s"] = max(0.0, busy_s - server_s - trailer["gen_cpu_s"])
-    for p in (sf, spec_path, out):
-        p.unlink(missing_ok=True)
+    if not args.keep_tmp:  # with --keep-tmp the schedule and the per-request records stay for analysis
+        for p in (sf, spec_path, out):
+            p.unlink(missing_ok=True)
     return recs, trailer, total_s
 
 
@@ -229,6 +230,7 @@ def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dic
     dur = step_duration(args, rate)
     ok_lat, on_time, eff, shed, shed_send, errors, late_ok = [], 0, 0.0, 0, [], 0, 0
     variants: dict[str, int] = {}
+    late_by_variant: dict[str, int] = {}
     for sched_t, sent_t, done_t, status, v in recs:
         if 200 <= status < 300:
             lat = done_t - sched_t
@@ -241,6 +243,8 @@ def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dic
             if v >= 0:
                 name = args._variants[v]
                 variants[name] = variants.get(name, 0) + 1
+                if lat > slo:
+                    late_by_variant[name] = late_by_variant.get(name, 0) + 1
         elif status in (429, 503):
             shed += 1
             if sent_t >= 0:
@@ -268,7 +272,8 @@ def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dic
         "gen_max_lag_ms": round(trailer.get("max_lag_ms", 0.0), 2), "connections": trailer.get("opened"),
     }
     if variants:
-        out["variants"] = variants
+        out["variants"] = variants  # 2xx answers by the variant that served them
+        out["late_by_variant"] = late_by_variant  # of those, answered after the SLO (client clock)
     return out
 
 
@@ -302,7 +307,7 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
             print(f"  [{system} r{round_no}] {rate:>6.0f}/s att {m['attainment']:.4f} good {m['goodput_rps']:.0f}/s "
                   f"p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} effacc {m['effective_accuracy']:.4f} "
                   f"srv {m['server_cores']:.2f} gen {m['gen_cores']:.2f} other {m['other_cores']:.2f}"
-                  + (f" {m['variants']}" if 'variants' in m else "")
+                  + (f" {m['variants']} late {m['late_by_variant']}" if 'variants' in m else "")
                   + (f" server-on-time {m['server_on_time']}" if m.get('server_on_time') is not None else ""),
                   file=sys.stderr, flush=True)
             fails = fails + 1 if (m["attainment"] or 0) < args.target else 0
@@ -571,7 +576,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-conns", type=int, default=512)
     p.add_argument("--nice", type=int, default=0)
     p.add_argument("--pause", type=float, default=1.0)
-    p.add_argument("--keep-tmp", action="store_true")
+    p.add_argument("--keep-tmp", action="store_true",
+                   help="keep the temporary folder: server logs, and each step's schedule, spec and per-request "
+                        "records (out-*.bin, loadtests/bench/gen.py's format)")
     p.add_argument("--out")
     p.add_argument("--plot", help="PNG: attainment against rate, one line per system")
 

@@ -49,3 +49,17 @@ def test_bad_arguments_stop_before_anything_starts():
         main_args(p.parse_args(["--systems", "sloserve@any,nope"]))
     with pytest.raises(SystemExit, match="--min-requests must be >= 0"):
         main_args(p.parse_args(["--min-requests", "-5"]))
+
+
+def test_step_metrics_count_late_answers_per_variant():
+    from loadtests.bench.slo import metrics
+
+    a = _args(slo_ms=20.0, _variants=["small", "medium", "large"])
+    recs = [(0.0, 0.0, 0.010, 200, 2), (0.0, 0.0, 0.030, 200, 2), (0.0, 0.0, 0.025, 200, 1),
+            (0.0, 0.0, 0.005, 200, 1), (0.0, 0.0, 0.001, 503, -1)]
+    trailer = {"server_cpu_s": 0.1, "gen_cpu_s": 0.1, "other_cpu_s": 0.0}
+    m = metrics(recs, trailer, a, {0: 0.83, 1: 0.93, 2: 0.98}, None, rate=200)
+    assert m["variants"] == {"large": 2, "medium": 2}
+    assert m["late_by_variant"] == {"large": 1, "medium": 1}
+    assert m["attainment"] == 0.4 and m["shed"] == 1
+    assert m["effective_accuracy"] == round((0.98 + 0.93) / 5, 5)
