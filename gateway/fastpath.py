@@ -116,7 +116,7 @@ async def _infer(dp, limits, model, version, arrival, body, headers):
 def _retry_after(e: ServingError) -> tuple:
     if e.retry_after_s is None:
         return ()
-    return ((b"retry-after", str(max(1, int(round(e.retry_after_s + 0.499)))).encode()),)
+    return ((b"retry-after", str(max(1, round(e.retry_after_s + 0.499))).encode()),)
 
 
 async def _send(send, status: int, body: bytes, ctype: bytes, extra: tuple) -> None:

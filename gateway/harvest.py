@@ -140,7 +140,7 @@ class HarvestController:
         self.policy_name = t.policy
         self._policy = get_policy(t.policy)
         frac = settings.replica_gpu_fraction
-        self.replica_memory_mib = max(1, int(round(min(frac, 1.0) * t.gpu_memory_mib)))
+        self.replica_memory_mib = max(1, round(min(frac, 1.0) * t.gpu_memory_mib))
         self.config = PlacementConfig(preempt_grace_s=t.grace_s, restart_overhead_s=1.0, pack_small_replicas=False,
                                       substitute_types=False, max_replicas_per_gpu=max(1, math.floor(1 / frac + 1e-9)))
         self.state = PlacementState()

@@ -70,7 +70,7 @@ INFER_BODY_DOC = {
 def error_response(e: ServingError) -> JSONResponse:
     headers = None
     if e.retry_after_s is not None:
-        headers = {"Retry-After": str(max(1, int(round(e.retry_after_s + 0.499))))}
+        headers = {"Retry-After": str(max(1, round(e.retry_after_s + 0.499)))}
     return JSONResponse({"error": e.message}, status_code=e.http_status, headers=headers)
 
 

@@ -75,7 +75,7 @@ def pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
     s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 def _ms(x: float | None) -> float | None:

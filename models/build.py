@@ -191,7 +191,7 @@ def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = pri
         vcfgs = []
         for vname, hidden, pool, iters in variants:
             t0 = time.perf_counter()
-            pre = _pool_matrix(int(round(n_in ** 0.5)), pool) if pool else None
+            pre = _pool_matrix(round(n_in ** 0.5), pool) if pool else None
             feats_tr = (xtr / 16.0) @ pre if pre is not None else xtr / 16.0
             net = _train(hidden, feats_tr, y_tr, seed, iters)
             model = mlp_to_onnx(net, n_in, 1.0 / 16.0, pre, f"{name}_{vname}")

@@ -53,7 +53,7 @@ class Arrivals:
         return Arrivals(self.interval_s, self.rates * factor, ts, self.name)
 
     def sliced(self, start_s: float, end_s: float) -> Arrivals:
-        i0, i1 = int(start_s // self.interval_s), int(math.ceil(end_s / self.interval_s))
+        i0, i1 = int(start_s // self.interval_s), math.ceil(end_s / self.interval_s)
         ts = None
         if self.timestamps is not None:
             ts = self.timestamps[(self.timestamps >= i0 * self.interval_s) & (self.timestamps < i1 * self.interval_s)]
@@ -70,13 +70,13 @@ class Arrivals:
 
 
 def poisson(rate_rps: float, duration_s: float, interval_s: float = 60.0) -> Arrivals:
-    n = max(int(math.ceil(duration_s / interval_s)), 1)
+    n = max(math.ceil(duration_s / interval_s), 1)
     return Arrivals(interval_s, np.full(n, float(rate_rps)), name=f"poisson-{rate_rps:g}")
 
 
 def gamma_burst(rate_rps: float, duration_s: float, cv: float = 2.0, interval_s: float = 10.0,
                 seed: int = 0) -> Arrivals:
-    n = max(int(math.ceil(duration_s / interval_s)), 1)
+    n = max(math.ceil(duration_s / interval_s), 1)
     shape = 1.0 / (cv * cv)
     rates = np.random.default_rng(seed).gamma(shape, rate_rps / shape, n)
     return Arrivals(interval_s, rates, name=f"gamma-{rate_rps:g}-cv{cv:g}")
@@ -84,7 +84,7 @@ def gamma_burst(rate_rps: float, duration_s: float, cv: float = 2.0, interval_s:
 
 def diurnal(mean_rps: float, duration_s: float = 86400.0, amplitude: float = 0.5, period_s: float = 86400.0,
             interval_s: float = 60.0, phase_s: float = 0.0) -> Arrivals:
-    n = max(int(math.ceil(duration_s / interval_s)), 1)
+    n = max(math.ceil(duration_s / interval_s), 1)
     t = (np.arange(n) + 0.5) * interval_s
     rates = mean_rps * (1 + amplitude * np.sin(2 * np.pi * (t - phase_s) / period_s))
     return Arrivals(interval_s, np.maximum(rates, 0.0), name=f"diurnal-{mean_rps:g}")
@@ -108,6 +108,6 @@ def from_timestamps(path: str | Path, column: str, time_unit_s: float = 1.0, int
     """A column of arrival timestamps (in units of ``time_unit_s`` seconds), replayed exactly."""
     ts = np.sort(read_column(path, column) * time_unit_s)
     ts = ts - ts[0] if len(ts) else ts
-    n = max(int(math.ceil((ts[-1] if len(ts) else 0.0) / interval_s)) + 1, 1)
+    n = max(math.ceil((ts[-1] if len(ts) else 0.0) / interval_s) + 1, 1)
     counts = np.bincount((ts // interval_s).astype(int), minlength=n)[:n]
     return Arrivals(interval_s, counts / interval_s, ts, name=column)

@@ -110,7 +110,7 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
     """Simulate every request of ``specs`` under ``autoscaler``; returns summary, records, timing."""
     rng = np.random.default_rng(cfg.seed)
     duration = max(s.arrivals.duration_s for s in specs)
-    n_min = int(math.ceil(duration / cfg.minute_s))
+    n_min = math.ceil(duration / cfg.minute_s)
     ctl = Controller(make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs,
                      placement or FixedPool())
     models = [_Model(s, batching_policy_for(cfg, s), ModelRecord(s.name, n_min, cfg.minute_s), cfg.gateways)

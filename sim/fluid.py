@@ -90,8 +90,8 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
     for j, s in enumerate(specs):
         rates[:len(s.arrivals.rates), j] = s.arrivals.rates
     duration = n_int * interval
-    n_steps = int(round(duration / dt_s))
-    n_min = int(math.ceil(duration / cfg.minute_s))
+    n_steps = round(duration / dt_s)
+    n_min = math.ceil(duration / cfg.minute_s)
     recs = [ModelRecord(s.name, n_min, cfg.minute_s) for s in specs]
     ctl = Controller(make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs,
                      placement or FixedPool())
@@ -108,8 +108,8 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
     target = ready.copy()
     pending: list[tuple[float, int, int]] = []  # (ready_at, model, count)
     backlog = np.zeros(n)
-    tick_steps = int(round(cfg.tick_s / dt_s))
-    n_ticks = int(math.ceil(n_steps / tick_steps))
+    tick_steps = round(cfg.tick_s / dt_s)
+    n_ticks = math.ceil(n_steps / tick_steps)
     total_m = np.zeros((n_min, n))
     good_m = np.zeros((n_min, n))
     shed_tot = np.zeros(n)

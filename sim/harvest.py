@@ -372,5 +372,5 @@ class HarvestPlacement:
 
 def static_config(base: PlacementConfig, peak_inference_gpus: Mapping[str, int], margin: float = 0.0) -> PlacementConfig:
     """A ``static`` partition sized to inference's peak per type (e.g. measured by the ``none`` run)."""
-    sizes = {ty: int(math.ceil(n * (1 + margin))) for ty, n in peak_inference_gpus.items()}
+    sizes = {ty: math.ceil(n * (1 + margin)) for ty, n in peak_inference_gpus.items()}
     return base.model_copy(update={"static_inference_gpus": sizes})

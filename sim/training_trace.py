@@ -71,4 +71,4 @@ def demand_gpu_hours(jobs: list[JobSpec], horizon_s: float) -> float:
 
 def checkpoint_interval_iterations(iteration_time_s: float, checkpoint_every_s: float) -> int:
     """Iterations per checkpoint interval for a job that checkpoints every ``checkpoint_every_s`` of work."""
-    return max(1, int(math.floor(checkpoint_every_s / iteration_time_s + 1e-9)))
+    return max(1, math.floor(checkpoint_every_s / iteration_time_s + 1e-9))

@@ -67,7 +67,7 @@ def run_wrk(url: str, lua: Path, concurrency: int, duration_s: float, threads: i
     wrk = shutil.which("wrk")
     if wrk is None:
         raise FileNotFoundError("wrk is not installed: run loadtests/peers/setup.sh (apt-get install wrk)")
-    argv = [wrk, f"-t{threads}", f"-c{concurrency}", f"-d{max(1, int(round(duration_s)))}s", "--latency",
+    argv = [wrk, f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s", "--latency",
             "--timeout", "10s", "-s", str(lua), url]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=bool(nice), preexec_fn=prioritise(nice))

@@ -101,7 +101,7 @@ def trace_shape(column: str | None, path: Path = TRACE_CSV) -> tuple[str, list[f
 def trace_arrivals(rate: float, dur: float, rng: random.Random, shape: list[float], bucket_s: float) -> list[float]:
     """Non-homogeneous Poisson: each trace minute becomes ``bucket_s`` seconds at ``rate * shape``."""
     out: list[float] = []
-    n = max(1, int(math.ceil(dur / bucket_s)))
+    n = max(1, math.ceil(dur / bucket_s))
     for b in range(n):
         r = rate * shape[b % len(shape)]
         d = min(bucket_s, dur - b * bucket_s)
@@ -187,7 +187,8 @@ def run_step(launch: Launch, hdrs: dict[str, str], body_path: Path, sched: list[
     port = int(launch.infer_url.split(":")[2].split("/")[0])
     path = "/" + launch.infer_url.split("/", 3)[3]
     sf = tmp / f"sched-{tag}.bin"
-    array("d", sched).tofile(open(sf, "wb"))
+    with open(sf, "wb") as f:
+        array("d", sched).tofile(f)
     spec = {"port": port, "path": path, "body_file": str(body_path), "headers": hdrs, "schedule_file": str(sf),
             "timeout_s": args.timeout, "max_conns": args.max_conns, "variants": args._variants}
     spec_path = tmp / f"spec-{tag}.json"
@@ -220,7 +221,7 @@ def pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
     s = sorted(xs)
-    return s[min(len(s) - 1, int(math.ceil(q / 100 * len(s))) - 1)]
+    return s[min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1)]
 
 
 def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dict[int, float], peer_acc: float | None,
