@@ -106,6 +106,13 @@ class Settings(BaseSettings):
     pipeline_depth: int = Field(
         default=2, ge=1, le=8, description="Batches in flight per Ray replica (2 overlaps Ray's hand-off with compute)."
     )
+    ray_transport: Literal["grpc", "object_ref"] = Field(
+        default="grpc",
+        description="How a batch reaches its Ray Serve replica: grpc (the handle calls the replica's own "
+                    "inter-deployment gRPC server, as Ray Serve's throughput-optimized mode does) or object_ref "
+                    "(a Ray actor task through Ray core, with object references). grpc costs less CPU per batch "
+                    "(docs/benchmarks.md, Ray path); the gateway must reach the replicas' nodes directly.",
+    )
     batch_timeout_s: float = Field(default=30.0, gt=0, description="A batch not back by then fails (504).")
     late_grace_s: float | None = Field(
         default=1.0, ge=0,
