@@ -24,16 +24,18 @@ pytestmark = pytest.mark.integration
 FAULT_DELAY_MS = 1500
 
 
-@pytest.fixture(scope="module")
-def chaos_server(model_repo, tmp_path_factory):
+@pytest.fixture(scope="module", params=["grpc", "object_ref"])
+def chaos_server(request, model_repo, tmp_path_factory):
     """Ray Serve with only the digits model, each batch held 1.5 s inside the replica (after Serve
-    handed it over), so a kill lands mid-batch every time."""
+    handed it over), so a kill lands mid-batch every time; once per ``ray_transport`` (the default
+    direct gRPC call, and the Ray actor task), since each fails in its own way."""
     import shutil
 
     repo = tmp_path_factory.mktemp("repo")
     shutil.copytree(model_repo / "digits", repo / "digits")
     cfg = repo / "chaos.json"
-    cfg.write_text(json.dumps({"models": {"digits": {"fault_delay_ms": FAULT_DELAY_MS}}}))
+    cfg.write_text(json.dumps({"models": {"digits": {"fault_delay_ms": FAULT_DELAY_MS}},
+                               "ray_transport": request.param}))
     s = ServerProcess(repo, "ray", ["--config", str(cfg)]).wait_ready(240)
     yield s
     s.stop()
