@@ -38,6 +38,14 @@ METRICS_PUSH_S = 0.5
 STATUS_POLL_S = 5.0
 
 
+def startup_timed_out(e: BaseException) -> bool:
+    """Did a local ``ray.init`` fail only because a daemon came up late on a busy box? Ray waits a
+    fixed time for its raylet ("timed out during startup") and for the GCS to write its port file
+    ("Timed out waiting for file .../gcs_server_port_..."); both are worth one more try."""
+    msg = str(e)
+    return "timed out during startup" in msg or ("Timed out waiting for file" in msg and "gcs_server_port" in msg)
+
+
 class RayServeBackend:
     name = "ray"
 
@@ -160,8 +168,8 @@ class RayServeBackend:
                          resources=resources or None, include_dashboard=False, namespace="sloserve",
                          log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
                 break
-            except Exception as e:
-                if attempt == 2 or "timed out during startup" not in str(e):
+            except Exception as e:  # re-raised unless it is a start-up timeout
+                if attempt == 2 or not startup_timed_out(e):
                     raise
                 log.warning("local Ray did not come up in time (%s); retrying once", e)
                 ray.shutdown()
