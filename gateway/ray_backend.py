@@ -38,6 +38,11 @@ METRICS_PUSH_S = 0.5
 STATUS_POLL_S = 5.0
 
 
+# gRPC codes that mean the replica (or its connection) went away, not that the call itself is wrong.
+_REPLICA_GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                           grpc.StatusCode.ABORTED})
+
+
 def startup_timed_out(e: BaseException) -> bool:
     """Did a local ``ray.init`` fail only because a daemon came up late on a busy box? Ray waits a
     fixed time for its raylet ("timed out during startup") and for the GCS to write its port file
@@ -336,8 +341,20 @@ class RayServeBackend:
                 rex.ObjectLostError) as e:
             raise ReplicaFailed(f"replica for '{model}/{variant}' died while running this batch "
                                 f"({type(e).__name__})") from None
-        except grpc.aio.AioRpcError as e:  # ray_transport grpc: the replica's server went away mid-call
-            raise ReplicaFailed(f"replica for '{model}/{variant}' dropped this batch (gRPC {e.code().name})") from None
+        except grpc.aio.AioRpcError as e:  # ray_transport grpc
+            if e.code() in _REPLICA_GONE:  # the replica's server went away mid-call: retried once
+                raise ReplicaFailed(f"replica for '{model}/{variant}' dropped this batch "
+                                    f"(gRPC {e.code().name})") from None
+            raise InternalError(f"the batch for '{model}/{variant}' could not be sent to its replica "
+                                f"(gRPC {e.code().name}: {e.details()!s:.200}); with a batch over "
+                                f"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH, raise it on the Ray nodes "
+                                f"or set ray_transport: object_ref") from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the gateway itself is cancelling this batch (shutdown)
+            # the replica's own call was cancelled under it (it died, or Serve dropped the call)
+            raise ReplicaFailed(f"replica for '{model}/{variant}' cancelled this batch") from None
         except rex.RayTaskError as e:
             raise InternalError(f"replica for '{model}/{variant}' failed: {e.cause!r:.200}") from None
         return RunResult(outputs, compute_s, device)

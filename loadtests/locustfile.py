@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -215,8 +216,10 @@ def _record_exit_code(exit_code, **_kw) -> None:
     if path:
         sys.stdout.flush()
         sys.stderr.flush()
-        with open(path, "w") as f:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
             f.write(f"{exit_code}\n")
+        os.replace(tmp, path)  # the parent reads a whole code or none
 
 
 # ------------------------------------------------------------------------------------ users

@@ -98,9 +98,11 @@ def run(a: argparse.Namespace) -> int:
         try:
             return _wait(proc, code_file, a.duration + 60)
         except KeyboardInterrupt:
-            proc.kill()
-            proc.wait()
             return 130
+        finally:  # never leave a Locust behind (its temporary folder is about to go)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _wait(proc: subprocess.Popen, code_file: Path, limit_s: float) -> int:
@@ -113,19 +115,19 @@ def _wait(proc: subprocess.Popen, code_file: Path, limit_s: float) -> int:
     at ``limit_s`` and the run fails with 4.
     """
     deadline = time.monotonic() + limit_s
-    written_at = None
+    written_at = code = None
     while True:
         try:
             return proc.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
-        if written_at is None and code_file.exists() and code_file.read_text().strip():
-            written_at = now
-        if written_at is not None and now - written_at > EXIT_GRACE_S:
+        if code is None:
+            code = _read_code(code_file)
+            written_at = now if code is not None else None
+        if code is not None and (now - written_at > EXIT_GRACE_S or now > deadline):
             proc.kill()
             proc.wait()
-            code = int(code_file.read_text().strip())
             print(f"sloserve loadtest: Locust hung on its way out after its verdict; ended it (exit code {code})",
                   file=sys.stderr)
             return code
@@ -134,6 +136,14 @@ def _wait(proc: subprocess.Popen, code_file: Path, limit_s: float) -> int:
             proc.wait()
             print("sloserve loadtest: Locust did not stop within 60 s of its time limit", file=sys.stderr)
             return 4
+
+
+def _read_code(path: Path) -> int | None:
+    """The exit code Locust wrote, or None while there is none (not yet, or not a whole number yet)."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def register(sub) -> None:

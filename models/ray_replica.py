@@ -15,6 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+# A batch goes to its replica in one gRPC message (the gateway's default ray_transport), and Ray Serve
+# caps those at gRPC's 4 MiB unless told otherwise; a batch of large inputs is bigger. Raised before
+# Ray Serve reads it at import: here for the gateway's side, and in every process an embedded Ray
+# starts from the gateway (they inherit its environment). On a cluster, set it on the nodes.
+os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(2**31 - 1))
+
 from ray import serve
 
 from models.repository import ModelRepository, check_name

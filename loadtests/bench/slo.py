@@ -290,7 +290,7 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
         if args.warmup > 0:  # warm up at a modest rate; sloserve with a generous budget (see --warmup-slo-ms)
             warm_hdrs = dict(hdrs, **({"x-slo-ms": f"{args.warmup_slo_ms:g}"} if "x-slo-ms" in hdrs else {}))
             run_step(launch, warm_hdrs, body_path, poisson(args.warmup_rate, args.warmup, random.Random(7)), args,
-                     tmp, f"{system}-warm")
+                     tmp, f"{system}-r{round_no}-warm")
         fails = 0
         for k, rate in enumerate(rates):
             if rate < start_rate:
@@ -298,7 +298,7 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
             seed = 1000 * round_no + k
             sched = schedule(args, rate, seed)
             before = launch.scrape() if system.startswith("sloserve") else None  # the gateway's own counts
-            recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, f"{system}-{k}")
+            recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, f"{system}-r{round_no}-{k}")
             m = metrics(recs, trailer, args, acc, peer_acc, rate)
             if before is not None:
                 after = launch.scrape()

@@ -34,3 +34,20 @@ def test_a_child_that_never_gives_a_verdict_fails_at_the_limit(tmp_path, capsys)
     assert lt._wait(proc, tmp_path / "code", limit_s=0.5) == 4
     assert proc.poll() is not None
     assert "did not stop" in capsys.readouterr().err
+
+
+def test_a_verdict_written_just_before_the_limit_still_counts(tmp_path, monkeypatch):
+    monkeypatch.setattr(lt, "EXIT_GRACE_S", 30.0)  # the grace would outlast the limit
+    f = tmp_path / "code"
+    proc = subprocess.Popen(_child(f"import time; open({str(f)!r}, 'w').write('0\\n'); time.sleep(60)"))
+    assert lt._wait(proc, f, limit_s=1.0) == 0
+    assert proc.poll() is not None
+
+
+def test_an_unreadable_code_is_no_verdict(tmp_path):
+    f = tmp_path / "code"
+    f.write_text("not a number")
+    assert lt._read_code(f) is None
+    assert lt._read_code(tmp_path / "missing") is None
+    f.write_text("3\n")
+    assert lt._read_code(f) == 3
