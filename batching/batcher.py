@@ -340,7 +340,7 @@ class Batcher:
                     e.future.set_result(Outcome(sl, variant, rows, started - e.item.arrival_s, res.compute_s,
                                                 res.device_type))
                 off += n
-        except Exception as e:
+        except Exception as e:  # e.g. inputs that would not concatenate
             log.exception("batch on %s/%s failed before reaching a replica", self.model, variant)
             for ent in entries:
                 if not ent.future.done():

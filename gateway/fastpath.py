@@ -77,7 +77,7 @@ class InferFastPath:
                         _retry_after(e))
             dp.metrics.shed_answered(model, e)
             return
-        except Exception as e:
+        except Exception as e:  # a bug: answer 500, log it, keep serving
             log.exception("internal error on %s", scope["path"])
             await _send(send, 500, orjson.dumps({"error": f"internal error: {type(e).__name__}"}),
                         b"application/json", ())

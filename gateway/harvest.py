@@ -188,7 +188,7 @@ class HarvestController:
             if j.state == "running":
                 try:
                     self.manager.preempt(j.job_id)
-                except Exception:
+                except Exception:  # shutting down: best effort, the checkpoint is on disk
                     log.warning("could not checkpoint training job %s on shutdown", j.job_id, exc_info=True)
 
     def _loop(self) -> None:
@@ -196,7 +196,7 @@ class HarvestController:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except Exception:
+            except Exception:  # Ray or Serve restarting: try again next round
                 log.warning("harvest round failed", exc_info=True)
             self._wake.wait(interval)
             self._wake.clear()

@@ -270,7 +270,7 @@ class RayServeBackend:
                     continue
                 last = loop.time()
                 self._replicas.update(await loop.run_in_executor(None, self._running_counts))
-            except Exception:
+            except Exception:  # the controller may be restarting; keep the last view
                 log.debug("serve.status failed", exc_info=True)
 
     async def stop(self) -> None:
