@@ -169,6 +169,31 @@ HEAVY_VARIANTS = [("small", (), 8, 200), ("medium", (), 4, 300),
                   ("large", (2048, 2048, 2048), None, 0)]
 
 
+MEASURED_DIR = Path(__file__).parent / "measured"
+
+
+def copy_measured_profiles(repo: Path, models: list[str], log: Callable[[str], None] = print,
+                           measured: Path = MEASURED_DIR) -> list[Path]:
+    """Put the profiles measured on other hardware (``models/measured/<model>/<variant>/<device>.json``,
+    e.g. an H100 through ONNX Runtime's CUDA provider) into the repository beside this host's own.
+
+    Each is keyed by its device type, so a host uses the one of its own hardware; a GPU host that
+    skips profiling (``--profile-iters 0``) starts from the measured curve of its GPU instead of a
+    foreign one. A profile already in the repository (a local measurement) is never overwritten.
+    """
+    copied = []
+    for src in sorted(measured.glob("*/*/*.json")):
+        model, variant = src.parts[-3], src.parts[-2]
+        dst = repo / model / variant / "profiles" / src.name
+        if model in models and dst.parent.parent.is_dir() and not dst.exists():
+            dst.parent.mkdir(exist_ok=True)
+            dst.write_bytes(src.read_bytes())
+            copied.append(dst)
+    if copied:
+        log(f"  measured profiles from other hardware: {len(copied)} ({', '.join(sorted({p.stem for p in copied}))})")
+    return copied
+
+
 def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = print) -> list[ModelConfig]:
     """Train, export, measure and write the ``digits`` and ``heavy`` models into ``repo``."""
     from sklearn.datasets import load_digits
@@ -217,5 +242,6 @@ def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = pri
         )
         write_config(repo, cfg)
         built.append(cfg)
+    copy_measured_profiles(repo, [c.name for c in built], log)
     (repo / ".built").write_text(json.dumps({"models": [c.name for c in built], "seed": seed}) + "\n")
     return built

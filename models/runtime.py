@@ -47,8 +47,26 @@ def providers_for(device: str) -> list[str]:
         chosen += [p for p in ("CUDAExecutionProvider",) if p in available]
         if device == "cuda" and not chosen:
             raise RuntimeError(f"device=cuda asked for, but ONNX Runtime offers only {available}")
+        if chosen:
+            _preload_cuda_libraries()
     chosen.append("CPUExecutionProvider")
     return chosen
+
+
+@functools.lru_cache(maxsize=1)
+def _preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN from the ``nvidia-*`` pip packages when they are installed there.
+
+    onnxruntime-gpu links against CUDA 13's libraries but ships none; on hosts where they come
+    from pip (as beside PyTorch) rather than from the system, the CUDA provider only finds them
+    after ``onnxruntime.preload_dlls()``. Where the system has them, this is a no-op.
+    """
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception:  # a missing pip package is fine: the system's libraries are used instead
+            pass
 
 
 @functools.lru_cache(maxsize=1)

@@ -121,7 +121,10 @@ def main(a: argparse.Namespace) -> int:
     specs = []
     for i, s in enumerate(series):
         dev = devices[i % len(devices)]
-        svc = service_for(table, classes[i % len(classes)], dev, a.slo_ms, a.max_batch)
+        try:
+            svc = service_for(table, classes[i % len(classes)], dev, a.slo_ms, a.max_batch)
+        except KeyError as e:
+            raise SystemExit(f"sloserve sim: {e.args[0]} (--model-class, --device)") from None
         specs.append(make_spec(s.name or f"m{i}", s, svc, dev, peak_replicas=a.peak_replicas, scale=a.scale))
     cfg = SimConfig(startup_s=a.startup_s, tick_s=a.tick_s, gateways=a.gateways, batching=a.batching, seed=a.seed,
                     autoscaler_kwargs={"swayam": {"startup_s": a.startup_s, "interval_s": a.tick_s,

@@ -1,6 +1,9 @@
 """The default latency profiles of simulated GPU types (a ProfileTable, like measured ones).
 
-No GPU is measured here. Each curve is a linear fit ``latency(b) = alpha + beta * b`` (ms) whose
+Two sources. **Measured**: every ``sim/measured/<alias>.json`` written by
+``python -m sim.measure_profiles`` on a real GPU (ONNX Runtime's CUDA provider, the real network
+with random weights) gives curves under the device type ``<alias>`` (e.g. ``h100``); measured
+curves win over published-figure ones of the same name. **Published figures** (the rest): each curve is a linear fit ``latency(b) = alpha + beta * b`` (ms) whose
 slope matches the order of magnitude of NVIDIA's published TensorRT/Triton inference throughput
 for that network and GPU (data-center deep-learning product performance tables: ResNet-50 about
 2-3k images/s on a T4 and 8-12k on an A100 at large batch; BERT-base seq-128 about 0.8-1k/s on a
@@ -13,6 +16,9 @@ p99 = 1.15 x p50 + 0.3 ms, the spread seen in profiles of batched GPU inference.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from autoscaler.types import ServiceModel
 from batching.profile import Curve, ProfileTable
@@ -37,18 +43,39 @@ LINEAR_MS: dict[tuple[str, str], tuple[float, float]] = {
 }
 
 
-def default_profiles() -> ProfileTable:
+MEASURED_DIR = Path(__file__).parent / "measured"
+
+
+def measured_curves(directory: Path = MEASURED_DIR) -> dict[tuple[str, str, str], Curve]:
+    """Curves from ``sim.measure_profiles`` output files, keyed (model, "default", alias)."""
+    curves = {}
+    for path in sorted(directory.glob("*.json")):
+        doc = json.loads(path.read_text())
+        alias = doc.get("alias") or path.stem
+        for model, c in doc.get("models", {}).items():
+            curves[(model, VARIANT, alias)] = Curve(tuple(c["batch_sizes"]), tuple(x / 1e3 for x in c["p50_ms"]),
+                                                    tuple(x / 1e3 for x in c["p99_ms"]))
+    return curves
+
+
+def default_profiles(measured_dir: Path = MEASURED_DIR) -> ProfileTable:
     curves = {}
     for (model, dev), (a, b) in LINEAR_MS.items():
         p50 = tuple((a + b * n) / 1e3 for n in BATCH_SIZES)
         p99 = tuple((1.15 * (a + b * n) + 0.3) / 1e3 for n in BATCH_SIZES)
         curves[(model, VARIANT, dev)] = Curve(BATCH_SIZES, p50, p99)
+    curves.update(measured_curves(measured_dir))
     return ProfileTable(curves, {})
+
+
+def known_devices(table: ProfileTable) -> list[str]:
+    return sorted({d for (_, _, d) in table.curves})
 
 
 def service_for(table: ProfileTable, model: str, device_type: str, slo_ms: float,
                 max_batch_size: int = 64, slo_percentile: float = 0.99) -> ServiceModel:
-    curve = table.curve(model, VARIANT, device_type)
+    curve = table.curves.get((model, VARIANT, device_type))  # no foreign fallback: a typo must not pass
     if curve is None:
-        raise KeyError(f"no profile for {model} on {device_type}; known: {sorted(LINEAR_MS)}")
+        known = sorted(f"{m}@{d}" for (m, _, d) in table.curves)
+        raise KeyError(f"no profile for {model} on {device_type}; known: {', '.join(known)}")
     return ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile)
