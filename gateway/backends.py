@@ -7,6 +7,7 @@ the Ray backend crosses into Ray once per batch, never once per request.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,6 +68,11 @@ class InProcessBackend:
     computing, like the Ray replicas' knob. A batch that runs in the thread pool is bounded by
     the batcher's ``timeout_s`` and by ``batch_timeout_s`` (504 past it); ORT itself cannot be
     stopped half-way, so an abandoned call finishes in its thread (ORT sessions run concurrently).
+
+    ``pipeline_depth`` batches may be in flight per replica: the second waits in its pool thread
+    on the replica's lock and starts the moment the first ends, so ORT goes from batch to batch
+    without waiting for the event loop to see a result and hand over the next batch. One
+    replica still computes one batch at a time; ``compute_s`` is the time under the lock.
     """
 
     name = "inprocess"
@@ -74,8 +80,9 @@ class InProcessBackend:
 
     def __init__(self, repo: ModelRepository, opts: RuntimeOptions, instances: int = 1,
                  inline_below_s: float = 0.0, fault_delay_s: dict[str, float] | None = None,
-                 batch_timeout_s: float | None = None):
+                 batch_timeout_s: float | None = None, pipeline_depth: int = 1):
         self.repo = repo
+        self.pipeline_depth = max(1, pipeline_depth)
         self.fault_delay_s = {m: d for m, d in (fault_delay_s or {}).items() if d > 0}
         self.batch_timeout_s = batch_timeout_s
         self.opts = opts
@@ -83,7 +90,8 @@ class InProcessBackend:
         self.inline_below_s = inline_below_s
         self.device_type = device_type(opts.device)
         self._replicas: dict[tuple[str, str], list[Replica]] = {}
-        self._free: dict[tuple[str, str], list[Replica]] = {}
+        self._load: dict[tuple[str, str], list[int]] = {}  # batches in flight per replica
+        self._locks: dict[int, threading.Lock] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._ready = False
         self._fast: dict[tuple[str, str], bool] = {}
@@ -91,7 +99,7 @@ class InProcessBackend:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         total = sum(len(m.config.variants) for m in self.repo.models.values()) * self.instances
-        self._pool = ThreadPoolExecutor(max_workers=max(2, total), thread_name_prefix="ort")
+        self._pool = ThreadPoolExecutor(max_workers=max(2, total * self.pipeline_depth), thread_name_prefix="ort")
         for name, model in self.repo.models.items():
             outs = [o.name for o in model.config.outputs]
             for v in model.config.variants:
@@ -104,7 +112,9 @@ class InProcessBackend:
                         raise ModelLoadError(f"model '{name}' variant '{v.name}': {model.onnx_path(v.name)} "
                                              f"cannot be loaded: {e}") from None
                 self._replicas[(name, v.name)] = reps
-                self._free[(name, v.name)] = list(reps)
+                self._load[(name, v.name)] = [0] * len(reps)
+                for r in reps:
+                    self._locks[id(r)] = threading.Lock()
                 self._fast[(name, v.name)] = self._probe_fast(reps[0], model)
         self._ready = True
 
@@ -133,35 +143,45 @@ class InProcessBackend:
         return self.device_type
 
     def slots(self, model: str, variant: str) -> int:
-        return len(self._replicas.get((model, variant), ()))
+        return len(self._replicas.get((model, variant), ())) * self.pipeline_depth
 
     async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
                   timeout_s: float | None = None) -> RunResult:
         """Inline batches (predicted under ``inline_below_s``) ignore ``timeout_s``; pooled ones
         fail with 504 once ``timeout_s`` (or ``batch_timeout_s``) has passed."""
         key = (model, variant)
-        free = self._free[key]
-        rep = free.pop() if free else self._replicas[key][0]
+        load = self._load[key]
+        i = min(range(len(load)), key=load.__getitem__)  # the replica with the fewest batches in flight
+        rep = self._replicas[key][i]
+        load[i] += 1
         try:
             t0 = time.perf_counter()
             delay = self.fault_delay_s.get(model)
             if self._fast[key] and not delay:
                 outputs = rep.run(inputs)
+                compute_s = time.perf_counter() - t0
             else:
                 limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
                 try:
-                    outputs = await asyncio.wait_for(self._pooled(rep, inputs, delay),
-                                                     min(limits) if limits else None)
+                    outputs, compute_s = await asyncio.wait_for(self._pooled(rep, inputs, delay),
+                                                                min(limits) if limits else None)
                 except asyncio.TimeoutError:
                     raise DeadlineExceeded(
                         f"the batch on '{model}/{variant}' was not back {min(limits):.2f} s after dispatch "
                         f"(past its requests' deadlines plus late_grace_s, or batch_timeout_s); retry, "
                         f"or raise slo_ms") from None
-            return RunResult(outputs, time.perf_counter() - t0, self.device_type)
+            return RunResult(outputs, compute_s, self.device_type)
         finally:
-            free.append(rep)
+            load[i] -= 1
 
     async def _pooled(self, rep: Replica, inputs: dict[str, np.ndarray], delay: float | None):
         if delay:
             await asyncio.sleep(delay)  # chaos drill: a batch that takes long
-        return await asyncio.get_running_loop().run_in_executor(self._pool, rep.run, inputs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._locked_run, rep, inputs)
+
+    def _locked_run(self, rep: Replica, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        """In a pool thread: one batch at a time per replica; the time under the lock is its compute."""
+        with self._locks[id(rep)]:
+            t0 = time.perf_counter()
+            out = rep.run(inputs)
+            return out, time.perf_counter() - t0

@@ -106,6 +106,11 @@ class Settings(BaseSettings):
     pipeline_depth: int = Field(
         default=2, ge=1, le=8, description="Batches in flight per Ray replica (2 overlaps Ray's hand-off with compute)."
     )
+    inprocess_pipeline_depth: int = Field(
+        default=1, ge=1, le=8,
+        description="Batches in flight per in-process replica: a second one waits on the replica and starts the "
+                    "moment the first ends, without a round trip through the event loop (docs/benchmarks.md).",
+    )
     ray_transport: Literal["grpc", "object_ref"] = Field(
         default="grpc",
         description="How a batch reaches its Ray Serve replica: grpc (the handle calls the replica's own "

@@ -33,6 +33,8 @@ from loadtests.bench.systems import (
     BatchingKnobs,
     Launch,
     default_tmp,
+    BINARY_SYSTEMS,
+    binary_body,
     make_launch,
     prioritise,
     request_body,
@@ -43,7 +45,6 @@ wrk.method = "POST"
 local f = assert(io.open("%(body)s", "rb"))
 wrk.body = f:read("*a")
 f:close()
-wrk.headers["Content-Type"] = "application/json"
 %(headers)s
 done = function(summary, latency, requests)
   local e = summary.errors
@@ -58,6 +59,7 @@ end
 
 
 def write_lua(path: Path, body_path: Path, headers: dict[str, str]) -> None:
+    headers = {"Content-Type": "application/json", **headers}
     h = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())
     path.write_text(LUA % {"body": str(body_path), "headers": h})
 
@@ -195,11 +197,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                           triton_instances=args.triton_instances, sloserve_config=args.sloserve_config,
                           sloserve_policy=args.sloserve_policy)
+    body = request_body(repo, args.model)
+    wire, body_headers = body, {}
+    if args.binary:
+        bad = [s for s in systems if s not in BINARY_SYSTEMS]
+        if bad:
+            raise SystemExit(f"sloserve bench closed: --binary: {', '.join(bad)} do not take KServe's binary tensor "
+                             f"extension (only {', '.join(BINARY_SYSTEMS)})")
+        wire, body_headers = binary_body(body)
     tmp = default_tmp()
     log_dir = Path(args.log_dir) if args.log_dir else tmp / "logs"
-    body = request_body(repo, args.model)
     body_path = tmp / "body.json"
-    body_path.write_bytes(body)
+    body_path.write_bytes(wire)
     rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     t_start = time.time()
     for r in range(args.rounds):
@@ -209,7 +218,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 launch = make_launch(s, repo, args.model, args.variant, knobs, tmp)
                 lua = tmp / f"{s}.lua"
-                write_lua(lua, body_path, launch.headers)
+                write_lua(lua, body_path, {**launch.headers, **body_headers})
                 rec = measure_once(launch, body, lua, args, log_dir)
             except Exception as e:  # noqa: BLE001 - a peer that fails is recorded, the run goes on
                 rec = {"error": f"{type(e).__name__}: {e}"[:4000]}
@@ -277,6 +286,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (A B A B ...); medians reported")
     p.add_argument("--systems", default="sloserve,triton", help=f"comma list of {', '.join(SYSTEMS)}")
     p.add_argument("--threads", type=int, default=1, help="wrk threads (1 is the cheapest)")
+    p.add_argument("--binary", action="store_true",
+                   help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of "
+                        "JSON numbers; only for sloserve, sloserve-ray and triton")
     p.add_argument("--max-batch-size", type=int, default=32, help="every system's max batch size")
     p.add_argument("--max-wait-ms", type=float, default=2.0,
                    help="every system's batching wait (Triton max_queue_delay, MLServer max_batch_time, "

@@ -304,5 +304,27 @@ def request_body(repo: Path, model: str, index: int = 0) -> bytes:
                                    "data": data}]}, separators=(",", ":")).encode()
 
 
+BINARY_SYSTEMS = ("sloserve", "sloserve-ray", "triton")
+
+
+def binary_body(json_body: bytes) -> tuple[bytes, dict[str, str]]:
+    """The same request in KServe V2's binary tensor extension (what ``tritonclient.http`` sends by
+    default): a JSON header naming ``binary_data_size``, then the raw little-endian tensor bytes.
+    Returns the body and the headers it needs. Triton and sloserve take it; MLServer and the Ray
+    Serve peer do not."""
+    import numpy as np
+
+    from gateway.types import V2_TO_NUMPY
+
+    doc = json.loads(json_body)
+    raw = b""
+    for t in doc["inputs"]:
+        arr = np.asarray(t.pop("data"), dtype=V2_TO_NUMPY[t["datatype"]]).astype("<" + V2_TO_NUMPY[t["datatype"]].str[1:])
+        t["parameters"] = {"binary_data_size": arr.nbytes}
+        raw += arr.tobytes()
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    return head + raw, {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
+
+
 def default_tmp() -> Path:
     return Path(tempfile.mkdtemp(prefix="sloserve-bench-"))
