@@ -71,9 +71,13 @@ def _preload_cuda_libraries() -> None:
 
 @functools.lru_cache(maxsize=1)
 def device_type(device: str = "auto") -> str:
-    """A stable name for the hardware a profile belongs to: GPU name or CPU model, slugged."""
+    """A stable name for the hardware a profile belongs to: GPU name or CPU model, slugged.
+
+    The GPU's name only when ONNX Runtime will really run on it: a GPU host whose onnxruntime
+    has no CUDA provider computes on the CPU, and its profiles must say so.
+    """
     name = None
-    if device != "cpu" and gpu_present():
+    if device != "cpu" and gpu_present() and "CUDAExecutionProvider" in providers_for(device):
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],

@@ -1,0 +1,34 @@
+"""A profile is named after the hardware ONNX Runtime really runs on."""
+
+from __future__ import annotations
+
+import pytest
+
+from models import runtime
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    runtime.device_type.cache_clear()
+    runtime.gpu_present.cache_clear()
+    yield
+    runtime.device_type.cache_clear()
+    runtime.gpu_present.cache_clear()
+
+
+def test_gpu_host_without_the_cuda_provider_profiles_as_its_cpu(monkeypatch):
+    monkeypatch.setattr(runtime, "gpu_present", lambda: True)
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert runtime.device_type("auto").startswith("cpu-")
+
+
+def test_gpu_host_with_the_cuda_provider_profiles_as_its_gpu(monkeypatch):
+    class Done:
+        returncode, stdout = 0, "NVIDIA H100 80GB HBM3\n"
+
+    monkeypatch.setattr(runtime, "gpu_present", lambda: True)
+    monkeypatch.setattr(runtime, "_preload_cuda_libraries", lambda: None)
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(runtime.subprocess, "run", lambda *a, **k: Done())
+    assert runtime.device_type("auto") == "nvidia-h100-80gb-hbm3"
+    assert runtime.device_type("cpu").startswith("cpu-")
