@@ -113,6 +113,8 @@ class Batcher:
         # A dispatched batch is awaited at most until its latest deadline + late_grace_s (None: no bound).
         self.late_grace_s = late_grace_s
         self.round_trip_latency = bool(getattr(runner, "round_trip_latency", True))
+        # A runner that reports pure compute tells the policy how it pipelines (QueueView.depth).
+        self._depth = 1 if self.round_trip_latency else max(1, int(getattr(runner, "pipeline_depth", 1)))
         self._entries: dict[int, _Entry] = {}
         self._items: list[QueuedItem] = []
         self._rows = 0
@@ -193,7 +195,7 @@ class Batcher:
     # ---- the loop -------------------------------------------------------------------------
     def _view(self) -> QueueView:
         idle = {v: self.runner.slots(self.model, v) - self._busy[v] for v in self.variants}
-        return QueueView(self.model, self._items, idle, self.max_batch_size)
+        return QueueView(self.model, self._items, idle, self.max_batch_size, depth=self._depth)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -112,7 +112,7 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
            n_replicas_per_variant: Mapping[str, int] | int, *, model: str = "m",
            max_batch_size: int = 32, variants: Sequence[str] | None = None, admission: bool = False,
            busy_until: bool = False, device_type: str = "cpu", strict: bool = True,
-           max_plans_per_instant: int = 100_000) -> ReplayResult:
+           max_plans_per_instant: int = 100_000, depth: int = 1) -> ReplayResult:
     """Run ``policy`` on ``requests`` in virtual time.
 
     ``latency_fn(variant, rows) -> seconds`` is the *actual* service time of a batch (pass a
@@ -120,7 +120,9 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
     ``variants`` (default: those the requests name) that many replicas. ``admission``: call
     ``policy.admit(view, item, now)`` before queueing, if the policy has one. ``busy_until``:
     give the policy each busy replica's true finish time in ``QueueView.busy_until_s`` (the live
-    batcher does not). ``strict`` raises :class:`PolicyError` on unknown ids, batches over
+    batcher does not). ``depth``: batches each replica queues (the in-process backend's
+    ``inprocess_pipeline_depth``): a batch in a queued slot starts when the replica's previous
+    batch ends, and the view carries ``depth`` (``busy_until`` needs depth 1). ``strict`` raises :class:`PolicyError` on unknown ids, batches over
     ``max_batch_size``, dispatches to a variant with no idle replica, or an empty Dispatch/Shed.
     """
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.id))
@@ -134,8 +136,12 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
     if isinstance(n_replicas_per_variant, int):
         n_replicas_per_variant = {v: n_replicas_per_variant for v in variants}
     n_rep = dict(n_replicas_per_variant)
-    free: dict[str, list[int]] = {v: list(range(n)) for v, n in n_rep.items()}  # idle replica ids
-    busy: dict[str, dict[int, float]] = {v: {} for v in n_rep}  # replica -> finish time
+    if depth < 1 or (depth > 1 and busy_until):
+        raise ValueError("depth must be >= 1, and busy_until needs depth 1")
+    # a free slot is a replica id, listed once per batch it can still queue
+    free: dict[str, list[int]] = {v: [r for r in range(n) for _ in range(depth)] for v, n in n_rep.items()}
+    busy: dict[str, dict[int, float]] = {v: {} for v in n_rep}  # replica -> finish time (depth 1)
+    last_fin: dict[str, dict[int, float]] = {v: {} for v in n_rep}  # replica -> its last batch's finish
     admit = getattr(policy, "admit", None) if admission else None
 
     queue: list[QueuedItem] = []
@@ -151,7 +157,7 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
     def view() -> QueueView:
         idle = {v: len(f) for v, f in free.items()}
         bu = {v: tuple(b.values()) for v, b in busy.items()} if busy_until else None
-        return QueueView(model, queue, idle, max_batch_size, bu)
+        return QueueView(model, queue, idle, max_batch_size, bu, depth)
 
     def remove(ids: tuple[int, ...]) -> list[QueuedItem]:
         nonlocal queue
@@ -179,7 +185,7 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
         while completions and completions[0][0] <= now:
             fin, bi, rep = heapq.heappop(completions)
             b = batches[bi]
-            del busy[b.variant][rep]
+            busy[b.variant].pop(rep, None)
             free[b.variant].append(rep)
             late = sum(rows_of[rid] for rid in b.ids if fin > outcomes[rid].deadline_s)  # rows, as the live batcher counts
             policy.observe(BatchResult(model, b.variant, b.rows, fin - b.start_s, fin, True, device_type,
@@ -229,11 +235,18 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
             rows = sum(it.size for it in items)
             if strict and rows > max_batch_size:
                 raise PolicyError(f"batch of {rows} rows over max_batch_size {max_batch_size}")
-            rep = pool.pop()
-            fin = now + latency_fn(d.variant, rows)
+            if depth == 1:
+                rep = pool.pop()
+            else:  # the replica with the fewest batches queued, as the in-process backend picks
+                rep = max(set(pool), key=lambda r: (pool.count(r), -r))
+                pool.remove(rep)
+            start = max(now, last_fin[d.variant].get(rep, now))
+            fin = start + latency_fn(d.variant, rows)
+            last_fin[d.variant][rep] = fin
             bi = len(batches)
-            batches.append(BatchRecord(bi, d.variant, rep, now, fin, rows, tuple(it.id for it in items), d.reason))
-            busy[d.variant][rep] = fin
+            batches.append(BatchRecord(bi, d.variant, rep, start, fin, rows, tuple(it.id for it in items), d.reason))
+            if depth == 1:
+                busy[d.variant][rep] = fin
             heapq.heappush(completions, (fin, bi, rep))
             for it in items:
                 outcomes[it.id] = RequestOutcome(it.id, it.arrival_s, it.deadline_s, d.variant, now, fin,

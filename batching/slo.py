@@ -57,13 +57,16 @@ EPS_S = 1e-9
 
 
 class _Pool:
-    __slots__ = ("free_s", "idle", "replicas", "start_s")
+    __slots__ = ("begin_s", "free_s", "idle", "replicas", "start_s")
 
-    def __init__(self, idle: int, replicas: int, start_s: float, free_s: list[float]):
-        self.idle = idle  # replicas free now
+    def __init__(self, idle: int, replicas: int, start_s: float, free_s: list[float], begin_s: float | None = None):
+        self.idle = idle  # slots free now (replicas, times the backend's pipeline depth)
         self.replicas = replicas
-        self.start_s = start_s  # earliest a new batch could start (for shedding)
+        self.start_s = start_s  # earliest a new batch could start (for shedding: never speculative)
         self.free_s = free_s  # when each replica frees (for capacity estimates)
+        # when a batch dispatched now would start computing: later than now only in a pipelined
+        # slot, behind the replica's running batch (QueueView.depth > 1)
+        self.begin_s = start_s if begin_s is None else begin_s
 
 
 @register_policy("slo")
@@ -155,10 +158,25 @@ class SLOPolicy:
             else:
                 busy = [max(now, t) for t in pred]
                 known = self.predict_busy
+            if view.depth > 1:
+                pools[v] = self._pipelined_pool(idle, busy, view.depth, now)
+                continue
             n = max(1, idle + len(busy))  # a variant the driver lists has a replica, maybe busy
             start = now if idle > 0 or not busy or not known else min(busy)
             pools[v] = _Pool(idle, n, start, [now] * idle + busy)
         return pools
+
+    @staticmethod
+    def _pipelined_pool(idle: int, busy: list[float], depth: int, now: float) -> _Pool:
+        """Replicas that each queue up to ``depth`` batches; ``busy``: this policy's predicted
+        finishes of the batches in flight (chained: a queued batch ends its latency after the one
+        before it). The backend spreads batches evenly, so a replica with nothing in flight is free
+        now and the others free at their last batch's finish: the latest ``replicas`` finishes."""
+        replicas = max(1, -(-(idle + len(busy)) // depth))
+        empty = max(0, replicas - len(busy))
+        free = [now] * empty + sorted(busy)[len(busy) - (replicas - empty):] if replicas > empty else [now] * replicas
+        start = now if idle > 0 or not busy else min(busy)  # shedding: as if the slot computed at once
+        return _Pool(idle, replicas, start, free, begin_s=min(free) if idle > 0 else start)
 
     # ---- plan -------------------------------------------------------------------------------
     def _sync(self, view: QueueView) -> DeadlineOrder:
@@ -206,11 +224,11 @@ class SLOPolicy:
                 continue
             r = self._rank[v]
             spill = 0 < r <= level and (need >= r or overloaded(r - 1, self.spill_derate))
-            d = self._plan_pool(v, r, spill, ents, reserved, now, B)
+            d = self._plan_pool(v, r, spill, ents, reserved, now, B, p.begin_s)
             if type(d) is Dispatch:
                 q.forget(d.ids)
                 rows = sum(q.known[i].size for i in d.ids)
-                heapq.heappush(self._busy_pred.setdefault(v, []), now + self.lat.latency_s(v, rows))
+                heapq.heappush(self._busy_pred.setdefault(v, []), max(now, p.begin_s) + self.lat.latency_s(v, rows))
                 return d
             if d is not None and d < wake_s:
                 wake_s = d
@@ -297,9 +315,15 @@ class SLOPolicy:
                 tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
         return self.rate.rate(now) <= (1.0 - self.levels.restore_headroom) * tput
 
-    def _plan_pool(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int):
-        """Dispatch for variant ``v``, or the time it wants to be asked again, or None."""
+    def _plan_pool(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int,
+                   begin: float | None = None):
+        """Dispatch for variant ``v``, or the time it wants to be asked again, or None.
+
+        ``begin``: when the batch would start computing (later than ``now`` in a pipelined slot).
+        Such a slot takes only a batch that is already full; a smaller one waits for the replica
+        to free, since it could still grow until then."""
         lat = self.lat
+        begin = now if begin is None or begin < now else begin
         ids: list[int] = []
         rows = cap = skips = 0
         head = None
@@ -308,12 +332,12 @@ class SLOPolicy:
             if not self._eligible(it, v, rank, spill, reserved):
                 continue
             if head is None:
-                c = min(B, lat.max_rows_within(v, e[0] - now - self.safety_s + EPS_S))
+                c = min(B, lat.max_rows_within(v, e[0] - begin - self.safety_s + EPS_S))
                 if c < it.size:
                     # Past the safety margin but not the deadline: go now rather than wait and shed
                     # a request that can still make it, with as many rows as the median says still
                     # fit (not alone: under overload a batch of one wastes the replica's capacity).
-                    fit = min(B, self.lat_shed.max_rows_within(v, e[0] - now + EPS_S))
+                    fit = min(B, self.lat_shed.max_rows_within(v, e[0] - begin + EPS_S))
                     if fit >= it.size:
                         return self._late_start(v, rank, spill, ents, reserved, fit)
                     continue  # v cannot make this one; a faster variant may
@@ -331,9 +355,12 @@ class SLOPolicy:
             return None
         if rows >= cap:
             return Dispatch(tuple(ids), v, "full" if cap >= B else "deadline")
+        latest = head.deadline_s - lat.latency_s(v, rows) - self.safety_s
+        if begin > now + EPS_S:  # a pipelined slot: only full batches queue behind the running one
+            reserved.update(ids)
+            return min(latest, begin)
         if skips:
             return Dispatch(tuple(ids), v, "packed")
-        latest = head.deadline_s - lat.latency_s(v, rows) - self.safety_s
         if self.max_wait_s is not None:
             latest = min(latest, min(self._q.known[i].arrival_s for i in ids) + self.max_wait_s)
         nb = lat.next_better(v, rows, self.min_gain)

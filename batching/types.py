@@ -41,6 +41,10 @@ class QueueView:
     ``items`` are in arrival order and must not be mutated by a policy.
     ``idle`` maps each variant to the number of its replicas free to take a batch now;
     ``busy_until_s`` maps each variant to the predicted finish times of its busy replicas.
+    ``depth`` is how many batches the backend queues per replica (its pipelining): with depth 2,
+    ``idle`` counts two slots per replica, and a batch in the second starts only when the
+    replica's running batch ends. Backends that calibrate on round trips fold their pipelining
+    into the latency they measure and report depth 1.
     """
 
     model: str
@@ -48,6 +52,7 @@ class QueueView:
     idle: Mapping[str, int]
     max_batch_size: int
     busy_until_s: Mapping[str, Sequence[float]] | None = None
+    depth: int = 1
 
     @property
     def queued_rows(self) -> int:

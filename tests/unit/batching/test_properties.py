@@ -135,3 +135,66 @@ def test_hysteresis_holds_the_level_through_a_short_lull():
     reqs = burst_trace(t_burst=(1.0, 1.5), end_s=1.7)  # 0.2 s of light load after the burst
     replay(p, reqs, two_variants, {"big": 1, "small": 1}, max_batch_size=32)
     assert p.level >= 1  # not yet restored: the lull is shorter than the hold
+
+
+# ---- pipelined replicas (QueueView.depth 2: the in-process backend's inprocess_pipeline_depth) ----
+
+@FAST
+@given(spec=workloads, name=st.sampled_from(["slo", "timeout", "fixed", "aimd", "nexus"]),
+       B=st.integers(1, 16), reps=st.integers(1, 2), admission=st.booleans())
+def test_pipelined_every_request_answered_exactly_once(spec, name, B, reps, admission):
+    reqs = to_requests(spec)
+    B = max(B, 4)
+    r = replay(make(name, two_variants, B), reqs, two_variants, {"big": reps, "small": reps},
+               max_batch_size=B, admission=admission, depth=2)
+    assert r.stranded == ()
+    served = Counter(i for b in r.batches for i in b.ids)
+    assert all(c == 1 for c in served.values())
+    for o in r.outcomes:
+        assert o.shed != (o.id in served)
+    # a replica computes one batch at a time
+    by_rep: dict = {}
+    for b in r.batches:
+        by_rep.setdefault((b.variant, b.replica), []).append((b.start_s, b.finish_s))
+    for spans in by_rep.values():
+        spans.sort()
+        assert all(f0 <= s1 + 1e-12 for (_, f0), (s1, _) in zip(spans, spans[1:]))
+
+
+@FAST
+@given(a_ms=st.floats(0.2, 5.0), b_ms=st.floats(0.0, 2.0), B=st.integers(1, 32),
+       slo_factor=st.floats(1.0, 8.0), gaps=st.lists(st.floats(1.0, 6.0), min_size=1, max_size=50))
+def test_pipelined_feasible_load_meets_every_deadline(a_ms, b_ms, B, slo_factor, gaps):
+    """As test_feasible_load_meets_every_deadline, with a second slot queued behind the running
+    batch: the policy must count the wait for the replica, not treat the slot as a free replica."""
+    lat = lambda v, n: (a_ms + b_ms * n) / 1e3
+    l1 = lat("v", 1)
+    t, reqs = 0.0, []
+    for i, g in enumerate(gaps):
+        t += g * l1
+        reqs.append(Request(i, t, slo_factor * l1, variants=("v",)))
+    p = make_policy("slo", max_batch_size=B, latency_fn=lat)
+    r = replay(p, reqs, lat, {"v": 1}, max_batch_size=B, depth=2)
+    late = [o for o in r.outcomes if not o.on_time]
+    assert not late, late[:3]
+
+
+def test_pipelined_slot_is_not_a_free_replica():
+    """Two full batches at once on one replica with two slots, SLO 1.5x a batch: the second cannot
+    make it (it starts when the first ends). Treating the queued slot as a free replica would
+    dispatch it and answer it late; the policy sheds it instead, and answers nothing late."""
+    lat = lambda v, n: 0.010
+    reqs = [Request(i, 0.0, 0.015, variants=("v",)) for i in range(8)]
+    p = make_policy("slo", max_batch_size=4, latency_fn=lat, calibrate=False)
+    r = replay(p, reqs, lat, {"v": 1}, max_batch_size=4, depth=2)
+    assert [o for o in r.outcomes if not o.shed and not o.on_time] == []
+    assert sum(o.on_time for o in r.outcomes) == 4 and sum(o.shed for o in r.outcomes) == 4
+
+
+def test_pipelined_slot_takes_a_full_batch_at_once_chained_after_the_running_one():
+    lat = lambda v, n: 0.010
+    reqs = [Request(i, 0.0, 0.050, variants=("v",)) for i in range(8)]
+    p = make_policy("slo", max_batch_size=4, latency_fn=lat, calibrate=False)
+    r = replay(p, reqs, lat, {"v": 1}, max_batch_size=4, depth=2)
+    assert [(b.rows, b.start_s, b.finish_s) for b in r.batches] == [(4, 0.0, 0.010), (4, 0.010, 0.020)]
+    assert all(o.on_time for o in r.outcomes)

@@ -183,3 +183,18 @@ async def test_a_batch_is_bounded_by_its_latest_deadline_plus_grace():
     await b.submit(x(1), 1, deadline_s=10.2, variants=("v",))
     assert runner.timeouts == [pytest.approx(0.7)]
     await b.close()
+
+
+class ComputeRunner(Runner):
+    """Reports pure compute (like the in-process backend) and pipelines two batches per replica."""
+
+    round_trip_latency = False
+    pipeline_depth = 2
+
+
+def test_the_view_carries_the_runners_pipelining_only_when_it_reports_compute():
+    pol = make_policy("timeout", max_batch_size=4, default_variant="v")
+    assert Batcher("m", pol, ComputeRunner(slots=2), ["v"], max_batch_size=4)._view().depth == 2
+    rt = Runner(slots=2)
+    rt.pipeline_depth = 2  # a round-trip runner (Ray) folds its pipelining into what it measures
+    assert Batcher("m", pol, rt, ["v"], max_batch_size=4)._view().depth == 1
