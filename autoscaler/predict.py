@@ -16,6 +16,7 @@ predict) and returns a rate. We tried four (numbers in docs/simulator.md, "Rate 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 History = Sequence[tuple[float, float]]
@@ -68,7 +69,26 @@ def predict_linreg(history: History, horizon_s: float) -> float:
     return max(intercept + slope * horizon_s, last_r, 0.0)
 
 
+def since_last_shift(history: History, jump: float = 0.1, z: float = 4.0) -> History:
+    """The points after the latest level shift: a change between two consecutive points larger than
+    ``jump`` of the level and ``z`` Poisson standard errors (each point a rate over the spacing of the
+    points). A step is not a trend: a line fitted across one extrapolates it past the new level."""
+    n = len(history)
+    for i in range(n - 1, 0, -1):
+        (t0, r0), (t1, r1) = history[i - 1], history[i]
+        dt = max(t1 - t0, 1e-9)
+        if abs(r1 - r0) > max(jump * max(r0, r1), z * math.sqrt((r0 + r1) / dt)):
+            return history[i:]
+    return history
+
+
+def predict_linreg_shift(history: History, horizon_s: float) -> float:
+    """``linreg`` over the points since the latest level shift (:func:`since_last_shift`)."""
+    return predict_linreg(since_last_shift(history), horizon_s)
+
+
 PREDICTORS: dict[str, Callable[[History, float], float]] = {
+    "linreg-shift": predict_linreg_shift,
     "last": predict_last,
     "ewma": predict_ewma,
     "holt": predict_holt,

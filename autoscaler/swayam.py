@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoscaler.predict import PREDICTORS
-from autoscaler.queueing import replicas_needed
+from autoscaler.queueing import capacity_of, replicas_needed
 from autoscaler.types import RateWindow, ScaleDecision, ScalingSnapshot, clamp
 
 
@@ -73,6 +73,11 @@ class SwayamConfig(BaseModel):
                                   "rate fell at this phase in every recent cycle.")
     season_bucket_s: float = Field(default=10.0, gt=0, description="One seasonal sample per this many seconds "
                                    "(bounds the history whatever the call rate).")
+    # between rounds: scale up as soon as a short window's rate is clearly above what the target serves
+    up_check_window_s: float = Field(default=0.0, ge=0, description="Window of the between-rounds up-check, "
+                                     "seconds (0: off; rounds only).")
+    up_check_z: float = Field(default=3.0, ge=0, description="The up-check fires when the window's rate minus "
+                              "this many Poisson standard errors exceeds the target's SLO capacity.")
 
     def model_post_init(self, _ctx) -> None:
         if self.predictor not in PREDICTORS:
@@ -408,5 +413,54 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
         reason = "scale-in-after-keep-alive"
     else:
         reason = "hold" if need < target else "steady"
-    return (ScaleDecision(target, reason, planned),
+    return (_with_recheck(ScaleDecision(target, reason, planned), snap, config),
             SwayamState(history, needs, seen, peaks, covers, excess, season, recent))
+
+
+def up_trigger_rps(capacity_rps: float, z: float, window_s: float) -> float:
+    """The measured rate ``r`` above which ``r - z * sqrt(r / window_s) > capacity_rps``.
+
+    >>> round(up_trigger_rps(100.0, 3.0, 2.0), 3)  # 100 rps needs 122.8 measured over 2 s at z 3
+    122.768
+    """
+    a = z / math.sqrt(window_s)
+    return ((a + math.sqrt(a * a + 4.0 * max(capacity_rps, 0.0))) / 2.0) ** 2
+
+
+def _with_recheck(d: ScaleDecision, snap: ScalingSnapshot, config: SwayamConfig) -> ScaleDecision:
+    w = config.up_check_window_s
+    if w <= 0 or d.target_replicas >= snap.max_replicas:
+        return d
+    trigger = up_trigger_rps(capacity_of(snap.service, d.target_replicas), config.up_check_z, w)
+    return ScaleDecision(d.target_replicas, d.reason, d.planned_rps, trigger, w)
+
+
+def check_up(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now: float
+             ) -> tuple[ScaleDecision, SwayamState]:
+    """Between rounds: scale up at once when the last ``up_check_window_s`` of arrivals is clearly above
+    what the target serves within the SLO; never scales in, and leaves the state alone otherwise.
+
+    ``snap.windows`` are the gateways' reports over that short window. The test is the rate minus
+    ``up_check_z`` Poisson standard errors against the target's SLO capacity (a noise guard: a short
+    window is noisy). When it fires, the target becomes the replicas the measured rate needs (the
+    round's sizing, without prediction or seasonal terms), and that need joins the keep-alive. The
+    next round re-plans from its own window. Calls below the decision's ``recheck_above_rps`` are
+    no-ops, so a driver may skip them."""
+    w = config.up_check_window_s
+    keep = ScaleDecision(snap.target_replicas, "steady")
+    if w <= 0 or not snap.windows:
+        return keep, state
+    rate = aggregate_rate(snap.windows, max(state.gateways_seen, 1))
+    window_s = max(win.duration_s for win in snap.windows)
+    trigger = up_trigger_rps(capacity_of(snap.service, snap.target_replicas), config.up_check_z, window_s)
+    if rate is None or rate <= trigger or snap.target_replicas >= snap.max_replicas:
+        return ScaleDecision(snap.target_replicas, "steady", 0.0, trigger if rate is not None else math.inf, w), state
+    planned = rate * (1 + config.margin_frac) + config.noise_z * math.sqrt(rate / config.window_s)
+    need = replicas_needed(snap.service, planned, snap.max_replicas)
+    target = clamp(max(need, snap.target_replicas), snap)
+    needs = _drop_before(state.needs, now - config.keep_alive_s)
+    while needs and needs[-1][1] <= need:
+        needs = needs[:-1]
+    needs = needs + ((now, need),)
+    return (_with_recheck(ScaleDecision(target, "fast-scale-up", planned), snap, config),
+            replace(state, needs=needs))

@@ -53,6 +53,11 @@ class SimConfig:
     seed: int = 0
     minute_s: float = 60.0
     sla: float = 0.99
+    # between rounds (fluid mode; a policy opts in through ScaleDecision.recheck_above_rps): how often
+    # the controller sees fresh gateway rates, and how old they are when it does (live: the replicas
+    # push their metrics every second, the controller loop runs every 0.1 s)
+    check_every_s: float = 1.0
+    report_lag_s: float = 1.0
 
 
 def batching_policy_for(cfg: SimConfig, spec: ModelSpec):

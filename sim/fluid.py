@@ -75,6 +75,45 @@ def _late_table(service: ServiceModel) -> _LateTable:
     return tab
 
 
+_RING_STEPS = 64  # the longest up-check window, in steps
+
+
+def _check_up(ctl: Controller, k: int, ring: np.ndarray, dt_s: float, lag_steps: int, cfg: SimConfig, now: float,
+              target: np.ndarray, ready: np.ndarray, ongoing: list[float], specs: list[ModelSpec], gws: list[str],
+              share_w: float) -> list[tuple[int, int]]:
+    """The models whose rate over their up-check window (ending ``report_lag_s`` ago) exceeds their
+    trigger, checked by the policy: ``[(model, granted target)]`` for those whose target changed."""
+    trig = np.array(ctl.recheck_rps)
+    wins = np.array(ctl.recheck_window_s)
+    fired: list[int] = []
+    counts: dict[int, np.ndarray] = {}
+    for w_s in set(wins[np.isfinite(trig)].tolist()):
+        w = min(max(round(w_s / dt_s), 1), _RING_STEPS)
+        if k - lag_steps - w < 0:
+            continue
+        rows = [(k - lag_steps - i) % len(ring) for i in range(1, w + 1)]
+        c = ring[rows].sum(axis=0)
+        hit = np.nonzero((wins == w_s) & (c > trig * w * dt_s))[0]
+        for j in hit.tolist():
+            counts[j] = c
+            fired.append(j)
+    if not fired:
+        return []
+    fired.sort()
+    t1 = now - lag_steps * dt_s
+    tgt_l = target.tolist()
+    snaps = []
+    for j in fired:
+        s = specs[j]
+        t0 = t1 - min(max(round(ctl.recheck_window_s[j] / dt_s), 1), _RING_STEPS) * dt_s
+        arrivals = float(counts[j][j]) * share_w
+        snaps.append(ScalingSnapshot(s.name, tgt_l[j], int(ready[j]), s.service, ongoing[j],
+                                     tuple(RateWindow(g, t0, t1, arrivals, share_w) for g in gws),
+                                     s.min_replicas, s.max_replicas, None))
+    grants = ctl.check_up(now, fired, snaps, tgt_l)
+    return [(j, g) for j, g in zip(fired, grants) if g != tgt_l[j]]
+
+
 def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s: float = 1.0,
                    placement: PlacementHook | None = None, progress=None) -> dict[str, Any]:
     rng = np.random.default_rng(cfg.seed)
@@ -128,6 +167,27 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
     late = np.zeros(n)
     cap_step = hold_cap = None
     late_key = None
+    check_steps = max(round(cfg.check_every_s / dt_s), 1)
+    lag_steps = round(cfg.report_lag_s / dt_s)
+    ring = np.zeros((lag_steps + _RING_STEPS, n))  # the last steps' arrivals, for the up-checks
+
+    def apply(j: int, g: int, now: float) -> None:
+        """Model ``j`` is granted ``g`` replicas at ``now``: start or drop the difference."""
+        diff = g - int(target[j])
+        if diff > 0:
+            heapq.heappush(pending, (now + cfg.startup_s + ctl.placement.start_delay_s.get(names[j], 0.0), j, diff))
+        elif diff < 0:  # drop starting replicas first (newest), then ready ones
+            drop = -diff
+            keep = []
+            for item in sorted((p for p in pending if p[1] == j), reverse=True):
+                take = min(drop, item[2])
+                drop -= take
+                if item[2] - take:
+                    keep.append((item[0], j, item[2] - take))
+            pending[:] = [p for p in pending if p[1] != j] + keep
+            heapq.heapify(pending)
+            ready[j] -= drop
+        target[j] = g
 
     for tk in range(n_ticks):
         t = tk * tick_steps * dt_s
@@ -147,23 +207,8 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
                                  tuple([RateWindow(g, t_prev, t, share[j], share_w) for g in gws]) if tk else (),
                                  mins[j], maxs[j], fut[j]) for j in range(n)]
         grants = ctl.round_snapshots(t, snaps)
-        delays = ctl.placement.start_delay_s  # e.g. waiting for a preempted GPU
         for j, g in enumerate(grants):
-            diff = g - tgt_l[j]
-            if diff > 0:
-                heapq.heappush(pending, (t + cfg.startup_s + delays.get(names[j], 0.0), j, diff))
-            elif diff < 0:  # drop starting replicas first (newest), then ready ones
-                drop = -diff
-                keep = []
-                for item in sorted((p for p in pending if p[1] == j), reverse=True):
-                    take = min(drop, item[2])
-                    drop -= take
-                    if item[2] - take:
-                        keep.append((item[0], j, item[2] - take))
-                pending = [p for p in pending if p[1] != j] + keep
-                heapq.heapify(pending)
-                ready[j] -= drop
-            target[j] = g
+            apply(j, g, t)
         ser_target[tk] = target
         ser_ready[tk] = ready
         alloc = target.astype(float)
@@ -177,6 +222,13 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         for k in range(k0, k1):
             tt = k * dt_s
             changed = False
+            if k > k0 and k % check_steps == 0 and min(ctl.recheck_rps) < math.inf:
+                # between rounds: the up-check of every model whose fresh short-window rate crossed its trigger
+                fired = _check_up(ctl, k, ring, dt_s, lag_steps, cfg, tt, target, ready, ongoing_l, specs, gws, share_w)
+                for j, g in fired:
+                    rs[j] += (g - target[j]) * (k1 - k) * dt_s  # the rest of this block at the new target
+                    apply(j, g, tt)
+                    changed = True
             while pending and pending[0][0] <= tt + 1e-9:
                 _, j, cnt = heapq.heappop(pending)
                 ready[j] += cnt
@@ -190,6 +242,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
                 hold_cap = ready * mu1 * hold_s
                 late_key = ii
             a = rng.poisson(lam * dt_s).astype(float)
+            ring[k % len(ring)] = a
             work = backlog + a
             served = np.minimum(work, cap_step)
             over = work - served
