@@ -48,6 +48,7 @@ class Controller:
         # per model: the rate above which the policy's up-check would act before the next round, and its window
         self.recheck_rps = [math.inf] * len(specs)
         self.recheck_window_s = [0.0] * len(specs)
+        self.rechecking = False  # whether any decision of the last round asked for an up-check
         base = autoscaler.config.model_dump()
         self.configs = [autoscaler.config if not (s.autoscaler_kwargs or {}).get(autoscaler.name) else
                         autoscaler.spec.config_type.model_validate({**base, **s.autoscaler_kwargs[autoscaler.name]})
@@ -65,12 +66,17 @@ class Controller:
         wants: dict[str, int] = {}
         holding: dict[str, int] = {}
         recheck, recheck_w = self.recheck_rps, self.recheck_window_s
+        inf = math.inf
+        rechecking = False
         for i, snap in enumerate(snaps):
             decision, states[i] = decide(snap, configs[i], states[i], now)
             wants[snap.model] = decision.target_replicas
             holding[snap.model] = snap.target_replicas
-            recheck[i] = decision.recheck_above_rps
-            recheck_w[i] = decision.recheck_window_s
+            if decision.recheck_above_rps != inf or recheck[i] != inf:
+                recheck[i] = decision.recheck_above_rps
+                recheck_w[i] = decision.recheck_window_s
+                rechecking = True
+        self.rechecking = rechecking
         grant = self.placement.allocate(wants, holding, now)
         return [grant[s.name] for s in self.specs]
 

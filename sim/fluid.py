@@ -78,39 +78,61 @@ def _late_table(service: ServiceModel) -> _LateTable:
 _RING_STEPS = 64  # the longest up-check window, in steps
 
 
-def _check_up(ctl: Controller, k: int, ring: np.ndarray, dt_s: float, lag_steps: int, cfg: SimConfig, now: float,
-              target: np.ndarray, ready: np.ndarray, ongoing: list[float], specs: list[ModelSpec], gws: list[str],
-              share_w: float) -> list[tuple[int, int]]:
-    """The models whose rate over their up-check window (ending ``report_lag_s`` ago) exceeds their
-    trigger, checked by the policy: ``[(model, granted target)]`` for those whose target changed."""
-    trig = np.array(ctl.recheck_rps)
-    wins = np.array(ctl.recheck_window_s)
-    fired: list[int] = []
-    counts: dict[int, np.ndarray] = {}
-    for w_s in set(wins[np.isfinite(trig)].tolist()):
-        w = min(max(round(w_s / dt_s), 1), _RING_STEPS)
-        if k - lag_steps - w < 0:
-            continue
-        rows = [(k - lag_steps - i) % len(ring) for i in range(1, w + 1)]
-        c = ring[rows].sum(axis=0)
-        hit = np.nonzero((wins == w_s) & (c > trig * w * dt_s))[0]
-        for j in hit.tolist():
-            counts[j] = c
-            fired.append(j)
+class _UpChecks:
+    """The driver's side of between-rounds up-checks: each model's arrivals over the last steps, and its
+    trigger (``ScaleDecision.recheck_above_rps``) as a count over its window. ``fired`` finds the models
+    whose window, ending ``lag_steps`` before step ``k``, crossed it: one vector test per check."""
+
+    def __init__(self, n: int, dt_s: float, lag_steps: int):
+        self.ring = np.zeros((lag_steps + _RING_STEPS, n))
+        self.dt_s, self.lag_steps = dt_s, lag_steps
+        self.active = False
+        self.thr = self.wsteps = None
+
+    def refresh(self, ctl: Controller) -> None:
+        """Re-read the triggers after the policy decided."""
+        trig = np.array(ctl.recheck_rps)
+        self.active = bool(np.isfinite(trig).any())
+        if self.active:
+            w = np.array(ctl.recheck_window_s)
+            self.wsteps = np.clip(np.round(w / self.dt_s), 1, _RING_STEPS).astype(np.int64)
+            self.thr = trig * self.wsteps * self.dt_s
+
+    def fired(self, k: int) -> tuple[list[int], np.ndarray]:
+        end = k - self.lag_steps  # the window is steps [end - w, end)
+        ws = np.unique(self.wsteps).tolist()
+        counts = np.zeros(len(self.thr))
+        for w in ws:
+            if end - w < 0:
+                continue
+            rows = [(end - i) % len(self.ring) for i in range(1, w + 1)]
+            c = self.ring[rows].sum(axis=0)
+            if len(ws) == 1:
+                counts = c
+            else:
+                counts = np.where(self.wsteps == w, c, counts)
+        return np.nonzero(counts > self.thr)[0].tolist(), counts
+
+
+def _check_up(ctl: Controller, up: _UpChecks, k: int, now: float, target: np.ndarray, ready: np.ndarray,
+              ongoing: list[float], specs: list[ModelSpec], gws: list[str], share_w: float) -> list[tuple[int, int]]:
+    """The up-checks of the models whose short window crossed their trigger: ``[(model, granted target)]``
+    for those whose target changed."""
+    fired, counts = up.fired(k)
     if not fired:
         return []
-    fired.sort()
-    t1 = now - lag_steps * dt_s
+    t1 = now - up.lag_steps * up.dt_s
     tgt_l = target.tolist()
     snaps = []
     for j in fired:
         s = specs[j]
-        t0 = t1 - min(max(round(ctl.recheck_window_s[j] / dt_s), 1), _RING_STEPS) * dt_s
-        arrivals = float(counts[j][j]) * share_w
+        t0 = t1 - int(up.wsteps[j]) * up.dt_s
+        arrivals = float(counts[j]) * share_w
         snaps.append(ScalingSnapshot(s.name, tgt_l[j], int(ready[j]), s.service, ongoing[j],
                                      tuple(RateWindow(g, t0, t1, arrivals, share_w) for g in gws),
                                      s.min_replicas, s.max_replicas, None))
     grants = ctl.check_up(now, fired, snaps, tgt_l)
+    up.refresh(ctl)
     return [(j, g) for j, g in zip(fired, grants) if g != tgt_l[j]]
 
 
@@ -168,8 +190,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
     cap_step = hold_cap = None
     late_key = None
     check_steps = max(round(cfg.check_every_s / dt_s), 1)
-    lag_steps = round(cfg.report_lag_s / dt_s)
-    ring = np.zeros((lag_steps + _RING_STEPS, n))  # the last steps' arrivals, for the up-checks
+    up = _UpChecks(n, dt_s, round(cfg.report_lag_s / dt_s)) if ctl.check is not None else None
 
     def apply(j: int, g: int, now: float) -> None:
         """Model ``j`` is granted ``g`` replicas at ``now``: start or drop the difference."""
@@ -209,6 +230,10 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         grants = ctl.round_snapshots(t, snaps)
         for j, g in enumerate(grants):
             apply(j, g, t)
+        up_on = up is not None and ctl.rechecking
+        if up_on:
+            up.refresh(ctl)
+            up_on = up.active
         ser_target[tk] = target
         ser_ready[tk] = ready
         alloc = target.astype(float)
@@ -222,10 +247,9 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         for k in range(k0, k1):
             tt = k * dt_s
             changed = False
-            if k > k0 and k % check_steps == 0 and min(ctl.recheck_rps) < math.inf:
+            if up_on and k > k0 and k % check_steps == 0:
                 # between rounds: the up-check of every model whose fresh short-window rate crossed its trigger
-                fired = _check_up(ctl, k, ring, dt_s, lag_steps, cfg, tt, target, ready, ongoing_l, specs, gws, share_w)
-                for j, g in fired:
+                for j, g in _check_up(ctl, up, k, tt, target, ready, ongoing_l, specs, gws, share_w):
                     rs[j] += (g - target[j]) * (k1 - k) * dt_s  # the rest of this block at the new target
                     apply(j, g, tt)
                     changed = True
@@ -242,7 +266,8 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
                 hold_cap = ready * mu1 * hold_s
                 late_key = ii
             a = rng.poisson(lam * dt_s).astype(float)
-            ring[k % len(ring)] = a
+            if up is not None:
+                up.ring[k % len(up.ring)] = a
             work = backlog + a
             served = np.minimum(work, cap_step)
             over = work - served
