@@ -259,7 +259,8 @@ def seasonal_changes(season, now: float, horizon_s: float, periods_s: tuple[floa
     >>> s = tuple((float(t), 100.0 + (50.0 if t % 300 in (10, 20) else 0.0)) for t in range(0, 1201, 10))
     >>> [tuple(round(x, 1) for x in seasonal_changes(s, t, 20.0, (300.0,), 3, 30.0)) for t in (1190.0, 1170.0, 1220.0)]
     [(50.0, 50.0), (0.0, 0.0), (-33.3, -33.3)]
-    >>> v = tuple((float(t), 100.0 + (25.0 * (1 + t // 300) if t % 300 in (10, 20) else 0.0)) for t in range(0, 1201, 10))
+    >>> v = tuple((float(t), 100.0 + (25.0 * (1 + t // 300) if t % 300 in (10, 20) else 0.0))
+    ...           for t in range(0, 1201, 10))
     >>> [round(seasonal_changes(v, 1190.0, 20.0, (300.0,), 3, 30.0, f)[0], 1) for f in (None, 0.1, 0.8)]
     [50.0, 100.0, 50.0]
     """
