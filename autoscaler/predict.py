@@ -8,7 +8,10 @@ predict) and returns a rate. We tried four (numbers in docs/simulator.md, "Rate 
 * ``holt``   -- double exponential smoothing (level + trend): follows ramps, overshoots spikes;
 * ``linreg`` -- least-squares line over the window, extrapolated to the horizon, never below
   the latest rate: what ``swayam`` keeps, because on the Azure traces it under-predicts least
-  for the same over-provisioning, and a window (not a decay) bounds how long a spike counts.
+  for the same over-provisioning, and a window (not a decay) bounds how long a spike counts;
+* ``linreg-shift`` -- ``linreg`` over the points since the last level shift, so a step is not
+  extrapolated as a trend (tried with swayam in the fifth session: cheaper, but it loses the
+  SLA on on/off load; docs/simulator.md).
 
 >>> round(predict_linreg(((0, 10.0), (10, 20.0), (20, 30.0)), horizon_s=10), 6)
 40.0
@@ -88,9 +91,9 @@ def predict_linreg_shift(history: History, horizon_s: float) -> float:
 
 
 PREDICTORS: dict[str, Callable[[History, float], float]] = {
-    "linreg-shift": predict_linreg_shift,
     "last": predict_last,
     "ewma": predict_ewma,
     "holt": predict_holt,
     "linreg": predict_linreg,
+    "linreg-shift": predict_linreg_shift,
 }

@@ -50,7 +50,8 @@ from autoscaler.types import RateWindow, ScaleDecision, ScalingSnapshot, clamp
 class SwayamConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    predictor: str = Field(default="linreg", description="Rate predictor: last | ewma | holt | linreg.")
+    predictor: str = Field(default="linreg", description="Rate predictor: last | ewma | holt | linreg | "
+                           "linreg-shift.")
     window_s: float = Field(default=60.0, gt=0, description="History the predictor sees, seconds.")
     startup_s: float = Field(default=10.0, ge=0, description="Replica start-up (model load) time, seconds.")
     interval_s: float = Field(default=10.0, gt=0, description="Seconds between two decisions.")
@@ -480,7 +481,7 @@ def check_up(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, no
     window_s = max(win.duration_s for win in snap.windows)
     trigger = up_trigger_rps(capacity_of(snap.service, snap.target_replicas), config.up_check_z, window_s)
     if rate is None or rate <= trigger or snap.target_replicas >= snap.max_replicas:
-        return ScaleDecision(snap.target_replicas, "steady", 0.0, trigger if rate is not None else math.inf, w), state
+        return _with_recheck(keep, snap, config), state
     planned = rate * (1 + config.margin_frac) + config.noise_z * math.sqrt(rate / config.window_s)
     need = replicas_needed(snap.service, planned, snap.max_replicas)
     target = clamp(max(need, snap.target_replicas), snap)
