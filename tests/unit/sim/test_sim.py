@@ -104,16 +104,21 @@ def _cfg(**swayam):
     return SimConfig(seed=2, autoscaler_kwargs={"swayam": {"season_periods_s": (), **swayam}})
 
 
-def test_fluid_up_check_catches_a_step_between_rounds():
+@pytest.mark.parametrize("driver", [simulate_requests, simulate_fluid])
+def test_up_check_catches_a_step_between_rounds(driver):
     specs = _step_specs()
-    off = simulate_fluid(specs, "swayam", _cfg())
-    on = simulate_fluid(specs, "swayam", _cfg(up_check_window_s=2.0))
-    late = [1 - res["records"][0].minute_good[5] / res["records"][0].minute_total[5] for res in (off, on)]
-    # the step comes at a round; without the up-check it is seen one round later (10 s), with it ~3 s later
-    assert late[1] < 0.8 * late[0]
-    assert on["summary"]["replica_seconds"] == pytest.approx(off["summary"]["replica_seconds"], rel=0.05)
-    flat = [res["records"][1] for res in (off, on)]
-    assert flat[0].replica_seconds == flat[1].replica_seconds  # the other model is untouched
+    off = driver(specs, "swayam", _cfg())
+    on = driver(specs, "swayam", _cfg(up_check_window_s=2.0))
+    # the step comes at a round; without the up-check it is seen one round later (10 s), with it ~3 s later:
+    # the new replicas start sooner (more replica-seconds, a few percent)
+    up = [res["records"][0].replica_seconds for res in (off, on)]
+    assert up[0] < up[1] < 1.05 * up[0]
+    if driver is simulate_fluid:
+        late = [1 - res["records"][0].minute_good[5] / res["records"][0].minute_total[5] for res in (off, on)]
+        assert late[1] < 0.8 * late[0]
+        flat = [res["records"][1] for res in (off, on)]
+        assert flat[0].replica_seconds == flat[1].replica_seconds  # the other model is untouched
+    # (at request level the `slo` batcher does not recover from this overload in either run: docs/simulator.md)
 
 
 def test_fluid_up_check_skipping_calls_is_exact():
