@@ -8,7 +8,10 @@ predict) and returns a rate. We tried four (numbers in docs/simulator.md, "Rate 
 * ``holt``   -- double exponential smoothing (level + trend): follows ramps, overshoots spikes;
 * ``linreg`` -- least-squares line over the window, extrapolated to the horizon, never below
   the latest rate: what ``swayam`` keeps, because on the Azure traces it under-predicts least
-  for the same over-provisioning, and a window (not a decay) bounds how long a spike counts.
+  for the same over-provisioning, and a window (not a decay) bounds how long a spike counts;
+* ``linreg-shift`` -- ``linreg`` over the points since the last level shift, so a step is not
+  extrapolated as a trend (tried with swayam in the fifth session: cheaper, but it loses the
+  SLA on on/off load; docs/simulator.md).
 
 >>> round(predict_linreg(((0, 10.0), (10, 20.0), (20, 30.0)), horizon_s=10), 6)
 40.0
@@ -16,6 +19,7 @@ predict) and returns a rate. We tried four (numbers in docs/simulator.md, "Rate 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 History = Sequence[tuple[float, float]]
@@ -68,9 +72,28 @@ def predict_linreg(history: History, horizon_s: float) -> float:
     return max(intercept + slope * horizon_s, last_r, 0.0)
 
 
+def since_last_shift(history: History, jump: float = 0.1, z: float = 4.0) -> History:
+    """The points after the latest level shift: a change between two consecutive points larger than
+    ``jump`` of the level and ``z`` Poisson standard errors (each point a rate over the spacing of the
+    points). A step is not a trend: a line fitted across one extrapolates it past the new level."""
+    n = len(history)
+    for i in range(n - 1, 0, -1):
+        (t0, r0), (t1, r1) = history[i - 1], history[i]
+        dt = max(t1 - t0, 1e-9)
+        if abs(r1 - r0) > max(jump * max(r0, r1), z * math.sqrt((r0 + r1) / dt)):
+            return history[i:]
+    return history
+
+
+def predict_linreg_shift(history: History, horizon_s: float) -> float:
+    """``linreg`` over the points since the latest level shift (:func:`since_last_shift`)."""
+    return predict_linreg(since_last_shift(history), horizon_s)
+
+
 PREDICTORS: dict[str, Callable[[History, float], float]] = {
     "last": predict_last,
     "ewma": predict_ewma,
     "holt": predict_holt,
     "linreg": predict_linreg,
+    "linreg-shift": predict_linreg_shift,
 }

@@ -118,6 +118,11 @@ def replicas_needed(service: ServiceModel, rate: float, max_replicas: int = 100_
     return min(i, max_replicas)
 
 
+def capacity_of(service: ServiceModel, replicas: int) -> float:
+    """``capacity_rps(service, replicas)`` from the per-service list :func:`replicas_needed` uses."""
+    return _capacities(service, replicas)[replicas] if replicas > 0 else 0.0
+
+
 def per_replica_throughput_rps(service: ServiceModel) -> float:
     """Requests/s one replica serves within the SLO (Gavel's throughput entry for placement)."""
     return capacity_rps(service, 1)

@@ -24,30 +24,45 @@ one :class:`~autoscaler.types.RateWindow` per gateway and calls the same pure
 Little's law on Ray's own ``total_num_requests`` (rate ~= ongoing / mean latency).
 
 The policy state lives in ``ctx.policy_state`` under ``"sloserve_swayam"`` as plain lists.
+
+**Between rounds** (``swayam.up_check_window_s > 0``; off in ``LIVE_DEFAULTS``). Ray's controller calls
+the policy every control-loop iteration (``RAY_SERVE_CONTROL_LOOP_INTERVAL_S``, 0.1 s). The adapter then
+runs a full round every ``interval_s`` (the time of the last one is kept under ``"sloserve_round_s"``)
+and in between swayam's scale-up-only :func:`~autoscaler.swayam.check_up` on the gateways' rates over
+the last ``up_check_window_s``, stamped as ``sloserve_fast_rate_rps/<gateway_id>``. For those to be
+fresh, replicas must push their metrics about every second: ``AutoscalingConfig(metrics_interval_s=1,
+look_back_period_s=2)`` (Ray 2.60 pushes every ``metrics_interval_s`` and records every
+``min(0.2 * look_back_period_s, metrics_interval_s)``; the controller averages a custom metric over
+``look_back_period_s``). A step then reaches the policy about 1-2 s after the gateway's window closes;
+the simulator models it as a check every second on the window that ended 1 s earlier
+(``SimConfig.check_every_s``, ``report_lag_s``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from autoscaler.swayam import SwayamConfig, SwayamState, decide
+from autoscaler.swayam import SwayamConfig, SwayamState, check_up, decide
 from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
 from batching.profile import Curve
 
 RATE_PREFIX = "sloserve_rate_rps/"
 SHARE_PREFIX = "sloserve_share/"
+FAST_RATE_PREFIX = "sloserve_fast_rate_rps/"  # a gateway's rate over the last up_check_window_s
 STATE_KEY = "sloserve_swayam"
+ROUND_KEY = "sloserve_round_s"  # when the last full round ran (the up-check runs between rounds)
 
 
-def windows_from_metrics(metrics: dict | None, now: float, interval_s: float) -> tuple[RateWindow, ...]:
+def windows_from_metrics(metrics: dict | None, now: float, interval_s: float,
+                         prefix: str = RATE_PREFIX) -> tuple[RateWindow, ...]:
     """Gateway reports out of Ray's ``aggregated_metrics`` ({metric: {replica_id: value}})."""
     if not metrics:
         return ()
     out = []
     for name, per_replica in sorted(metrics.items()):
-        if not name.startswith(RATE_PREFIX) or not per_replica:
+        if not name.startswith(prefix) or not per_replica:
             continue
-        gw = name[len(RATE_PREFIX):]
+        gw = name[len(prefix):]
         rate = max(float(v) for v in per_replica.values())
         shares = metrics.get(SHARE_PREFIX + gw) or {}
         share = max((float(v) for v in shares.values()), default=0.0)
@@ -101,6 +116,11 @@ class SwayamRayPolicy:
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         now = float(ctx.current_time)
         policy_state = dict(ctx.policy_state or {})
+        last_round = policy_state.get(ROUND_KEY)
+        if self.config.up_check_window_s > 0 and last_round is not None and now < last_round + self.config.interval_s:
+            return self._check_up(ctx, now, policy_state)
+        if self.config.up_check_window_s > 0:
+            policy_state[ROUND_KEY] = now
         windows = windows_from_metrics(ctx.aggregated_metrics, now, self.config.interval_s)
         if not windows:  # no gateway stamps: Little's law on Ray's ongoing-request count
             mean_latency_s = self.service.curve.at(1, "p50") + self.service.slo_s / 2
@@ -116,4 +136,22 @@ class SwayamRayPolicy:
         decision, state = decide(snap, self.config, state_from_json(policy_state.get(STATE_KEY)), now)
         policy_state[STATE_KEY] = state_to_json(state)
         policy_state["sloserve_reason"] = decision.reason
+        return decision.target_replicas, policy_state
+
+    def _check_up(self, ctx: Any, now: float, policy_state: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Between rounds (Ray calls every control-loop tick, 0.1 s): swayam's scale-up-only check on the
+        gateways' short-window rates (``sloserve_fast_rate_rps/<gw>``); nothing to do without them."""
+        windows = windows_from_metrics(ctx.aggregated_metrics, now, self.config.up_check_window_s, FAST_RATE_PREFIX)
+        target = int(ctx.target_num_replicas)
+        if not windows:
+            return target, policy_state
+        snap = ScalingSnapshot(
+            model=ctx.deployment_name, target_replicas=target, ready_replicas=int(ctx.current_num_replicas),
+            service=self.service, windows=windows, min_replicas=int(ctx.capacity_adjusted_min_replicas),
+            max_replicas=int(ctx.capacity_adjusted_max_replicas))
+        state = state_from_json(policy_state.get(STATE_KEY))
+        decision, new_state = check_up(snap, self.config, state, now)
+        if new_state is not state:
+            policy_state[STATE_KEY] = state_to_json(new_state)
+            policy_state["sloserve_reason"] = decision.reason
         return decision.target_replicas, policy_state

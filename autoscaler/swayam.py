@@ -9,7 +9,9 @@ Per call, for one model:
 2. **Predict** the rate over the replica start-up horizon (``startup_s + interval_s``) with a
    windowed estimator with trend (``autoscaler.predict``; ``linreg`` by default), raised by a
    **seasonal bump** when a rise at this phase recurred in each of the last ``season_cycles``
-   periods of one of ``season_periods_s`` (timer-triggered load: :func:`seasonal_changes`).
+   periods of one of ``season_periods_s`` (timer-triggered load: :func:`seasonal_changes`): the
+   smallest of those rises, or the largest when every one was a clear spike (more than
+   ``season_spike_frac`` of its base level), whose height varies from cycle to cycle.
 3. **Size**: plan for ``base * (1 + margin) + noise_z * sqrt(base / window)`` and take the fewest
    replicas whose tail latency meets the SLO percentile (``autoscaler.queueing.replicas_needed``).
    ``margin`` is ``margin_frac``, or with ``margin_quantile > 0`` a high quantile of how far the
@@ -19,6 +21,9 @@ Per call, for one model:
    of the last ``hold_window_s`` (seasonal bumps left out), so a level the load keeps returning to
    stays warm while a lone burst is released. When the rate fell at this phase in every recent
    cycle, the keep-alive is cut short (``season_scale_in``).
+5. **Between rounds** (optional, ``up_check_window_s > 0``): :func:`check_up` scales up at once when
+   a short window's rate is clearly above what the target serves; decisions carry the trigger
+   (``ScaleDecision.recheck_above_rps``) so a driver calls it only then.
 
 >>> from batching.profile import Curve
 >>> from autoscaler.types import ServiceModel, ScalingSnapshot, RateWindow
@@ -38,14 +43,15 @@ from dataclasses import dataclass, replace
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoscaler.predict import PREDICTORS
-from autoscaler.queueing import replicas_needed
+from autoscaler.queueing import capacity_of, replicas_needed
 from autoscaler.types import RateWindow, ScaleDecision, ScalingSnapshot, clamp
 
 
 class SwayamConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    predictor: str = Field(default="linreg", description="Rate predictor: last | ewma | holt | linreg.")
+    predictor: str = Field(default="linreg", description="Rate predictor: last | ewma | holt | linreg | "
+                           "linreg-shift.")
     window_s: float = Field(default=60.0, gt=0, description="History the predictor sees, seconds.")
     startup_s: float = Field(default=10.0, ge=0, description="Replica start-up (model load) time, seconds.")
     interval_s: float = Field(default=10.0, gt=0, description="Seconds between two decisions.")
@@ -68,11 +74,19 @@ class SwayamConfig(BaseModel):
     season_periods_s: tuple[float, ...] = Field(default=(300.0, 900.0, 3600.0), description="Candidate periods, seconds "
                                                 "(empty: no seasonal term).")
     season_cycles: int = Field(default=2, ge=1, description="A bump must have recurred in this many periods.")
+    season_spike_frac: float | None = Field(default=0.15, ge=0, description="A rise that recurred in every cycle "
+                                            "by more than this share of its base level is planned at its largest "
+                                            "cycle, a smaller one at its smallest (None: always the smallest).")
     season_base_s: float = Field(default=30.0, gt=0, description="Level before a bump, seconds.")
     season_scale_in: bool = Field(default=True, description="Scale in before the keep-alive ends when the "
                                   "rate fell at this phase in every recent cycle.")
     season_bucket_s: float = Field(default=10.0, gt=0, description="One seasonal sample per this many seconds "
                                    "(bounds the history whatever the call rate).")
+    # between rounds: scale up as soon as a short window's rate is clearly above what the target serves
+    up_check_window_s: float = Field(default=0.0, ge=0, description="Window of the between-rounds up-check, "
+                                     "seconds (0: off; rounds only).")
+    up_check_z: float = Field(default=3.0, ge=0, description="The up-check fires when the window's rate minus "
+                              "this many Poisson standard errors exceeds the target's SLO capacity.")
 
     def model_post_init(self, _ctx) -> None:
         if self.predictor not in PREDICTORS:
@@ -226,14 +240,17 @@ def _first_after(points: tuple, t0: float, lo: int = 0) -> int:
 
 
 def seasonal_changes(season, now: float, horizon_s: float, periods_s: tuple[float, ...], cycles: int,
-                     base_s: float) -> tuple[float, float] | None:
+                     base_s: float, spike_frac: float | None = None) -> tuple[float, float] | None:
     """How the rate moved over the coming ``horizon_s`` one, two, ... ``cycles`` periods ago.
 
     For each period ``P`` and cycle ``k`` the change ``d`` is the largest rate in ``(now - kP, now - kP +
     horizon_s]`` minus the mean rate in the ``base_s`` before it. Returns ``(rise, high)``: ``rise`` is
     the largest over the periods of the smallest change over the cycles (a rise that recurred every
     time; negative when none did) and ``high`` the largest change of all (below zero only when the rate
-    fell at this phase in every cycle of every period). A period counts once the history holds
+    fell at this phase in every cycle of every period). With ``spike_frac``, a period whose change
+    exceeded ``spike_frac`` of its base level in every cycle (a clear spike, e.g. timer-triggered load
+    whose height varies from cycle to cycle) counts with its largest change instead of its smallest.
+    A period counts once the history holds
     ``cycles`` of it; None before any does, or across a gap in the history. ``season`` is a
     :class:`SeasonLog` or a tuple of ``(time_s, rate)`` pairs, oldest first.
 
@@ -243,12 +260,16 @@ def seasonal_changes(season, now: float, horizon_s: float, periods_s: tuple[floa
     >>> s = tuple((float(t), 100.0 + (50.0 if t % 300 in (10, 20) else 0.0)) for t in range(0, 1201, 10))
     >>> [tuple(round(x, 1) for x in seasonal_changes(s, t, 20.0, (300.0,), 3, 30.0)) for t in (1190.0, 1170.0, 1220.0)]
     [(50.0, 50.0), (0.0, 0.0), (-33.3, -33.3)]
+    >>> v = tuple((float(t), 100.0 + (25.0 * (1 + t // 300) if t % 300 in (10, 20) else 0.0))
+    ...           for t in range(0, 1201, 10))
+    >>> [round(seasonal_changes(v, 1190.0, 20.0, (300.0,), 3, 30.0, f)[0], 1) for f in (None, 0.1, 0.8)]
+    [50.0, 100.0, 50.0]
     """
-    return _changes(SeasonLog.of(season), now, horizon_s, periods_s, cycles, base_s)
+    return _changes(SeasonLog.of(season), now, horizon_s, periods_s, cycles, base_s, spike_frac)
 
 
 def _changes(log: SeasonLog, now: float, horizon_s: float, periods_s: tuple[float, ...], cycles: int,
-             base_s: float) -> tuple[float, float] | None:
+             base_s: float, spike_frac: float | None = None) -> tuple[float, float] | None:
     times, rates, lo, hi = log._t, log._r, log._lo, log._hi
     if lo == hi:
         return None
@@ -264,7 +285,10 @@ def _changes(log: SeasonLog, now: float, horizon_s: float, periods_s: tuple[floa
     for period in periods_s:
         if now - cycles * period - base_s < first:  # not yet `cycles` periods of history
             continue
-        low = _INF
+        low = top = _INF
+        clear = spike_frac is not None  # a clear spike so far: every cycle rose by more than spike_frac
+        if clear:
+            top = _NINF
         for k in ks:
             t0 = now - k * period
             # the base samples [b, i) are in (t0 - base_s, t0], the peak samples [i, j) in (t0, t0 + horizon_s]
@@ -292,13 +316,20 @@ def _changes(log: SeasonLog, now: float, horizon_s: float, periods_s: tuple[floa
             if i <= b or j <= i:  # a gap in the history: no evidence either way
                 return None
             # the same sums as over (time, rate) pairs: sum() adds left to right from 0, max() keeps the first
-            d = ((rates[i] if j == i + 1 else max(rates[i:j]))
-                 - ((0.0 + rates[b]) if i == b + 1 else sum(rates[b:i]) / (i - b)))
+            base = (0.0 + rates[b]) if i == b + 1 else sum(rates[b:i]) / (i - b)
+            d = (rates[i] if j == i + 1 else max(rates[i:j])) - base
             # low = min(low, d) and high = max(high, d), as the plain loop had them (ifs are faster)
             if d < low:  # noqa: PLR1730
                 low = d
             if d > high:  # noqa: PLR1730
                 high = d
+            if clear:
+                if d > top:  # noqa: PLR1730
+                    top = d
+                if d <= spike_frac * base:
+                    clear = False
+        if clear:  # a clear spike recurred every cycle: plan for its largest height, not its smallest
+            low = top
         if low > rise:  # noqa: PLR1730
             rise = low
     if rise == _NINF:
@@ -348,7 +379,8 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     fall_to = None  # a rate the seasonal history says the coming horizon stays under
     log = SeasonLog.of(season) if config.season_periods_s and season else None
     if log is not None:
-        ch = _changes(log, now, horizon_s, config.season_periods_s, config.season_cycles, config.season_base_s)
+        ch = _changes(log, now, horizon_s, config.season_periods_s, config.season_cycles, config.season_base_s,
+                      config.season_spike_frac)
         if ch is not None:
             level = log._level(now - config.season_base_s)
             if ch[0] > 0:
@@ -389,7 +421,7 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
         usual = need  # the need without a recurring (seasonal) bump: the level worth holding
         if log is not None:
             ch = _changes(log, now - config.interval_s, config.interval_s, config.season_periods_s,
-                          config.season_cycles, config.season_base_s)
+                          config.season_cycles, config.season_base_s, config.season_spike_frac)
             if ch is not None and ch[0] > 0:
                 usual = size(max(predicted - ch[0], 0.0))
         recent = _drop_before(recent, now - config.hold_window_s)
@@ -408,5 +440,54 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
         reason = "scale-in-after-keep-alive"
     else:
         reason = "hold" if need < target else "steady"
-    return (ScaleDecision(target, reason, planned),
+    return (_with_recheck(ScaleDecision(target, reason, planned), snap, config),
             SwayamState(history, needs, seen, peaks, covers, excess, season, recent))
+
+
+def up_trigger_rps(capacity_rps: float, z: float, window_s: float) -> float:
+    """The measured rate ``r`` above which ``r - z * sqrt(r / window_s) > capacity_rps``.
+
+    >>> round(up_trigger_rps(100.0, 3.0, 2.0), 3)  # 100 rps of capacity: fires above 123.6 measured over 2 s
+    123.582
+    """
+    a = z / math.sqrt(window_s)
+    return ((a + math.sqrt(a * a + 4.0 * max(capacity_rps, 0.0))) / 2.0) ** 2
+
+
+def _with_recheck(d: ScaleDecision, snap: ScalingSnapshot, config: SwayamConfig) -> ScaleDecision:
+    w = config.up_check_window_s
+    if w <= 0 or d.target_replicas >= snap.max_replicas:
+        return d
+    trigger = up_trigger_rps(capacity_of(snap.service, d.target_replicas), config.up_check_z, w)
+    return ScaleDecision(d.target_replicas, d.reason, d.planned_rps, trigger, w)
+
+
+def check_up(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now: float
+             ) -> tuple[ScaleDecision, SwayamState]:
+    """Between rounds: scale up at once when the last ``up_check_window_s`` of arrivals is clearly above
+    what the target serves within the SLO; never scales in, and leaves the state alone otherwise.
+
+    ``snap.windows`` are the gateways' reports over that short window. The test is the rate minus
+    ``up_check_z`` Poisson standard errors against the target's SLO capacity (a noise guard: a short
+    window is noisy). When it fires, the target becomes the replicas the measured rate needs (the
+    round's sizing, without prediction or seasonal terms), and that need joins the keep-alive. The
+    next round re-plans from its own window. Calls below the decision's ``recheck_above_rps`` are
+    no-ops, so a driver may skip them."""
+    w = config.up_check_window_s
+    keep = ScaleDecision(snap.target_replicas, "steady")
+    if w <= 0 or not snap.windows:
+        return keep, state
+    rate = aggregate_rate(snap.windows, max(state.gateways_seen, 1))
+    window_s = max(win.duration_s for win in snap.windows)
+    trigger = up_trigger_rps(capacity_of(snap.service, snap.target_replicas), config.up_check_z, window_s)
+    if rate is None or rate <= trigger or snap.target_replicas >= snap.max_replicas:
+        return _with_recheck(keep, snap, config), state
+    planned = rate * (1 + config.margin_frac) + config.noise_z * math.sqrt(rate / config.window_s)
+    need = replicas_needed(snap.service, planned, snap.max_replicas)
+    target = clamp(max(need, snap.target_replicas), snap)
+    needs = _drop_before(state.needs, now - config.keep_alive_s)
+    while needs and needs[-1][1] <= need:
+        needs = needs[:-1]
+    needs = needs + ((now, need),)
+    return (_with_recheck(ScaleDecision(target, "fast-scale-up", planned), snap, config),
+            replace(state, needs=needs))

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from autoscaler.registry import make_autoscaler
-from autoscaler.types import RateWindow
+from autoscaler.types import RateWindow, ScalingSnapshot
 from batching.policy import POLICIES, make_policy
 from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed
 from sim.control import Controller, ModelSpec, Observation
@@ -36,7 +36,7 @@ from sim.metrics import ModelRecord, summarize
 from sim.placement import FixedPool, PlacementHook
 
 VARIANT = "default"
-_ARRIVE, _DONE, _READY, _WAKE, _TICK = 0, 1, 2, 3, 4
+_ARRIVE, _DONE, _READY, _WAKE, _TICK, _CHECK = 0, 1, 2, 3, 4, 5
 _Z99 = 2.3263
 
 
@@ -53,6 +53,11 @@ class SimConfig:
     seed: int = 0
     minute_s: float = 60.0
     sla: float = 0.99
+    # between rounds (both modes; a policy opts in through ScaleDecision.recheck_above_rps): how often
+    # the controller sees fresh gateway rates, and how old they are when it does (live: the replicas
+    # push their metrics every second, the controller loop runs every 0.1 s)
+    check_every_s: float = 1.0
+    report_lag_s: float = 1.0
 
 
 def batching_policy_for(cfg: SimConfig, spec: ModelSpec):
@@ -206,8 +211,19 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
             last_tick = now
             if now + cfg.tick_s <= duration:
                 push(now + cfg.tick_s, _TICK, -1)
+            if ctl.rechecking and cfg.check_every_s < cfg.tick_s - 1e-9:
+                push(now + cfg.check_every_s, _CHECK, -1)
             if progress is not None:
                 progress(now)
+            continue
+        if kind == _CHECK:  # between rounds: the policy's up-check where a short window crossed its trigger
+            for mi2, g in _check_up(ctl, models, arrivals, gw_of, cfg, now):
+                m = models[mi2]
+                _resize(m, g, now, cfg.startup_s + ctl.placement.start_delay_s.get(m.spec.name, 0.0),
+                        lambda t, r, i=mi2: push(t, _READY, i, r))
+                pump(m, mi2, now)
+            if now + cfg.check_every_s < last_tick + cfg.tick_s - 1e-9:
+                push(now + cfg.check_every_s, _CHECK, -1)
             continue
         m = models[mi]
         if kind == _ARRIVE:
@@ -255,6 +271,36 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
     records = [m.rec for m in models]
     return {"summary": summarize(records, duration, cfg.sla), "records": records, "duration_s": duration,
             "placement": ctl.placement.report()}
+
+
+def _check_up(ctl: Controller, models: list[_Model], arrivals: list, gw_of: list, cfg: SimConfig,
+              now: float) -> list[tuple[int, int]]:
+    """The up-checks of the models whose arrivals over their window (ending ``report_lag_s`` ago)
+    exceed their trigger: ``[(model, granted target)]`` for those whose target changed."""
+    fired, snaps = [], []
+    t1 = now - cfg.report_lag_s
+    for i, (m, times) in enumerate(zip(models, arrivals)):
+        trig, w = ctl.recheck_rps[i], ctl.recheck_window_s[i]
+        t0 = t1 - w
+        if trig == math.inf or t0 < 0:
+            continue
+        lo, hi = np.searchsorted(times, [t0, t1])
+        if hi - lo <= trig * w:
+            continue
+        counts = np.bincount(gw_of[i][lo:hi], minlength=cfg.gateways)
+        s = m.spec
+        live = [r for r in m.replicas if not r.draining]
+        snaps.append(ScalingSnapshot(s.name, len(live), sum(1 for r in live if r.ready), s.service,
+                                     float(m.in_system),
+                                     tuple(RateWindow(f"gw{g}", t0, t1, float(c), 1.0 / cfg.gateways)
+                                           for g, c in enumerate(counts.tolist())),
+                                     s.min_replicas, s.max_replicas, None))
+        fired.append(i)
+    if not fired:
+        return []
+    targets = [sum(1 for r in m.replicas if not r.draining) for m in models]
+    grants = ctl.check_up(now, fired, snaps, targets)
+    return [(i, g) for i, g in zip(fired, grants) if g != targets[i]]
 
 
 def _resize(m: _Model, target: int, now: float, startup_s: float, on_start) -> None:

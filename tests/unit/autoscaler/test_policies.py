@@ -198,3 +198,31 @@ def test_late_fraction_memo_gives_the_same_numbers():
     for c in (1, 2, 8):
         for rate in (0.0, 5.0, 50.0, 500.0):
             assert late_fraction(tight, c, rate, memo) == late_fraction(tight, c, rate)
+
+
+def test_swayam_plans_a_clear_spike_of_varying_height_at_its_largest():
+    # 100 rps, with a spike for the 20 s after every 5-minute mark whose height alternates 300 / 600 rps
+    def rate(t):
+        return (600.0 if (t // 300) % 2 else 300.0) if t % 300 in (10, 20) else 100.0
+
+    rates = [rate(10 * (k + 1)) for k in range(120)]
+    kw = dict(startup_s=10, interval_s=10, keep_alive_s=60, season_periods_s=(300.0,), season_cycles=2,
+              hold_quantile=0)
+    before = [k for k in range(60, 119) if (10 * (k + 2)) % 300 == 10]  # the tick just before a spike
+    largest, _ = _drive(make_autoscaler("swayam", **kw), rates)
+    smallest, _ = _drive(make_autoscaler("swayam", season_spike_frac=None, **kw), rates)
+    hi = replicas_needed(SVC, 600.0)
+    assert before and all(largest[k] >= hi for k in before)  # every spike covered, the 600 rps ones too
+    assert any(smallest[k] < hi for k in before)  # the smallest recent height misses the taller spikes
+    # a small recurring rise (under season_spike_frac of its level) stays at its smallest
+    small = [110.0 if (10 * (k + 1)) % 300 in (10, 20) else 100.0 for k in range(120)]
+    assert _drive(make_autoscaler("swayam", **kw), small)[0] == _drive(
+        make_autoscaler("swayam", season_spike_frac=None, **kw), small)[0]
+
+
+def test_linreg_shift_does_not_extrapolate_a_step():
+    step = tuple((float(t), 100.0 if t < 40 else 400.0) for t in range(0, 60, 10))
+    assert PREDICTORS["linreg"](step, 20) > 400.0  # a line across the step runs past the new level
+    assert PREDICTORS["linreg-shift"](step, 20) == pytest.approx(400.0)
+    ramp = tuple((t, 100.0 + t) for t in range(0, 60, 10))  # small steps: a trend, extrapolated as before
+    assert PREDICTORS["linreg-shift"](ramp, 20) == pytest.approx(PREDICTORS["linreg"](ramp, 20))

@@ -83,3 +83,24 @@ def test_state_json_round_trip_and_live_defaults():
     assert policy.config.keep_alive_s == 30  # what the deployment asks wins over LIVE_DEFAULTS
     assert SwayamRayPolicy(**{**KWARGS, "swayam": {"hold_quantile": 0.9}}).config.hold_quantile == 0.9
     assert set(LIVE_DEFAULTS) <= set(type(policy.config).model_fields)
+
+
+def test_up_check_between_rounds_on_fast_rate_metrics():
+    """With ``up_check_window_s`` set, Ray's every-tick calls run a round every ``interval_s`` and the
+    scale-up-only check in between, on the gateways' short-window rates."""
+    kw = {**KWARGS, "swayam": {"startup_s": 5, "interval_s": 10, "keep_alive_s": 30, "up_check_window_s": 2}}
+    cfg = ray_config()
+    policy = SwayamRayPolicy(**kw)
+    n, state = policy(make_ctx(cfg, now=100.0, rate_by_gw={"gw0": (20.0, 0.5), "gw1": (20.0, 0.5)}))
+    assert n == 1 and state["sloserve_round_s"] == 100.0
+    history = list(state[STATE_KEY]["history"])
+    # 0.1 s later the round metrics say 800 rps, but between rounds only the fast metrics count: none yet
+    n, state = policy(make_ctx(cfg, now=100.1, rate_by_gw={"gw0": (400.0, 0.5)}, state=state))
+    assert n == 1 and state[STATE_KEY]["history"] == history
+    ctx = make_ctx(cfg, now=101.0, rate_by_gw={"gw0": (20.0, 0.5)}, state=state)
+    ctx.aggregated_metrics["sloserve_fast_rate_rps/gw0"] = {r: 400.0 for r in ctx.running_replicas}  # same dict
+    n, state = policy(ctx)
+    assert n >= 3 and state["sloserve_reason"] == "fast-scale-up" and state["sloserve_round_s"] == 100.0
+    # the next round comes interval_s after the last one
+    n2, state = policy(make_ctx(cfg, now=110.0, rate_by_gw={"gw0": (400.0, 0.5)}, current=n, target=n, state=state))
+    assert state["sloserve_round_s"] == 110.0 and n2 >= n
