@@ -54,6 +54,7 @@ from batching.types import (
 
 _INF = math.inf
 EPS_S = 1e-9
+_MAX_PASS = 64  # heads passed over per decision (bounds the cost of a plan)
 
 
 class _Pool:
@@ -224,7 +225,7 @@ class SLOPolicy:
                 continue
             r = self._rank[v]
             spill = 0 < r <= level and (need >= r or overloaded(r - 1, self.spill_derate))
-            d = self._plan_pool(v, r, spill, ents, reserved, now, B, p.begin_s)
+            d = self._plan_pool(v, r, spill, ents, reserved, now, B, p.begin_s, self._keep_up_rows(v, p, now, B))
             if type(d) is Dispatch:
                 q.forget(d.ids)
                 rows = sum(q.known[i].size for i in d.ids)
@@ -315,24 +316,48 @@ class SLOPolicy:
                 tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
         return self.rate.rate(now) <= (1.0 - self.levels.restore_headroom) * tput
 
+    def _keep_up_rows(self, v: str, p: _Pool, now: float, B: int) -> int:
+        """The smallest batch with which ``v``'s replicas keep up with the arrival rate (B if none)."""
+        rate = self.rate.rate(now)
+        if rate <= 0.0:
+            return 1
+        need = rate / max(1, p.replicas)
+        lat = self.lat
+        for b in range(1, B + 1):
+            if lat.throughput_rps(v, b) >= need:
+                return b
+        return B
+
     def _plan_pool(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int,
-                   begin: float | None = None):
+                   begin: float | None = None, keep_up: int = 1):
         """Dispatch for variant ``v``, or the time it wants to be asked again, or None.
 
         ``begin``: when the batch would start computing (later than ``now`` in a pipelined slot).
         Such a slot takes only a batch that is already full; a smaller one waits for the replica
-        to free, since it could still grow until then."""
+        to free, since it could still grow until then.
+
+        ``keep_up``: the batch size with which this variant keeps up with the arrivals. A head
+        whose slack allows only a smaller batch, while more work is queued behind it, is passed
+        over for the first request with the slack for a ``keep_up`` batch. Serving it would
+        spend the replica on a batch too small to keep up, so every request behind it would age
+        into the same state: after an overload, a deadline-ordered queue otherwise settles into
+        one-row batches that never drain it (docs/batching.md). The request passed over stays
+        queued: another replica or variant may still take it, else it is shed when infeasible."""
         lat = self.lat
         begin = now if begin is None or begin < now else begin
         ids: list[int] = []
         rows = cap = skips = 0
         head = None
+        passed = 0
         for e in ents:
             it = e[4]
             if not self._eligible(it, v, rank, spill, reserved):
                 continue
             if head is None:
                 c = min(B, lat.max_rows_within(v, e[0] - begin - self.safety_s + EPS_S))
+                if it.size <= c < keep_up and passed < _MAX_PASS and self._backlog(ents, e, keep_up):
+                    passed += 1
+                    continue
                 if c < it.size:
                     # Past the safety margin but not the deadline: go now rather than wait and shed
                     # a request that can still make it, with as many rows as the median says still
@@ -378,6 +403,21 @@ class SLOPolicy:
             return Dispatch(tuple(ids), v, "idle")
         reserved.update(ids)
         return latest
+
+    @staticmethod
+    def _backlog(ents, e, keep_up: int) -> bool:
+        """At least ``keep_up`` more rows are queued after entry ``e`` (a cheap bounded look)."""
+        rows = 0
+        seen = False
+        for f in ents:
+            if f is e:
+                seen = True
+                continue
+            if seen:
+                rows += f[4].size
+                if rows >= keep_up:
+                    return True
+        return False
 
     def _eligible(self, it: QueuedItem, v: str, rank: int, spill: bool, reserved: set[int]) -> bool:
         """May variant ``v`` (of ``rank``) take ``it`` now? A cheaper variant serves only the

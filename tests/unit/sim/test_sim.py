@@ -89,7 +89,10 @@ def test_both_drivers_wait_for_the_gpu_a_placement_delays(driver):
     quick, slow = _SlowGpus(0.0), _SlowGpus(120.0)
     a = driver([spec], "oracle", SimConfig(seed=1), placement=quick)["summary"]
     b = driver([spec], "oracle", SimConfig(seed=1), placement=slow)["summary"]
-    assert b["slo_attainment"] < a["slo_attainment"] - 0.01
+    # at request level the slo batcher absorbs most of the wait (batches grow within the SLO), so the
+    # late start shows as a missed minute and a smaller drop in attainment than in fluid mode
+    assert b["minutes_sla_met_fraction"] < a["minutes_sla_met_fraction"]
+    assert b["slo_attainment"] < a["slo_attainment"] - 0.002
     assert quick.finished == slow.finished == [900.0]
 
 
@@ -113,12 +116,15 @@ def test_up_check_catches_a_step_between_rounds(driver):
     # the new replicas start sooner (more replica-seconds, a few percent)
     up = [res["records"][0].replica_seconds for res in (off, on)]
     assert up[0] < up[1] < 1.05 * up[0]
+    late = [1 - res["records"][0].minute_good[5] / res["records"][0].minute_total[5] for res in (off, on)]
+    assert late[1] < 0.8 * late[0]
     if driver is simulate_fluid:
-        late = [1 - res["records"][0].minute_good[5] / res["records"][0].minute_total[5] for res in (off, on)]
-        assert late[1] < 0.8 * late[0]
         flat = [res["records"][1] for res in (off, on)]
         assert flat[0].replica_seconds == flat[1].replica_seconds  # the other model is untouched
-    # (at request level the `slo` batcher does not recover from this overload in either run: docs/simulator.md)
+    else:  # the request-level slo batcher recovers once the replicas are up (it once settled into 1-row batches)
+        for res in (off, on):
+            r = res["records"][0]
+            assert all(g == t for g, t in zip(r.minute_good[6:], r.minute_total[6:]))
 
 
 def test_fluid_up_check_skipping_calls_is_exact():
