@@ -198,3 +198,25 @@ def test_pipelined_slot_takes_a_full_batch_at_once_chained_after_the_running_one
     r = replay(p, reqs, lat, {"v": 1}, max_batch_size=4, depth=2)
     assert [(b.rows, b.start_s, b.finish_s) for b in r.batches] == [(4, 0.0, 0.010), (4, 0.010, 0.020)]
     assert all(o.on_time for o in r.outcomes)
+
+
+def test_slo_recovers_after_an_overload_instead_of_settling_into_one_row_batches():
+    """4 replicas at 0.75x capacity, 1.1x for an eighth of the run, 0.75x again. A deadline-ordered
+    queue whose head is always nearly late used to serve one-row batches ever after (too few rows
+    per second to drain it); the policy now passes over such a head while more work waits."""
+    import random
+
+    lat = lambda v, n: 0.002 + 0.00025 * n
+    B, slo = 32, 0.020
+    cap = 4 * B / lat("v", B)
+    rng, t, reqs = random.Random(0), 0.0, []
+    while t < 1.0:
+        t += rng.expovariate(cap * (1.1 if 0.25 <= t < 0.375 else 0.75))
+        reqs.append(Request(len(reqs), t, slo, variants=("v",)))
+    p = make_policy("slo", max_batch_size=B, default_variant="v", latency_fn=lat)
+    r = replay(p, reqs, lat, {"v": 4}, max_batch_size=B, admission=True)
+    last = [o for o in r.outcomes if o.arrival_s > 0.75]
+    assert sum(o.on_time for o in last) / len(last) > 0.99
+    assert sum(o.on_time for o in r.outcomes) / len(r.outcomes) > 0.98
+    tail = [b.rows for b in r.batches if b.start_s > 0.75]
+    assert sum(tail) / len(tail) > 10
