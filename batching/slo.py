@@ -225,7 +225,7 @@ class SLOPolicy:
                 continue
             r = self._rank[v]
             spill = 0 < r <= level and (need >= r or overloaded(r - 1, self.spill_derate))
-            d = self._plan_pool(v, r, spill, ents, reserved, now, B, p.begin_s, self._keep_up_rows(v, p, now, B))
+            d = self._plan_pool(v, r, spill, ents, reserved, now, B, p.begin_s, p.replicas)
             if type(d) is Dispatch:
                 q.forget(d.ids)
                 rows = sum(q.known[i].size for i in d.ids)
@@ -316,12 +316,12 @@ class SLOPolicy:
                 tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
         return self.rate.rate(now) <= (1.0 - self.levels.restore_headroom) * tput
 
-    def _keep_up_rows(self, v: str, p: _Pool, now: float, B: int) -> int:
+    def _keep_up_rows(self, v: str, replicas: int, now: float, B: int) -> int:
         """The smallest batch with which ``v``'s replicas keep up with the arrival rate (B if none)."""
         rate = self.rate.rate(now)
         if rate <= 0.0:
             return 1
-        need = rate / max(1, p.replicas)
+        need = rate / max(1, replicas)
         lat = self.lat
         for b in range(1, B + 1):
             if lat.throughput_rps(v, b) >= need:
@@ -329,14 +329,15 @@ class SLOPolicy:
         return B
 
     def _plan_pool(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int,
-                   begin: float | None = None, keep_up: int = 1):
+                   begin: float | None = None, replicas: int = 1):
         """Dispatch for variant ``v``, or the time it wants to be asked again, or None.
 
         ``begin``: when the batch would start computing (later than ``now`` in a pipelined slot).
         Such a slot takes only a batch that is already full; a smaller one waits for the replica
         to free, since it could still grow until then.
 
-        ``keep_up``: the batch size with which this variant keeps up with the arrivals. A head
+        ``keep_up`` (from ``replicas`` and the arrival rate, computed only when a head is short
+        of slack): the batch size with which this variant keeps up with the arrivals. A head
         whose slack allows only a smaller batch, while more work is queued behind it, is passed
         over for the first request with the slack for a ``keep_up`` batch. Serving it would
         spend the replica on a batch too small to keep up, so every request behind it would age
@@ -349,15 +350,22 @@ class SLOPolicy:
         rows = cap = skips = 0
         head = None
         passed = 0
+        keep_up = 0  # not computed yet
+        total = self._q.rows
+        prefix = 0  # rows of every entry up to and including this one
         for e in ents:
             it = e[4]
+            prefix += it.size
             if not self._eligible(it, v, rank, spill, reserved):
                 continue
             if head is None:
                 c = min(B, lat.max_rows_within(v, e[0] - begin - self.safety_s + EPS_S))
-                if it.size <= c < keep_up and passed < _MAX_PASS and self._backlog(ents, e, keep_up):
-                    passed += 1
-                    continue
+                if it.size <= c < B and passed < _MAX_PASS:
+                    if not keep_up:
+                        keep_up = self._keep_up_rows(v, replicas, now, B)
+                    if c < keep_up and total - prefix >= keep_up:
+                        passed += 1
+                        continue
                 if c < it.size:
                     # Past the safety margin but not the deadline: go now rather than wait and shed
                     # a request that can still make it, with as many rows as the median says still
@@ -403,21 +411,6 @@ class SLOPolicy:
             return Dispatch(tuple(ids), v, "idle")
         reserved.update(ids)
         return latest
-
-    @staticmethod
-    def _backlog(ents, e, keep_up: int) -> bool:
-        """At least ``keep_up`` more rows are queued after entry ``e`` (a cheap bounded look)."""
-        rows = 0
-        seen = False
-        for f in ents:
-            if f is e:
-                seen = True
-                continue
-            if seen:
-                rows += f[4].size
-                if rows >= keep_up:
-                    return True
-        return False
 
     def _eligible(self, it: QueuedItem, v: str, rank: int, spill: bool, reserved: set[int]) -> bool:
         """May variant ``v`` (of ``rank``) take ``it`` now? A cheaper variant serves only the
