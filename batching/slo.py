@@ -317,7 +317,10 @@ class SLOPolicy:
         return self.rate.rate(now) <= (1.0 - self.levels.restore_headroom) * tput
 
     def _keep_up_rows(self, v: str, replicas: int, now: float, B: int) -> int:
-        """The smallest batch with which ``v``'s replicas keep up with the arrival rate (B if none)."""
+        """The smallest batch with which ``v``'s replicas keep up with the arrival rate; 1 when none
+        does: past the variant's capacity no batch size drains the queue, the excess is for
+        admission and shedding (or a cheaper variant) to take, and passing heads over would only
+        make admitted requests late."""
         rate = self.rate.rate(now)
         if rate <= 0.0:
             return 1
@@ -326,7 +329,7 @@ class SLOPolicy:
         for b in range(1, B + 1):
             if lat.throughput_rps(v, b) >= need:
                 return b
-        return B
+        return 1
 
     def _plan_pool(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int,
                    begin: float | None = None, replicas: int = 1):

@@ -175,13 +175,16 @@ class InProcessBackend:
             load[i] -= 1
 
     async def _pooled(self, rep: Replica, inputs: dict[str, np.ndarray], delay: float | None):
-        if delay:
-            await asyncio.sleep(delay)  # chaos drill: a batch that takes long
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._locked_run, rep, inputs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._locked_run, rep, inputs, delay)
 
-    def _locked_run(self, rep: Replica, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-        """In a pool thread: one batch at a time per replica; the time under the lock is its compute."""
+    def _locked_run(self, rep: Replica, inputs: dict[str, np.ndarray],
+                    delay: float | None = None) -> tuple[dict[str, np.ndarray], float]:
+        """In a pool thread: one batch at a time per replica. The time under the lock is the batch's
+        service time, the chaos drill's delay included (the replica is busy while it sleeps, as a
+        Ray replica is), the wait for the lock excluded."""
         with self._locks[id(rep)]:
             t0 = time.perf_counter()
+            if delay:
+                time.sleep(delay)  # chaos drill: a batch that takes long
             out = rep.run(inputs)
             return out, time.perf_counter() - t0

@@ -98,6 +98,10 @@ class ServerProcess:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
                 raise
-        self.log.close()
-        Path(self.log.name).unlink(missing_ok=True)
+        if self.proc.returncode == 0:
+            self.log.close()
+            Path(self.log.name).unlink(missing_ok=True)
+        else:  # a crash on the way out: keep what it said for the assertion that reports it
+            self.last_words = self.output(3000)
+            self.log.close()
         return self.proc.returncode

@@ -12,24 +12,31 @@ _SERVERS: dict[str, ServerProcess] = {}
 def servers(model_repo):
     """One server per backend for the whole session (Ray starts once)."""
 
+    crashed: list[str] = []  # shared servers that did not stop cleanly: the session fails at its end
+
     def get(backend: str) -> ServerProcess:
         s = _SERVERS.get(backend)
         if s is None or s.proc.poll() is not None:  # first use, or stopped to make room for another Ray
             if s is not None:
                 rc, left = s.proc.returncode, s.leftovers()
-                assert rc == 0 and not left, f"{backend}: exit {rc}, left {left}"
+                if rc != 0 or left:  # recorded, and a fresh server keeps the later tests meaningful
+                    crashed.append(f"{backend}: exit {rc}, left {left}; log {s.log.name}, its end:\n"
+                                   f"{getattr(s, 'last_words', '')}")
+                    for line in left:
+                        os.kill(int(line.split()[0]), 9)
             s = _SERVERS[backend] = ServerProcess(model_repo, backend)
             s.shared = True
             s.wait_ready()
         return s
 
     yield get
-    problems = []
+    problems = list(crashed)
     for backend, s in _SERVERS.items():
         rc = s.stop()
         left = s.leftovers()
         if rc != 0 or left:  # SIGTERM must stop everything cleanly: no crash, no orphan Ray process
-            problems.append(f"{backend}: exit {rc}, left {left}")
+            problems.append(f"{backend}: exit {rc}, left {left}; log {s.log.name}, its end:\n"
+                            f"{getattr(s, 'last_words', '')}")
             for line in left:
                 os.kill(int(line.split()[0]), 9)
     _SERVERS.clear()
