@@ -137,7 +137,7 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
         n_replicas_per_variant = {v: n_replicas_per_variant for v in variants}
     n_rep = dict(n_replicas_per_variant)
     if depth < 1 or (depth > 1 and busy_until):
-        raise ValueError("depth must be >= 1, and busy_until needs depth 1")
+        raise ValueError(f"depth must be >= 1 (got {depth}), and busy_until needs depth 1 (got busy_until={busy_until})")
     # a free slot is a replica id, listed once per batch it can still queue
     free: dict[str, list[int]] = {v: [r for r in range(n) for _ in range(depth)] for v, n in n_rep.items()}
     busy: dict[str, dict[int, float]] = {v: {} for v in n_rep}  # replica -> finish time (depth 1)
@@ -237,8 +237,9 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
                 raise PolicyError(f"batch of {rows} rows over max_batch_size {max_batch_size}")
             if depth == 1:
                 rep = pool.pop()
-            else:  # the replica with the fewest batches queued, as the in-process backend picks
-                rep = max(set(pool), key=lambda r: (pool.count(r), -r))
+            else:  # the replica that frees first, as the in-process backend's queue of free replicas does
+                lf = last_fin[d.variant]
+                rep = min(set(pool), key=lambda r: (lf.get(r, 0.0), r))
                 pool.remove(rep)
             start = max(now, last_fin[d.variant].get(rep, now))
             fin = start + latency_fn(d.variant, rows)

@@ -160,7 +160,7 @@ class SLOPolicy:
                 busy = [max(now, t) for t in pred]
                 known = self.predict_busy
             if view.depth > 1:
-                pools[v] = self._pipelined_pool(idle, busy, view.depth, now)
+                pools[v] = self._pipelined_pool(idle, busy, view.depth, now, known)
                 continue
             n = max(1, idle + len(busy))  # a variant the driver lists has a replica, maybe busy
             start = now if idle > 0 or not busy or not known else min(busy)
@@ -168,15 +168,19 @@ class SLOPolicy:
         return pools
 
     @staticmethod
-    def _pipelined_pool(idle: int, busy: list[float], depth: int, now: float) -> _Pool:
+    def _pipelined_pool(idle: int, busy: list[float], depth: int, now: float, known: bool = False) -> _Pool:
         """Replicas that each queue up to ``depth`` batches; ``busy``: this policy's predicted
         finishes of the batches in flight (chained: a queued batch ends its latency after the one
         before it). The backend spreads batches evenly, so a replica with nothing in flight is free
         now and the others free at their last batch's finish: the latest ``replicas`` finishes."""
         replicas = max(1, -(-(idle + len(busy)) // depth))
         empty = max(0, replicas - len(busy))
-        free = [now] * empty + sorted(busy)[len(busy) - (replicas - empty):] if replicas > empty else [now] * replicas
-        start = now if idle > 0 or not busy else min(busy)  # shedding: as if the slot computed at once
+        if replicas > empty:
+            free = [now] * empty + sorted(busy)[len(busy) - (replicas - empty):]
+        else:
+            free = [now] * replicas
+        # shedding: as if the slot computed at once unless the busy times are known, as at depth 1
+        start = now if idle > 0 or not busy or not known else min(busy)
         return _Pool(idle, replicas, start, free, begin_s=min(free) if idle > 0 else start)
 
     # ---- plan -------------------------------------------------------------------------------
@@ -225,7 +229,8 @@ class SLOPolicy:
                 continue
             r = self._rank[v]
             spill = 0 < r <= level and (need >= r or overloaded(r - 1, self.spill_derate))
-            d = self._plan_pool(v, r, spill, ents, reserved, now, B, p.begin_s, p.replicas)
+            d = self._plan_pool(v, r, spill, ents, reserved, now, B, p.begin_s, p.replicas,
+                                lambda r=r: overloaded(r))
             if type(d) is Dispatch:
                 q.forget(d.ids)
                 rows = sum(q.known[i].size for i in d.ids)
@@ -332,7 +337,7 @@ class SLOPolicy:
         return 1
 
     def _plan_pool(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int,
-                   begin: float | None = None, replicas: int = 1):
+                   begin: float | None = None, replicas: int = 1, backlogged=None):
         """Dispatch for variant ``v``, or the time it wants to be asked again, or None.
 
         ``begin``: when the batch would start computing (later than ``now`` in a pipelined slot).
@@ -340,9 +345,12 @@ class SLOPolicy:
         to free, since it could still grow until then.
 
         ``keep_up`` (from ``replicas`` and the arrival rate, computed only when a head is short
-        of slack): the batch size with which this variant keeps up with the arrivals. A head
-        whose slack allows only a smaller batch, while more work is queued behind it, is passed
-        over for the first request with the slack for a ``keep_up`` batch. Serving it would
+        of slack): the batch size with which this variant keeps up with the arrivals. When the
+        queue is backlogged (``backlogged()``: serving it in deadline order would miss a deadline)
+        a head whose slack allows only a smaller batch, while more work is queued behind it, is
+        passed over for the first request with the slack for a ``keep_up`` batch. Without a
+        backlog a tight head is served as it is: a request that simply asked for a small
+        ``slo_ms`` must not be passed over at normal load. Serving it would
         spend the replica on a batch too small to keep up, so every request behind it would age
         into the same state: after an overload, a deadline-ordered queue otherwise settles into
         one-row batches that never drain it (docs/batching.md). The request passed over stays
@@ -366,7 +374,7 @@ class SLOPolicy:
                 if it.size <= c < B and passed < _MAX_PASS:
                     if not keep_up:
                         keep_up = self._keep_up_rows(v, replicas, now, B)
-                    if c < keep_up and total - prefix >= keep_up:
+                    if c < keep_up and total - prefix >= keep_up and (backlogged is None or backlogged()):
                         passed += 1
                         continue
                 if c < it.size:

@@ -7,6 +7,7 @@ the Ray backend crosses into Ray once per batch, never once per request.
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -69,10 +70,14 @@ class InProcessBackend:
     the batcher's ``timeout_s`` and by ``batch_timeout_s`` (504 past it); ORT itself cannot be
     stopped half-way, so an abandoned call finishes in its thread (ORT sessions run concurrently).
 
-    ``pipeline_depth`` batches may be in flight per replica: the second waits in its pool thread
-    on the replica's lock and starts the moment the first ends, so ORT goes from batch to batch
-    without waiting for the event loop to see a result and hand over the next batch. One
-    replica still computes one batch at a time; ``compute_s`` is the time under the lock.
+    A pooled batch takes a free replica of its (model, variant) from a queue in its pool thread,
+    so one replica computes one batch at a time and a waiting batch goes to whichever replica
+    frees first (what the ``slo`` policy predicts). With ``pipeline_depth`` 2 the batcher may
+    hand over a second batch per replica: it waits in its thread and starts the moment a replica
+    frees, so ORT goes from batch to batch without waiting for the event loop to see a result
+    and hand over the next one. ``compute_s`` is the time on the replica (the chaos drill's
+    delay included, the wait for a replica excluded). A batch abandoned before it reached a
+    replica (its timeout passed, or it was cancelled) is skipped, never run late.
     """
 
     name = "inprocess"
@@ -90,8 +95,7 @@ class InProcessBackend:
         self.inline_below_s = inline_below_s
         self.device_type = device_type(opts.device)
         self._replicas: dict[tuple[str, str], list[Replica]] = {}
-        self._load: dict[tuple[str, str], list[int]] = {}  # batches in flight per replica
-        self._locks: dict[int, threading.Lock] = {}
+        self._free_q: dict[tuple[str, str], queue.SimpleQueue] = {}  # replicas free to take a batch
         self._pool: ThreadPoolExecutor | None = None
         self._ready = False
         self._fast: dict[tuple[str, str], bool] = {}
@@ -112,9 +116,10 @@ class InProcessBackend:
                         raise ModelLoadError(f"model '{name}' variant '{v.name}': {model.onnx_path(v.name)} "
                                              f"cannot be loaded: {e}") from None
                 self._replicas[(name, v.name)] = reps
-                self._load[(name, v.name)] = [0] * len(reps)
+                q: queue.SimpleQueue = queue.SimpleQueue()
                 for r in reps:
-                    self._locks[id(r)] = threading.Lock()
+                    q.put(r)
+                self._free_q[(name, v.name)] = q
                 self._fast[(name, v.name)] = self._probe_fast(reps[0], model)
         self._ready = True
 
@@ -150,41 +155,44 @@ class InProcessBackend:
         """Inline batches (predicted under ``inline_below_s``) ignore ``timeout_s``; pooled ones
         fail with 504 once ``timeout_s`` (or ``batch_timeout_s``) has passed."""
         key = (model, variant)
-        load = self._load[key]
-        i = min(range(len(load)), key=load.__getitem__)  # the replica with the fewest batches in flight
-        rep = self._replicas[key][i]
-        load[i] += 1
+        t0 = time.perf_counter()
+        delay = self.fault_delay_s.get(model)
+        if self._fast[key] and not delay:  # tiny: on the loop (ORT sessions may run concurrently)
+            outputs = self._replicas[key][0].run(inputs)
+            return RunResult(outputs, time.perf_counter() - t0, self.device_type)
+        limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
+        abandoned = threading.Event()
         try:
-            t0 = time.perf_counter()
-            delay = self.fault_delay_s.get(model)
-            if self._fast[key] and not delay:
-                outputs = rep.run(inputs)
-                compute_s = time.perf_counter() - t0
-            else:
-                limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
-                try:
-                    outputs, compute_s = await asyncio.wait_for(self._pooled(rep, inputs, delay),
-                                                                min(limits) if limits else None)
-                except asyncio.TimeoutError:
-                    raise DeadlineExceeded(
-                        f"the batch on '{model}/{variant}' was not back {min(limits):.2f} s after dispatch "
-                        f"(past its requests' deadlines plus late_grace_s, or batch_timeout_s); retry, "
-                        f"or raise slo_ms") from None
-            return RunResult(outputs, compute_s, self.device_type)
-        finally:
-            load[i] -= 1
+            outputs, compute_s = await asyncio.wait_for(self._pooled(key, inputs, delay, abandoned),
+                                                        min(limits) if limits else None)
+        except asyncio.TimeoutError:
+            abandoned.set()
+            raise DeadlineExceeded(
+                f"the batch on '{model}/{variant}' was not back {min(limits):.2f} s after dispatch "
+                f"(past its requests' deadlines plus late_grace_s, or batch_timeout_s); retry, "
+                f"or raise slo_ms") from None
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
+        return RunResult(outputs, compute_s, self.device_type)
 
-    async def _pooled(self, rep: Replica, inputs: dict[str, np.ndarray], delay: float | None):
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._locked_run, rep, inputs, delay)
+    async def _pooled(self, key: tuple[str, str], inputs: dict[str, np.ndarray], delay: float | None,
+                      abandoned: threading.Event):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._on_free_replica, key, inputs,
+                                                                delay, abandoned)
 
-    def _locked_run(self, rep: Replica, inputs: dict[str, np.ndarray],
-                    delay: float | None = None) -> tuple[dict[str, np.ndarray], float]:
-        """In a pool thread: one batch at a time per replica. The time under the lock is the batch's
-        service time, the chaos drill's delay included (the replica is busy while it sleeps, as a
-        Ray replica is), the wait for the lock excluded."""
-        with self._locks[id(rep)]:
+    def _on_free_replica(self, key: tuple[str, str], inputs: dict[str, np.ndarray], delay: float | None,
+                         abandoned: threading.Event) -> tuple[dict[str, np.ndarray] | None, float]:
+        """In a pool thread: wait for a free replica of ``key``, run the batch on it, free it."""
+        free = self._free_q[key]
+        rep = free.get()
+        try:
+            if abandoned.is_set():  # its caller gave up while it waited: do not run it late
+                return None, 0.0
             t0 = time.perf_counter()
             if delay:
-                time.sleep(delay)  # chaos drill: a batch that takes long
+                time.sleep(delay)  # chaos drill: the replica is busy this long, as a Ray replica would be
             out = rep.run(inputs)
             return out, time.perf_counter() - t0
+        finally:
+            free.put(rep)

@@ -65,7 +65,7 @@ def _preload_cuda_libraries() -> None:
     if preload is not None:
         try:
             preload()
-        except Exception:  # a missing pip package is fine: the system's libraries are used instead
+        except Exception:  # noqa: BLE001, S110 - a missing pip package is fine: the system's libraries are used
             pass
 
 

@@ -118,7 +118,7 @@ def measure(models: list[str], device: str, iters: int, warmup: int, workdir: Pa
                 print(f"  {name} b={b:4d} p50={p50:8.3f} ms p99={p99:8.3f} ms {b / (p50 / 1e3):10.1f} rows/s",
                       flush=True)
             results[name] = doc
-        except Exception as e:  # one network failing must not lose the others' measurements
+        except Exception as e:  # noqa: BLE001 - one network failing must not lose the others' measurements
             traceback.print_exc()
             errors[name] = f"{type(e).__name__}: {e}"
     return {"models": results, "errors": errors, "runtime": {

@@ -68,10 +68,6 @@ def default_profiles(measured_dir: Path = MEASURED_DIR) -> ProfileTable:
     return ProfileTable(curves, {})
 
 
-def known_devices(table: ProfileTable) -> list[str]:
-    return sorted({d for (_, _, d) in table.curves})
-
-
 def service_for(table: ProfileTable, model: str, device_type: str, slo_ms: float,
                 max_batch_size: int = 64, slo_percentile: float = 0.99) -> ServiceModel:
     curve = table.curves.get((model, VARIANT, device_type))  # no foreign fallback: a typo must not pass

@@ -29,12 +29,12 @@ from typing import Any
 
 from loadtests.bench.procstat import CpuWindow, tree_memory_mb
 from loadtests.bench.systems import (
+    BINARY_SYSTEMS,
     SYSTEMS,
     BatchingKnobs,
     Launch,
-    default_tmp,
-    BINARY_SYSTEMS,
     binary_body,
+    default_tmp,
     make_launch,
     prioritise,
     request_body,
@@ -197,13 +197,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                           triton_instances=args.triton_instances, sloserve_config=args.sloserve_config,
                           sloserve_policy=args.sloserve_policy)
+    bad = [s for s in systems if s not in BINARY_SYSTEMS] if args.binary else []
+    if bad:
+        raise SystemExit(f"sloserve bench closed: --binary: {', '.join(bad)} do not take KServe's binary tensor "
+                         f"extension (only {', '.join(BINARY_SYSTEMS)})")
     body = request_body(repo, args.model)
     wire, body_headers = body, {}
     if args.binary:
-        bad = [s for s in systems if s not in BINARY_SYSTEMS]
-        if bad:
-            raise SystemExit(f"sloserve bench closed: --binary: {', '.join(bad)} do not take KServe's binary tensor "
-                             f"extension (only {', '.join(BINARY_SYSTEMS)})")
         wire, body_headers = binary_body(body)
     tmp = default_tmp()
     log_dir = Path(args.log_dir) if args.log_dir else tmp / "logs"

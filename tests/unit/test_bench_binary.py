@@ -27,20 +27,10 @@ def test_binary_body_decodes_to_the_json_body_tensor():
     np.testing.assert_array_equal(a, b)
 
 
-def test_binary_is_refused_for_a_peer_without_the_extension(model_repo_or_skip):
+def test_binary_is_refused_for_a_peer_without_the_extension(tmp_path):
     p = argparse.ArgumentParser()
     closed.add_arguments(p)
-    args = p.parse_args(["--repo", str(model_repo_or_skip), "--model", "heavy", "--variant", "large",
+    args = p.parse_args(["--repo", str(tmp_path), "--model", "heavy", "--variant", "large",
                          "--systems", "sloserve,mlserver", "--binary"])
     with pytest.raises(SystemExit, match="mlserver do not take KServe's binary tensor extension"):
         closed.run(args)
-
-
-@pytest.fixture
-def model_repo_or_skip():
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[2] / "model_repository"
-    if not (repo / "heavy" / "config.json").exists():
-        pytest.skip("needs the built demo repository (make models)")
-    return repo

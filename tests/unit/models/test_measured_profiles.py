@@ -71,3 +71,11 @@ def test_shipped_h100_curves_are_in_the_default_table():
     t = default_profiles()
     for m in ("resnet50", "efficientnet-b0", "bert-base"):
         assert t.curves[(m, "default", "h100")].batch_sizes[-1] == 128
+
+
+def test_a_host_without_its_own_profile_falls_back_to_one_of_the_same_kind():
+    pts = {("heavy", "large", "cpu-other"): ([1, 64], [1.5, 11.5], [2.0, 13.0]),
+           ("heavy", "large", "nvidia-h100-80gb-hbm3"): ([1, 64], [0.19, 0.23], [0.2, 0.3])}
+    t = ProfileTable.from_points(pts)
+    assert t.latency_s("heavy", "large", "cpu-this-host", 64, "p50") == pytest.approx(0.0115)
+    assert t.latency_s("heavy", "large", "nvidia-a100", 64, "p50") == pytest.approx(0.00023)

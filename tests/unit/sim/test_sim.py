@@ -117,7 +117,7 @@ def test_up_check_catches_a_step_between_rounds(driver):
     up = [res["records"][0].replica_seconds for res in (off, on)]
     assert up[0] < up[1] < 1.05 * up[0]
     late = [1 - res["records"][0].minute_good[5] / res["records"][0].minute_total[5] for res in (off, on)]
-    assert late[1] < 0.8 * late[0]
+    assert late[1] < (0.8 if driver is simulate_fluid else 0.95) * late[0]
     if driver is simulate_fluid:
         flat = [res["records"][1] for res in (off, on)]
         assert flat[0].replica_seconds == flat[1].replica_seconds  # the other model is untouched

@@ -1,0 +1,116 @@
+"""The in-process backend's replica hand-off: one batch at a time per replica, a queued batch
+goes to the replica that frees first, and a batch abandoned before it reached a replica never runs.
+Replicas are fakes that block on events (no model files, no sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from gateway.backends import InProcessBackend
+from gateway.errors import DeadlineExceeded
+from models.runtime import RuntimeOptions
+
+
+class Gated:
+    """A replica whose run blocks until its gate for that batch opens; records what ran, in order."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+        self.gates: dict[float, threading.Event] = {}
+
+    def gate(self, tag: float) -> threading.Event:
+        return self.gates.setdefault(tag, threading.Event())
+
+    def run(self, inputs):
+        tag = float(inputs["x"][0, 0])
+        self.log.append(("start", self.name, tag))
+        assert self.gate(tag).wait(5), "test gate never opened"
+        self.log.append(("end", self.name, tag))
+        return {"y": inputs["x"] * 2}
+
+
+def backend(replicas, depth: int = 1) -> InProcessBackend:
+    b = InProcessBackend.__new__(InProcessBackend)
+    InProcessBackend.__init__(b, repo=None, opts=RuntimeOptions(device="cpu"), pipeline_depth=depth)
+    key = ("m", "v")
+    b._replicas[key] = replicas
+    q = queue.SimpleQueue()
+    for r in replicas:
+        q.put(r)
+    b._free_q[key] = q
+    b._fast[key] = False
+    b._pool = ThreadPoolExecutor(max_workers=8)
+    b._ready = True
+    return b
+
+
+def x(tag: float):
+    return {"x": np.full((1, 2), tag, np.float32)}
+
+
+async def until(cond, what: str):
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_depth_2_queues_the_second_batch_behind_the_running_one():
+    log: list = []
+    rep = Gated("r0", log)
+    b = backend([rep], depth=2)
+    assert b.slots("m", "v") == 2
+    first = asyncio.create_task(b.run("m", "v", x(1)))
+    await until(lambda: ("start", "r0", 1.0) in log, "the first batch to start")
+    second = asyncio.create_task(b.run("m", "v", x(2)))
+    await asyncio.sleep(0.02)
+    assert ("start", "r0", 2.0) not in log  # one batch at a time per replica
+    rep.gate(1.0).set()
+    rep.gate(2.0).set()
+    await first
+    r2 = await second
+    assert log == [("start", "r0", 1.0), ("end", "r0", 1.0), ("start", "r0", 2.0), ("end", "r0", 2.0)]
+    np.testing.assert_array_equal(r2.outputs["y"], x(2)["x"] * 2)
+
+
+async def test_a_queued_batch_goes_to_the_replica_that_frees_first():
+    log: list = []
+    r0, r1 = Gated("r0", log), Gated("r1", log)
+    b = backend([r0, r1], depth=2)
+    a = asyncio.create_task(b.run("m", "v", x(1)))
+    c = asyncio.create_task(b.run("m", "v", x(2)))
+    await until(lambda: sum(e[0] == "start" for e in log) == 2, "both replicas busy")
+    third = asyncio.create_task(b.run("m", "v", x(3)))
+    await asyncio.sleep(0.02)
+    busy_with_2 = next(e[1] for e in log if e == ("start", e[1], 2.0))
+    (r0 if busy_with_2 == "r0" else r1).gate(2.0).set()  # the replica running batch 2 frees first
+    await until(lambda: any(e[0] == "start" and e[2] == 3.0 for e in log), "batch 3 to start")
+    assert ("start", busy_with_2, 3.0) in log
+    for r in (r0, r1):
+        for t in (1.0, 3.0):
+            r.gate(t).set()
+    await asyncio.gather(a, c, third)
+
+
+async def test_a_batch_abandoned_before_it_reached_a_replica_is_never_run():
+    log: list = []
+    rep = Gated("r0", log)
+    b = backend([rep], depth=2)
+    first = asyncio.create_task(b.run("m", "v", x(1)))
+    await until(lambda: ("start", "r0", 1.0) in log, "the first batch to start")
+    with pytest.raises(DeadlineExceeded, match="was not back"):
+        await b.run("m", "v", x(2), timeout_s=0.02)
+    rep.gate(1.0).set()
+    await first
+    follow = asyncio.create_task(b.run("m", "v", x(3)))
+    await until(lambda: ("start", "r0", 3.0) in log, "the next batch to start")
+    rep.gate(3.0).set()
+    await follow
+    assert ("start", "r0", 2.0) not in log  # skipped, not run late behind the first
