@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
 import subprocess
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,16 @@ def make_session(path: str | Path, opts: RuntimeOptions) -> ort.InferenceSession
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "1" if opts.allow_spinning else "0")
     so.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=so, providers=providers_for(opts.device))
+    wanted = providers_for(opts.device)
+    sess = ort.InferenceSession(str(path), sess_options=so, providers=wanted)
+    if "CUDAExecutionProvider" in wanted and "CUDAExecutionProvider" not in sess.get_providers():
+        # onnxruntime-gpu lists CUDA even where its libraries do not load, then runs on the CPU
+        msg = (f"{path}: ONNX Runtime could not start its CUDA provider (CUDA 13 / cuDNN 9 libraries not "
+               f"found?) and runs on the CPU; install them, or set device: cpu")
+        if opts.device == "cuda":
+            raise RuntimeError(msg)
+        log.warning("%s; its profile is named after the GPU but measures the CPU", msg)
+    return sess
 
 
 class Replica:

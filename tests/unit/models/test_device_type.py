@@ -32,3 +32,22 @@ def test_gpu_host_with_the_cuda_provider_profiles_as_its_gpu(monkeypatch):
     monkeypatch.setattr(runtime.subprocess, "run", lambda *a, **k: Done())
     assert runtime.device_type("auto") == "nvidia-h100-80gb-hbm3"
     assert runtime.device_type("cpu").startswith("cpu-")
+
+
+class _FakeSession:
+    def __init__(self, path, sess_options=None, providers=None):
+        self.providers = [p for p in providers if p != "CUDAExecutionProvider"]  # CUDA failed to load
+
+    def get_providers(self):
+        return self.providers
+
+
+def test_a_cuda_provider_that_does_not_load_is_an_error_when_cuda_was_asked_for(monkeypatch):
+    monkeypatch.setattr(runtime, "_preload_cuda_libraries", lambda: None)
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(runtime.ort, "InferenceSession", _FakeSession)
+    with pytest.raises(RuntimeError, match="could not start its CUDA provider"):
+        runtime.make_session("m.onnx", runtime.RuntimeOptions(device="cuda"))
+    monkeypatch.setattr(runtime, "gpu_present", lambda: True)
+    s = runtime.make_session("m.onnx", runtime.RuntimeOptions(device="auto"))  # auto: a warning, the CPU
+    assert s.get_providers() == ["CPUExecutionProvider"]
