@@ -229,8 +229,7 @@ class SLOPolicy:
                 continue
             r = self._rank[v]
             spill = 0 < r <= level and (need >= r or overloaded(r - 1, self.spill_derate))
-            d = self._plan_pool(v, r, spill, ents, reserved, now, B, p.begin_s, p.replicas,
-                                lambda r=r: overloaded(r))
+            d = self._plan_pool(v, r, spill, ents, reserved, now, B, p, overloaded)
             if type(d) is Dispatch:
                 q.forget(d.ids)
                 rows = sum(q.known[i].size for i in d.ids)
@@ -337,16 +336,17 @@ class SLOPolicy:
         return 1
 
     def _plan_pool(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int,
-                   begin: float | None = None, replicas: int = 1, backlogged=None):
-        """Dispatch for variant ``v``, or the time it wants to be asked again, or None.
+                   pool: _Pool, overloaded):
+        """Dispatch for variant ``v`` (its ``pool``), or the time it wants to be asked again, or None.
 
-        ``begin``: when the batch would start computing (later than ``now`` in a pipelined slot).
-        Such a slot takes only a batch that is already full; a smaller one waits for the replica
-        to free, since it could still grow until then.
+        ``pool.begin_s``: when the batch would start computing (later than ``now`` in a pipelined
+        slot). Such a slot takes only a batch that is already full; a smaller one waits for the
+        replica to free, since it could still grow until then.
 
-        ``keep_up`` (from ``replicas`` and the arrival rate, computed only when a head is short
-        of slack): the batch size with which this variant keeps up with the arrivals. When the
-        queue is backlogged (``backlogged()``: serving it in deadline order would miss a deadline)
+        ``keep_up`` (from the pool's replicas and the arrival rate, computed only when a head is
+        short of slack): the batch size with which this variant keeps up with the arrivals. When
+        the queue is backlogged (``overloaded(rank)``, memoised by ``plan``: serving it in deadline
+        order on ranks <= ``rank`` would miss a deadline)
         a head whose slack allows only a smaller batch, while more work is queued behind it, is
         passed over for the first request with the slack for a ``keep_up`` batch. Without a
         backlog a tight head is served as it is: a request that simply asked for a small
@@ -356,7 +356,7 @@ class SLOPolicy:
         one-row batches that never drain it (docs/batching.md). The request passed over stays
         queued: another replica or variant may still take it, else it is shed when infeasible."""
         lat = self.lat
-        begin = now if begin is None or begin < now else begin
+        begin = max(now, pool.begin_s)
         ids: list[int] = []
         rows = cap = skips = 0
         head = None
@@ -373,8 +373,8 @@ class SLOPolicy:
                 c = min(B, lat.max_rows_within(v, e[0] - begin - self.safety_s + EPS_S))
                 if it.size <= c < B and passed < _MAX_PASS:
                     if not keep_up:
-                        keep_up = self._keep_up_rows(v, replicas, now, B)
-                    if c < keep_up and total - prefix >= keep_up and (backlogged is None or backlogged()):
+                        keep_up = self._keep_up_rows(v, pool.replicas, now, B)
+                    if c < keep_up and total - prefix >= keep_up and overloaded(rank):
                         passed += 1
                         continue
                 if c < it.size:

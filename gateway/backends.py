@@ -163,8 +163,9 @@ class InProcessBackend:
         limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
         abandoned = threading.Event()
         try:
-            outputs, compute_s = await asyncio.wait_for(self._pooled(key, inputs, delay, abandoned),
-                                                        min(limits) if limits else None)
+            pooled = asyncio.get_running_loop().run_in_executor(self._pool, self._on_free_replica, key, inputs,
+                                                                delay, abandoned)
+            outputs, compute_s = await asyncio.wait_for(pooled, min(limits) if limits else None)
         except asyncio.TimeoutError:
             abandoned.set()
             raise DeadlineExceeded(
@@ -175,11 +176,6 @@ class InProcessBackend:
             abandoned.set()
             raise
         return RunResult(outputs, compute_s, self.device_type)
-
-    async def _pooled(self, key: tuple[str, str], inputs: dict[str, np.ndarray], delay: float | None,
-                      abandoned: threading.Event):
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._on_free_replica, key, inputs,
-                                                                delay, abandoned)
 
     def _on_free_replica(self, key: tuple[str, str], inputs: dict[str, np.ndarray], delay: float | None,
                          abandoned: threading.Event) -> tuple[dict[str, np.ndarray] | None, float]:

@@ -57,6 +57,17 @@ def test_every_request_answered_exactly_once_and_no_batch_over_max(spec, name, B
         assert all(not by_id[i].variants or b.variant in by_id[i].variants for i in b.ids)
 
 
+def feasible_trace(a_ms, b_ms, slo_factor, gaps):
+    """Latency a + b*n ms; request i arrives gaps[i] * l(1) after the one before, with SLO slo_factor * l(1)."""
+    lat = lambda v, n: (a_ms + b_ms * n) / 1e3
+    l1 = lat("v", 1)
+    t, reqs = 0.0, []
+    for i, g in enumerate(gaps):
+        t += g * l1
+        reqs.append(Request(i, t, slo_factor * l1, variants=("v",)))
+    return lat, reqs
+
+
 @FAST
 @given(a_ms=st.floats(0.2, 5.0), b_ms=st.floats(0.0, 2.0), B=st.integers(1, 32),
        slo_factor=st.floats(1.0, 8.0), gaps=st.lists(st.floats(1.0, 6.0), min_size=1, max_size=50),
@@ -64,12 +75,7 @@ def test_every_request_answered_exactly_once_and_no_batch_over_max(spec, name, B
 def test_feasible_load_meets_every_deadline(a_ms, b_ms, B, slo_factor, gaps, busy):
     """One replica; each request could be served alone after the previous one (gap >= l(1),
     SLO >= l(1)); latency is exactly the profile's. The SLO policy then meets every deadline."""
-    lat = lambda v, n: (a_ms + b_ms * n) / 1e3
-    l1 = lat("v", 1)
-    t, reqs = 0.0, []
-    for i, g in enumerate(gaps):
-        t += g * l1
-        reqs.append(Request(i, t, slo_factor * l1, variants=("v",)))
+    lat, reqs = feasible_trace(a_ms, b_ms, slo_factor, gaps)
     p = make_policy("slo", max_batch_size=B, latency_fn=lat)
     r = replay(p, reqs, lat, {"v": 1}, max_batch_size=B, busy_until=busy)
     late = [o for o in r.outcomes if not o.on_time]
@@ -168,12 +174,7 @@ def test_pipelined_every_request_answered_exactly_once(spec, name, B, reps, admi
 def test_pipelined_feasible_load_meets_every_deadline(a_ms, b_ms, B, slo_factor, gaps, reps):
     """As test_feasible_load_meets_every_deadline, with a second slot queued behind the running
     batch: the policy must count the wait for the replica, not treat the slot as a free replica."""
-    lat = lambda v, n: (a_ms + b_ms * n) / 1e3
-    l1 = lat("v", 1)
-    t, reqs = 0.0, []
-    for i, g in enumerate(gaps):
-        t += g * l1
-        reqs.append(Request(i, t, slo_factor * l1, variants=("v",)))
+    lat, reqs = feasible_trace(a_ms, b_ms, slo_factor, gaps)
     p = make_policy("slo", max_batch_size=B, latency_fn=lat)
     r = replay(p, reqs, lat, {"v": reps}, max_batch_size=B, depth=2)
     late = [o for o in r.outcomes if not o.on_time]
