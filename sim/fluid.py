@@ -137,7 +137,9 @@ def _check_up(ctl: Controller, up: _UpChecks, k: int, now: float, target: np.nda
 
 
 def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s: float = 1.0,
-                   placement: PlacementHook | None = None, progress=None) -> dict[str, Any]:
+                   placement: PlacementHook | None = None, progress=None,
+                   controller_cls: type[Controller] = Controller) -> dict[str, Any]:
+    """``controller_cls`` replaces the round's driver (``sim.bound`` feeds the oracle hindsight)."""
     rng = np.random.default_rng(cfg.seed)
     n = len(specs)
     interval = specs[0].arrivals.interval_s
@@ -154,7 +156,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
     n_steps = round(duration / dt_s)
     n_min = math.ceil(duration / cfg.minute_s)
     recs = [ModelRecord(s.name, n_min, cfg.minute_s) for s in specs]
-    ctl = Controller(make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs,
+    ctl = controller_cls(make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs,
                      placement or FixedPool())
 
     classes: dict[ServiceModel, list[int]] = {}
