@@ -38,6 +38,16 @@ from gateway.errors import (
 log = logging.getLogger("sloserve.batching")
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds for an error text: one decimal, more below 0.1 ms (never "0.0 ms" for 10 us).
+
+    >>> _ms(0.02), _ms(0.00001), _ms(0.0)
+    ('20.0', '0.010', '0.000')
+    """
+    ms = seconds * 1e3
+    return f"{ms:.1f}" if abs(ms) >= 0.1 else f"{ms:.3f}"
+
+
 class BatchRunner(Protocol):
     """Runs one batch on one replica of ``variant``; the Backend of the gateway implements it."""
 
@@ -182,8 +192,8 @@ class Batcher:
                 self.on_event("shed", (refused, 1))
                 raise DeadlineUnreachable(
                     f"refused at admission: model '{self.model}' cannot meet this request's "
-                    f"{(deadline_s - arrival) * 1e3:.1f} ms deadline at the current load (predicted late by "
-                    f"{late * 1e3:.1f} ms); retry later or raise slo_ms / lower min_accuracy",
+                    f"{_ms(deadline_s - arrival)} ms deadline at the current load (predicted late by "
+                    f"{_ms(late)} ms); retry later or raise slo_ms / lower min_accuracy",
                     retry_after_s=max(0.05, late), reason="admission")
         fut = asyncio.get_running_loop().create_future()
         self._entries[item.id] = _Entry(item, inputs, fut, now)
@@ -264,10 +274,9 @@ class Batcher:
         lates = d.late_by_s or (0.0,) * len(entries)
         for e, late in zip(entries, lates):
             if not e.future.done():
-                budget_ms = (e.item.deadline_s - e.item.arrival_s) * 1e3
                 e.future.set_exception(DeadlineUnreachable(
-                    f"shed: model '{self.model}' cannot meet this request's {budget_ms:.1f} ms deadline "
-                    f"(predicted late by {late * 1e3:.1f} ms at the current load); retry later or "
+                    f"shed: model '{self.model}' cannot meet this request's {_ms(e.item.deadline_s - e.item.arrival_s)} "
+                    f"ms deadline (predicted late by {_ms(late)} ms at the current load); retry later or "
                     f"raise slo_ms / lower min_accuracy",
                     retry_after_s=max(0.05, late),
                 ))

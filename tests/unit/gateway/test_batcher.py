@@ -119,6 +119,11 @@ async def test_shed_answers_503_with_how_late():
     await b.close()
 
 
+def test_error_texts_keep_sub_tenth_millisecond_figures():
+    from batching.batcher import _ms
+    assert (_ms(0.005), _ms(0.00001), _ms(0.02)) == ("5.0", "0.010", "20.0")  # not "0.0 ms" for a 10 us miss
+
+
 async def test_policy_crash_falls_back_to_fifo():
     class Broken(ShedOldest):
         def plan(self, view, now):
