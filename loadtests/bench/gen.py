@@ -13,7 +13,7 @@ Runs as its own process so that its CPU can be measured (``wait4``) and niced li
     python -m loadtests.bench.gen SPEC.json OUT.bin
 
 SPEC: ``{"host", "port", "path", "body_file", "headers": {..}, "schedule_file" (float64 offsets in
-seconds, sorted), "timeout_s", "max_conns", "variants": [names]}``. OUT: one record per request,
+seconds, sorted), "timeout_s", "max_conns", "variants": [names], "content_type" (default JSON)}``. OUT: one record per request,
 ``struct <dddhh``: scheduled offset, sent offset (when the bytes were written; -1 if never),
 done offset (-1 if no answer), HTTP status (0: no answer: timeout or connection error), variant
 index (index into ``variants`` of the ``"variant"`` parameter in a 2xx body, -1 if none).
@@ -122,7 +122,7 @@ class Generator:
         body = open(spec["body_file"], "rb").read()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (spec.get("headers") or {}).items())
         self.request = (f"POST {spec['path']} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                        f"Content-Type: application/json\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
+                        f"Content-Type: {spec.get('content_type', 'application/json')}\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
                         ).encode() + body
         self.schedule = schedule
         n = len(schedule)

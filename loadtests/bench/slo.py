@@ -52,6 +52,7 @@ from loadtests.bench.systems import (
     default_tmp,
     make_launch,
     prioritise,
+    binary_body,
     prom_sum,
     request_body,
 )
@@ -189,7 +190,10 @@ def run_step(launch: Launch, hdrs: dict[str, str], body_path: Path, sched: list[
     sf = tmp / f"sched-{tag}.bin"
     with open(sf, "wb") as f:
         array("d", sched).tofile(f)
-    spec = {"port": port, "path": path, "body_file": str(body_path), "headers": hdrs, "schedule_file": str(sf),
+    body_hdrs = dict(getattr(args, "_body_headers", None) or {})  # --binary: the tensor after a JSON header
+    ctype = body_hdrs.pop("Content-Type", None)
+    spec = {"port": port, "path": path, "body_file": str(body_path), "headers": {**hdrs, **body_hdrs},
+            "schedule_file": str(sf), **({"content_type": ctype} if ctype else {}),
             "timeout_s": args.timeout, "max_conns": args.max_conns, "variants": args._variants}
     spec_path = tmp / f"spec-{tag}.json"
     spec_path.write_text(json.dumps(spec))
@@ -469,7 +473,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (tmp / "logs").mkdir(parents=True, exist_ok=True)
     body = request_body(repo, args.model)
     body_path = tmp / "body.json"
-    body_path.write_bytes(body)
+    args._body_headers = {}
+    if args.binary:  # the generator sends the binary form; readiness probes keep the JSON one
+        wire, args._body_headers = binary_body(body)
+        body_path.write_bytes(wire)
+    else:
+        body_path.write_bytes(body)
     t_start = time.time()
     results: dict[str, list[dict[str, Any]]] = {}
     tuning: dict[str, Any] = {}
@@ -575,6 +584,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="timeout/fixed/MLServer/@serve.batch wait")
     p.add_argument("--timeout", type=float, default=3.0, help="client timeout per request (s)")
     p.add_argument("--max-conns", type=int, default=512)
+    p.add_argument("--binary", action="store_true",
+                   help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of JSON "
+                        "numbers; only sloserve and Triton take it")
     p.add_argument("--nice", type=int, default=0)
     p.add_argument("--pause", type=float, default=1.0)
     p.add_argument("--keep-tmp", action="store_true",
@@ -594,6 +606,11 @@ def main_args(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)} "
                          f"(sloserve-<policy>[@variant], triton-<delay ms>x<instances>)")
+    if args.binary:
+        bad = [s for s in (x.strip() for x in args.systems.split(",")) if s and not s.startswith(("sloserve", "triton"))]
+        if bad:
+            raise SystemExit(f"sloserve bench slo: --binary: {', '.join(bad)} do not take KServe's binary tensor "
+                             "extension (only sloserve and Triton); drop them or --binary")
     import signal
     # SIGTERM unwinds like Ctrl-C, so the system under test is stopped by its launcher's finally
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

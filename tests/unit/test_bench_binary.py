@@ -34,3 +34,12 @@ def test_binary_is_refused_for_a_peer_without_the_extension(tmp_path):
                          "--systems", "sloserve,mlserver", "--binary"])
     with pytest.raises(SystemExit, match="mlserver do not take KServe's binary tensor extension"):
         closed.run(args)
+
+
+def test_bench_slo_binary_is_refused_for_peers_without_the_extension():
+    from loadtests.bench import slo
+    p = argparse.ArgumentParser()
+    slo.add_arguments(p)
+    args = p.parse_args(["--systems", "sloserve-slo,triton,rayserve", "--binary"])
+    with pytest.raises(SystemExit, match="rayserve do not take KServe's binary tensor extension"):
+        slo.main_args(args)
