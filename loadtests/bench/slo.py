@@ -146,7 +146,7 @@ def policy_batching(policy: str, args: argparse.Namespace) -> dict[str, Any]:
         b["max_queue_delay_ms"] = args.max_wait_ms
     elif policy in ("aimd", "nexus"):
         b["slo_ms"] = args.slo_ms
-    return b
+    return b | json.loads(args.sloserve_batching or "{}")
 
 
 def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> tuple[Launch, dict[str, str], str]:
@@ -584,6 +584,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="timeout/fixed/MLServer/@serve.batch wait")
     p.add_argument("--timeout", type=float, default=3.0, help="client timeout per request (s)")
     p.add_argument("--max-conns", type=int, default=512)
+    p.add_argument("--sloserve-batching", default="",
+                   help="JSON merged into every sloserve system's batching config (e.g. '{\"safety_ms\": 2}'), "
+                        "for A/B runs of a policy setting")
     p.add_argument("--binary", action="store_true",
                    help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of JSON "
                         "numbers; only sloserve and Triton take it")
@@ -606,6 +609,12 @@ def main_args(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)} "
                          f"(sloserve-<policy>[@variant], triton-<delay ms>x<instances>)")
+    try:
+        extra = json.loads(args.sloserve_batching or "{}")
+    except ValueError as e:
+        raise SystemExit(f"--sloserve-batching: not JSON ({e})") from None
+    if not isinstance(extra, dict):
+        raise SystemExit("--sloserve-batching: give a JSON object of batching settings")
     if args.binary:
         bad = [s for s in (x.strip() for x in args.systems.split(",")) if s and not s.startswith(("sloserve", "triton"))]
         if bad:
