@@ -63,3 +63,19 @@ def test_step_metrics_count_late_answers_per_variant():
     assert m["late_by_variant"] == {"large": 1, "medium": 1}
     assert m["attainment"] == 0.4 and m["shed"] == 1
     assert m["effective_accuracy"] == round((0.98 + 0.93) / 5, 5)
+
+
+def test_sloserve_batching_settings_are_merged_and_checked():
+    import pytest
+
+    from loadtests.bench.slo import add_arguments, main_args, policy_batching
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--sloserve-batching", '{"safety_ms": 2, "max_batch_size": 16}'])
+    assert policy_batching("slo", args) == {"policy": "slo", "max_batch_size": 16, "safety_ms": 2}
+    assert policy_batching("timeout", p.parse_args([]))["max_wait_ms"] == 2.0
+    with pytest.raises(SystemExit, match="--sloserve-batching: not JSON"):
+        main_args(p.parse_args(["--sloserve-batching", "{safety_ms: 2}"]))
+    with pytest.raises(SystemExit, match="JSON object"):
+        main_args(p.parse_args(["--sloserve-batching", "[1]"]))
