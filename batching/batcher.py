@@ -275,8 +275,9 @@ class Batcher:
         for e, late in zip(entries, lates):
             if not e.future.done():
                 e.future.set_exception(DeadlineUnreachable(
-                    f"shed: model '{self.model}' cannot meet this request's {_ms(e.item.deadline_s - e.item.arrival_s)} "
-                    f"ms deadline (predicted late by {_ms(late)} ms at the current load); retry later or "
+                    f"shed: model '{self.model}' cannot meet this request's "
+                    f"{_ms(e.item.deadline_s - e.item.arrival_s)} ms deadline (predicted late by {_ms(late)} ms at "
+                    f"the current load); retry later or "
                     f"raise slo_ms / lower min_accuracy",
                     retry_after_s=max(0.05, late),
                 ))

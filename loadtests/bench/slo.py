@@ -49,10 +49,10 @@ from loadtests.bench.systems import (
     SYSTEMS,
     BatchingKnobs,
     Launch,
+    binary_body,
     default_tmp,
     make_launch,
     prioritise,
-    binary_body,
     prom_sum,
     request_body,
 )
@@ -182,6 +182,21 @@ def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> 
     return launch, {}, args.variant
 
 
+def generator_headers(hdrs: dict[str, str], body_headers: dict[str, str] | None) -> dict:
+    """The generator spec's ``headers`` and ``content_type`` for a step: the system's headers plus, with
+    ``--binary``, the body's own (its Content-Type replaces the generator's JSON default).
+
+    >>> generator_headers({"x-slo-ms": "20"}, {"Content-Type": "application/octet-stream",
+    ...                                        "Inference-Header-Content-Length": "90"})
+    {'headers': {'x-slo-ms': '20', 'Inference-Header-Content-Length': '90'}, 'content_type': 'application/octet-stream'}
+    >>> generator_headers({"x-slo-ms": "20"}, None)
+    {'headers': {'x-slo-ms': '20'}}
+    """
+    extra = dict(body_headers or {})
+    ctype = extra.pop("Content-Type", None)
+    return {"headers": {**hdrs, **extra}, **({"content_type": ctype} if ctype else {})}
+
+
 # ---- one measured step ----------------------------------------------------------------------------
 def run_step(launch: Launch, hdrs: dict[str, str], body_path: Path, sched: list[float], args: argparse.Namespace,
              tmp: Path, tag: str) -> tuple[list[tuple], dict, float]:
@@ -190,10 +205,8 @@ def run_step(launch: Launch, hdrs: dict[str, str], body_path: Path, sched: list[
     sf = tmp / f"sched-{tag}.bin"
     with open(sf, "wb") as f:
         array("d", sched).tofile(f)
-    body_hdrs = dict(getattr(args, "_body_headers", None) or {})  # --binary: the tensor after a JSON header
-    ctype = body_hdrs.pop("Content-Type", None)
-    spec = {"port": port, "path": path, "body_file": str(body_path), "headers": {**hdrs, **body_hdrs},
-            "schedule_file": str(sf), **({"content_type": ctype} if ctype else {}),
+    spec = {"port": port, "path": path, "body_file": str(body_path), "schedule_file": str(sf),
+            **generator_headers(hdrs, getattr(args, "_body_headers", None)),
             "timeout_s": args.timeout, "max_conns": args.max_conns, "variants": args._variants}
     spec_path = tmp / f"spec-{tag}.json"
     spec_path.write_text(json.dumps(spec))
@@ -615,8 +628,24 @@ def main_args(args: argparse.Namespace) -> int:
         raise SystemExit(f"--sloserve-batching: not JSON ({e})") from None
     if not isinstance(extra, dict):
         raise SystemExit("--sloserve-batching: give a JSON object of batching settings")
+    if "policy" in extra:
+        raise SystemExit("--sloserve-batching: name the policy in --systems (sloserve-<policy>), not here")
+    if extra:  # each sloserve system's policy must take every setting: refuse a typo before anything starts
+        from batching.policy import make_policy
+
+        names = {x.strip().partition("@")[0] for x in args.systems.split(",")}
+        for sys_name in sorted(n for n in names if n.startswith("sloserve")):
+            parts = sys_name.split("-")
+            policy = parts[-1] if parts[-1] in POLICIES else "slo"
+            kw = policy_batching(policy, args)
+            kw.pop("policy")
+            try:
+                make_policy(policy, **kw)
+            except (TypeError, ValueError) as e:
+                raise SystemExit(f"--sloserve-batching: {sys_name}: {e}") from None
     if args.binary:
-        bad = [s for s in (x.strip() for x in args.systems.split(",")) if s and not s.startswith(("sloserve", "triton"))]
+        bad = [s for s in (x.strip() for x in args.systems.split(","))
+               if s and not s.startswith(("sloserve", "triton"))]
         if bad:
             raise SystemExit(f"sloserve bench slo: --binary: {', '.join(bad)} do not take KServe's binary tensor "
                              "extension (only sloserve and Triton); drop them or --binary")

@@ -36,10 +36,40 @@ def test_binary_is_refused_for_a_peer_without_the_extension(tmp_path):
         closed.run(args)
 
 
-def test_bench_slo_binary_is_refused_for_peers_without_the_extension():
+def test_bench_slo_binary_is_refused_for_peers_without_the_extension(monkeypatch):
     from loadtests.bench import slo
     p = argparse.ArgumentParser()
     slo.add_arguments(p)
     args = p.parse_args(["--systems", "sloserve-slo,triton,rayserve", "--binary"])
+    monkeypatch.setattr(slo, "run", _must_not_run)  # a regression must fail here, not start servers
     with pytest.raises(SystemExit, match="rayserve do not take KServe's binary tensor extension"):
         slo.main_args(args)
+
+
+def _must_not_run(_args):
+    raise AssertionError("refused arguments reached the run")
+
+
+def test_the_open_loop_generator_sends_the_binary_body_with_its_headers(tmp_path):
+    from array import array
+
+    from loadtests.bench.gen import Generator
+    from loadtests.bench.slo import generator_headers
+
+    js = json.dumps({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                                 "data": [1.0, 2.0, 3.0, 4.0]}]}).encode()
+    wire, body_headers = binary_body(js)
+    (tmp_path / "body").write_bytes(wire)
+    spec = {"port": 1, "path": "/v2/models/heavy/infer", "body_file": str(tmp_path / "body"),
+            **generator_headers({"x-slo-ms": "20"}, body_headers)}
+    head, _, body = Generator(spec, array("d", [0.0])).request.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert [x for x in lines if x.lower().startswith("content-type")] == ["Content-Type: application/octet-stream"]
+    assert f"Inference-Header-Content-Length: {body_headers['Inference-Header-Content-Length']}" in lines
+    assert "x-slo-ms: 20" in lines and f"Content-Length: {len(wire)}" in lines and body == wire
+    # without --binary: JSON, as before
+    (tmp_path / "json").write_bytes(js)
+    spec = {**spec, "body_file": str(tmp_path / "json"), **generator_headers({"x-slo-ms": "20"}, None)}
+    spec.pop("content_type")
+    head, _, _ = Generator(spec, array("d", [0.0])).request.partition(b"\r\n\r\n")
+    assert "Content-Type: application/json" in head.decode().split("\r\n")

@@ -65,10 +65,16 @@ def test_step_metrics_count_late_answers_per_variant():
     assert m["effective_accuracy"] == round((0.98 + 0.93) / 5, 5)
 
 
-def test_sloserve_batching_settings_are_merged_and_checked():
+def test_sloserve_batching_settings_are_merged_and_checked(monkeypatch):
     import pytest
 
+    from loadtests.bench import slo
     from loadtests.bench.slo import add_arguments, main_args, policy_batching
+
+    def must_not_run(_args):
+        raise AssertionError("refused arguments reached the run")
+
+    monkeypatch.setattr(slo, "run", must_not_run)
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -79,3 +85,11 @@ def test_sloserve_batching_settings_are_merged_and_checked():
         main_args(p.parse_args(["--sloserve-batching", "{safety_ms: 2}"]))
     with pytest.raises(SystemExit, match="JSON object"):
         main_args(p.parse_args(["--sloserve-batching", "[1]"]))
+    with pytest.raises(SystemExit, match="name the policy in --systems"):
+        main_args(p.parse_args(["--sloserve-batching", '{"policy": "timeout"}']))
+    # a setting one of the listed policies does not take is refused before anything starts
+    with pytest.raises(SystemExit, match="sloserve-timeout: .*safety_ms"):
+        main_args(p.parse_args(["--systems", "sloserve-slo@any,sloserve-timeout", "--sloserve-batching",
+                                '{"safety_ms": 2}']))
+    with pytest.raises(SystemExit, match="sloserve-slo: .*safty_ms"):
+        main_args(p.parse_args(["--systems", "sloserve-slo", "--sloserve-batching", '{"safty_ms": 2}']))

@@ -119,9 +119,32 @@ async def test_shed_answers_503_with_how_late():
     await b.close()
 
 
-def test_error_texts_keep_sub_tenth_millisecond_figures():
+class ShedTiny(ShedOldest):
+    def plan(self, view, now):
+        if view.items and view.items[0].priority < 0:
+            return Shed((view.items[0].id,), "deadline", (0.00001,))
+        return super().plan(view, now)
+
+
+async def test_error_texts_keep_sub_tenth_millisecond_figures():
     from batching.batcher import _ms
     assert (_ms(0.005), _ms(0.00001), _ms(0.02)) == ("5.0", "0.010", "20.0")  # not "0.0 ms" for a 10 us miss
+    b = Batcher("m", ShedTiny(), Runner(), ["v"], max_batch_size=4, clock=FakeClock())
+    b.start()
+    bad, _ = await asyncio.gather(b.submit(x(0), 1, 0.02, ("v",), priority=-1), b.submit(x(1), 1, 0.02, ("v",)),
+                                  return_exceptions=True)
+    assert isinstance(bad, Unavailable) and "late by 0.010 ms" in bad.message and "20.0 ms deadline" in bad.message
+    await b.close()
+
+    class RefuseTiny(ShedOldest):
+        def admit(self, view, item, now):
+            return Shed((item.id,), "admission", (0.00001,))
+
+    b = Batcher("m", RefuseTiny(), Runner(), ["v"], max_batch_size=4, clock=FakeClock())
+    b.start()
+    with pytest.raises(Unavailable, match=r"refused at admission.*0\.020 ms deadline.*late by 0\.010 ms"):
+        await b.submit(x(0), 1, 0.00002, ("v",))
+    await b.close()
 
 
 async def test_policy_crash_falls_back_to_fifo():

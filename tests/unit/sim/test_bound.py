@@ -3,6 +3,7 @@
 import doctest
 
 import numpy as np
+import pytest
 
 import sim.bound
 from sim.arrivals import Arrivals
@@ -25,6 +26,8 @@ def test_hindsight_rate_sees_only_the_past():
     assert hindsight_rate(r, 60.0, 150.0, 60.0) == 50.0  # (90, 150] reaches back into the peak minute
     assert hindsight_rate(r, 60.0, 180.0, 60.0) == 10.0
     assert hindsight_rate(r, 60.0, 10_000.0, 60.0) == 10.0  # past the end: the last interval
+    with pytest.raises(ValueError, match="must exceed the look-ahead"):  # it would read the rate after now
+        hindsight_rate(r, 60.0, 150.0, 60.0, seasonal_period_s=20.0, horizon_s=20.0)
 
 
 def _spec(rates):
@@ -46,3 +49,11 @@ def test_unseen_steps_cost_a_reactive_policy_more_than_the_oracle():
     rates = rates * 3
     seas = bound(_spec(rates), SimConfig(seed=0), lookbacks_s=(10.0, 60.0), margins=(0.0, 0.1), seasonal_period_s=300.0)
     assert seas["best"] is not None and seas["best"]["vs_oracle"] < 1.1
+
+
+def test_when_nothing_meets_the_sla_the_closest_run_is_kept():
+    rates = [60.0 if i % 5 else 180.0 for i in range(40)]
+    res = bound(_spec(rates), SimConfig(seed=0), lookbacks_s=(10.0,), margins=(0.0, 0.1))
+    assert res["best"] is None
+    (row,) = res["per_lookback"]
+    assert row["met"] is False and 0.0 < row["minutes_sla_met_fraction"] < 0.99 and row["margin"] in (0.0, 0.1)
