@@ -232,6 +232,21 @@ def _drop_before(points: tuple, t0: float) -> tuple:
     return points[_first_after(points, t0):]
 
 
+def _push_max(points: tuple, now: float, value, keep_s: float) -> tuple:
+    """``(time, value)`` pairs of the last ``keep_s`` as a monotonic queue: drop the old ones and those
+    not above ``value``, then append ``(now, value)``; ``points[0][1]`` is the largest of the window.
+
+    >>> _push_max(((0.0, 5), (4.0, 3), (6.0, 2)), 8.0, 3, 5.0)
+    ((8.0, 3),)
+    >>> _push_max(((4.0, 5), (6.0, 2)), 8.0, 3, 5.0)
+    ((4.0, 5), (8.0, 3))
+    """
+    points = _drop_before(points, now - keep_s)
+    while points and points[-1][1] <= value:
+        points = points[:-1]
+    return points + ((now, value),)
+
+
 def _first_after(points: tuple, t0: float, lo: int = 0) -> int:
     """Index of the first point with time > t0 (points sorted by time). Bisects on the (time, rate)
     tuples themselves against ``(t0, inf)``, in C: a ``key=`` function cost ~70% of a simulated
@@ -401,17 +416,10 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
 
     planned = plan_rate(base)
     need = size(base)
-    # needs of the last keep_alive_s as a monotonic queue: needs[0] is their maximum
-    needs = _drop_before(state.needs, now - config.keep_alive_s)
-    while needs and needs[-1][1] <= need:
-        needs = needs[:-1]
-    needs = needs + ((now, need),)
+    needs = _push_max(state.needs, now, need, config.keep_alive_s)  # needs[0]: the largest of the keep-alive
     covers = state.covers
     if config.margin_quantile > 0:  # the same for the base rates: what the held target covers, margin aside
-        peaks = _drop_before(state.peaks, now - config.keep_alive_s)
-        while peaks and peaks[-1][1] <= base:
-            peaks = peaks[:-1]
-        peaks = peaks + ((now, base),)
+        peaks = _push_max(state.peaks, now, base, config.keep_alive_s)
         covers = _drop_before(covers, now - horizon_s - 1e-6) + ((now, peaks[0][1]),)
     else:
         peaks = state.peaks
@@ -485,9 +493,6 @@ def check_up(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, no
     planned = rate * (1 + config.margin_frac) + config.noise_z * math.sqrt(rate / config.window_s)
     need = replicas_needed(snap.service, planned, snap.max_replicas)
     target = clamp(max(need, snap.target_replicas), snap)
-    needs = _drop_before(state.needs, now - config.keep_alive_s)
-    while needs and needs[-1][1] <= need:
-        needs = needs[:-1]
-    needs = needs + ((now, need),)
+    needs = _push_max(state.needs, now, need, config.keep_alive_s)
     return (_with_recheck(ScaleDecision(target, "fast-scale-up", planned), snap, config),
             replace(state, needs=needs))

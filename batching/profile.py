@@ -100,10 +100,9 @@ class ProfileTable:
     def curve(self, model: str, variant: str, device_type: str) -> Curve | None:
         c = self.curves.get((model, variant, device_type))
         if c is None:  # a foreign profile is a better prior than none; one of the same kind first
-            others = self.device_types(model, variant)
-            kind = device_type.startswith("cpu-")
-            others.sort(key=lambda d: d.startswith("cpu-") != kind)  # stable: same kind, then the rest
-            c = self.curves.get((model, variant, others[0])) if others else None
+            kind = device_type.startswith("cpu-")  # min keeps the first (sorted) of the same kind, else of the rest
+            other = min(self.device_types(model, variant), key=lambda d: d.startswith("cpu-") != kind, default=None)
+            c = self.curves.get((model, variant, other)) if other is not None else None
         return c
 
     def has(self, model: str, variant: str) -> bool:

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,28 +80,18 @@ def hindsight_rate(rates: np.ndarray, interval_s: float, now: float, lookback_s:
 
 
 class HindsightController(Controller):
-    """The ``oracle`` policy, fed :func:`hindsight_rate` instead of the future peak."""
+    """The ``oracle`` policy, fed ``peak_at(now)`` (:func:`hindsight_rate` with a margin) instead of the
+    future peak. One model: the rate is one trace's."""
 
-    rates: np.ndarray
-    interval_s: float = 60.0
-    lookback_s: float = 60.0
-    margin: float = 0.0
-    seasonal_period_s: float | None = None
-    horizon_s: float = 20.0
+    def __init__(self, *args, peak_at: Callable[[float], float]):
+        super().__init__(*args)
+        self.peak_at = peak_at
 
     def round_snapshots(self, now: float, snaps: list) -> list[int]:
         if len(snaps) != 1:
             raise ValueError("the hindsight bound drives one model at a time (one trace's rates)")
-        peak = hindsight_rate(self.rates, self.interval_s, now, self.lookback_s, self.seasonal_period_s,
-                              self.horizon_s) * (1.0 + self.margin)
+        peak = self.peak_at(now)
         return super().round_snapshots(now, [dataclasses.replace(s, future_peak_rps=peak) for s in snaps])
-
-
-def hindsight_controller(rates: np.ndarray, interval_s: float, lookback_s: float, margin: float,
-                         seasonal_period_s: float | None, horizon_s: float) -> type[Controller]:
-    attrs = {"rates": rates, "interval_s": interval_s, "lookback_s": lookback_s, "margin": margin,
-             "seasonal_period_s": seasonal_period_s, "horizon_s": horizon_s}
-    return type("Hindsight", (HindsightController,), attrs)
 
 
 def bound(spec: ModelSpec, cfg: SimConfig, lookbacks_s=LOOKBACKS_S, margins=MARGINS, sla_minutes: float = 0.99,
@@ -109,11 +101,15 @@ def bound(spec: ModelSpec, cfg: SimConfig, lookbacks_s=LOOKBACKS_S, margins=MARG
     closest, with its cost against the oracle's; ``best`` is the cheapest that met it (None: none did)."""
     oracle = simulate_fluid([spec], "oracle", cfg)["summary"]
     horizon = cfg.startup_s + cfg.tick_s
+    rates, interval = spec.arrivals.rates, spec.arrivals.interval_s
     rows = []
     for k in lookbacks_s:
         row = None
         for m in margins:
-            ctl = hindsight_controller(spec.arrivals.rates, spec.arrivals.interval_s, k, m, seasonal_period_s, horizon)
+            def peak_at(now: float, k: float = k, m: float = m) -> float:
+                return hindsight_rate(rates, interval, now, k, seasonal_period_s, horizon) * (1.0 + m)
+
+            ctl = functools.partial(HindsightController, peak_at=peak_at)
             s = simulate_fluid([spec], "oracle", cfg, controller_cls=ctl)["summary"]
             met = s["minutes_sla_met_fraction"] >= sla_minutes
             if row is None or met or s["minutes_sla_met_fraction"] > row["minutes_sla_met_fraction"]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -138,8 +139,8 @@ def _check_up(ctl: Controller, up: _UpChecks, k: int, now: float, target: np.nda
 
 def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s: float = 1.0,
                    placement: PlacementHook | None = None, progress=None,
-                   controller_cls: type[Controller] = Controller) -> dict[str, Any]:
-    """``controller_cls`` replaces the round's driver (``sim.bound`` feeds the oracle hindsight)."""
+                   controller_cls: Callable[..., Controller] = Controller) -> dict[str, Any]:
+    """``controller_cls`` builds the round's driver (``sim.bound`` passes one that feeds the oracle hindsight)."""
     rng = np.random.default_rng(cfg.seed)
     n = len(specs)
     interval = specs[0].arrivals.interval_s
