@@ -127,34 +127,67 @@ def bound(spec: ModelSpec, cfg: SimConfig, lookbacks_s=LOOKBACKS_S, margins=MARG
             "seasonal_period_s": seasonal_period_s, "per_lookback": rows, "best": best}
 
 
+def _positive(text: str) -> float:
+    x = float(text)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be > 0")
+    return x
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1")
+    return n
+
+
+def _lookbacks(text: str) -> tuple[float, ...]:
+    """``--lookbacks-s``: a comma list of positive seconds."""
+    try:
+        ks = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive seconds, comma-separated (e.g. 60,120)") from None
+    if not ks or any(not k > 0 for k in ks):
+        raise argparse.ArgumentTypeError(f"{text!r}: every look-back must be > 0 s")
+    return ks
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sim.bound", description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", default=TRACE)
     p.add_argument("--column", default=",".join(COLUMNS))
-    p.add_argument("--interval-s", type=float, default=60.0)
-    p.add_argument("--peak-replicas", type=int, default=8)
+    p.add_argument("--interval-s", type=_positive, default=60.0)
+    p.add_argument("--peak-replicas", type=_positive_int, default=8)
     p.add_argument("--model-class", default="gpt2-gen")
     p.add_argument("--device", default="t4")
-    p.add_argument("--slo-ms", type=float, default=1000.0)
-    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--slo-ms", type=_positive, default=1000.0)
+    p.add_argument("--max-batch", type=_positive_int, default=64)
     p.add_argument("--startup-s", type=float, default=10.0)
-    p.add_argument("--tick-s", type=float, default=10.0)
-    p.add_argument("--gateways", type=int, default=2)
+    p.add_argument("--tick-s", type=_positive, default=10.0)
+    p.add_argument("--gateways", type=_positive_int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seasonal-period-s", type=float, default=None,
                    help="replay the rise the trace made one period earlier (must exceed start-up + round)")
-    p.add_argument("--lookbacks-s", default=",".join(f"{k:g}" for k in LOOKBACKS_S),
-                   help="look-backs tried, seconds (comma list)")
+    p.add_argument("--lookbacks-s", type=_lookbacks, default=LOOKBACKS_S,
+                   help="look-backs tried, seconds (comma list of positive numbers)")
     p.add_argument("--out", default=None, help="write the JSON here too")
     a = p.parse_args(argv)
-    table = default_profiles()
-    svc = service_for(table, a.model_class, a.device, a.slo_ms, a.max_batch)
+    if a.startup_s < 0:
+        p.error(f"--startup-s {a.startup_s:g} must be >= 0")
+    horizon = a.startup_s + a.tick_s
+    if a.seasonal_period_s is not None and a.seasonal_period_s <= horizon:
+        p.error(f"--seasonal-period-s {a.seasonal_period_s:g} must exceed start-up + round ({horizon:g} s): "
+                "a shorter period would read the rate after now")
+    try:  # bad input is a one-line error before any simulation runs
+        svc = service_for(default_profiles(), a.model_class, a.device, a.slo_ms, a.max_batch)
+        series = [from_counts(a.trace, col, a.interval_s) for col in a.column.split(",")]
+    except (KeyError, ValueError, OSError) as e:
+        p.error(str(e.args[0] if isinstance(e, KeyError) else e))
     cfg = SimConfig(startup_s=a.startup_s, tick_s=a.tick_s, gateways=a.gateways, seed=a.seed)
     out: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv, "columns": {}}
-    for col in a.column.split(","):
-        spec = make_spec(col, from_counts(a.trace, col, a.interval_s), svc, a.device, peak_replicas=a.peak_replicas)
-        res = out["columns"][col] = bound(spec, cfg, tuple(float(x) for x in a.lookbacks_s.split(",")),
-                                          seasonal_period_s=a.seasonal_period_s)
+    for col, arrivals in zip(a.column.split(","), series):
+        spec = make_spec(col, arrivals, svc, a.device, peak_replicas=a.peak_replicas)
+        res = out["columns"][col] = bound(spec, cfg, a.lookbacks_s, seasonal_period_s=a.seasonal_period_s)
         b = res["best"]
         print(f"{col:22s} oracle {res['oracle']['replica_seconds']:>10,.0f} replica-s; best hindsight-reactive: "
               + (f"{b['vs_oracle']:.3f}x oracle (look-back {b['lookback_s']:.0f} s, margin {b['margin']:.2f}, "
