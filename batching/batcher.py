@@ -82,6 +82,7 @@ class _Entry:
     inputs: dict[str, np.ndarray]
     future: asyncio.Future
     enqueued_s: float
+    answer_now: AnswerNow | None = None
 
 
 @dataclass(slots=True)
@@ -91,6 +92,9 @@ class BatcherStats:
 
 
 EventHook = Callable[[str, object], None]
+# A transport's hook that writes a shed request's error answer at once, from inside the decision,
+# without waiting for the request's coroutine to be scheduled again (True when it wrote it).
+AnswerNow = Callable[[Exception], bool]
 
 
 class Batcher:
@@ -171,8 +175,13 @@ class Batcher:
         variants: tuple[str, ...],
         priority: int = 0,
         arrival_s: float | None = None,
+        answer_now: AnswerNow | None = None,
     ) -> Outcome:
-        """Queue one request and wait for its outcome (raises :class:`ServingError`)."""
+        """Queue one request and wait for its outcome (raises :class:`ServingError`).
+
+        ``answer_now``, when given, is called with the error the moment the policy sheds this
+        request, so the transport can write the 503 before the event loop gets back to the waiting
+        coroutine (on a saturated loop that wait is milliseconds). The future still gets the error."""
         if self._closed:
             raise Unavailable("the server is shutting down; retry", retry_after_s=1.0)
         if self._rows + rows > self.max_queue_rows:
@@ -196,7 +205,7 @@ class Batcher:
                     f"{_ms(late)} ms); retry later or raise slo_ms / lower min_accuracy",
                     retry_after_s=max(0.05, late), reason="admission")
         fut = asyncio.get_running_loop().create_future()
-        self._entries[item.id] = _Entry(item, inputs, fut, now)
+        self._entries[item.id] = _Entry(item, inputs, fut, now, answer_now)
         self._items.append(item)
         self._rows += rows
         self._wake.set()
@@ -274,13 +283,19 @@ class Batcher:
         lates = d.late_by_s or (0.0,) * len(entries)
         for e, late in zip(entries, lates):
             if not e.future.done():
-                e.future.set_exception(DeadlineUnreachable(
+                err = DeadlineUnreachable(
                     f"shed: model '{self.model}' cannot meet this request's "
                     f"{_ms(e.item.deadline_s - e.item.arrival_s)} ms deadline (predicted late by {_ms(late)} ms at "
                     f"the current load); retry later or "
                     f"raise slo_ms / lower min_accuracy",
                     retry_after_s=max(0.05, late),
-                ))
+                )
+                if e.answer_now is not None:
+                    try:
+                        e.answer_now(err)
+                    except Exception:  # noqa: BLE001 - the transport's bug must not stop the batcher
+                        log.exception("answering a shed request at once failed; it is answered normally")
+                e.future.set_exception(err)
         self.on_event("shed", (d, len(entries)))
 
     def _dispatch(self, d: Dispatch, now: float) -> None:

@@ -276,7 +276,8 @@ class DataPlane:
             deadline = arrival + slo_ms / 1000.0
             if self._note_arrival is not None:
                 self._note_arrival(m.config.name, rows)
-            out = await m.batcher.submit(arrays, rows, deadline, variants, req.params.priority, arrival)
+            out = await m.batcher.submit(arrays, rows, deadline, variants, req.params.priority, arrival,
+                                         req.answer_now)
         except ServingError as e:
             self.metrics.observe_request(req.model if m else "unknown", variant_label, _outcome(e), 0.0,
                                          False if isinstance(e, DeadlineUnreachable) else None)

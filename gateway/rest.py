@@ -98,9 +98,9 @@ SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant")
 
 
 async def infer_body(dp: DataPlane, limits: InputLimits, model: str, version: str | None, arrival: float,
-                     body: bytes, headers) -> tuple[bytes, int | None]:
+                     body: bytes, headers, answer_now=None) -> tuple[bytes, int | None]:
     """One infer call from its body and (lower-case) headers to the encoded response: shared by the
-    FastAPI route and the raw-ASGI fast path (gateway/fastpath.py)."""
+    FastAPI route and the raw-ASGI fast path (gateway/fastpath.py), which passes ``answer_now``."""
     hl = headers.get(HEADER_LEN)
     try:
         header_len = int(hl) if hl is not None else None
@@ -110,6 +110,7 @@ async def infer_body(dp: DataPlane, limits: InputLimits, model: str, version: st
     req = decode_rest(body, header_len, model, version, slo_headers)
     limits.check(req)
     req.arrival_s = arrival
+    req.answer_now = answer_now
     resp = await dp.infer(req)
     return encode_rest(resp)
 

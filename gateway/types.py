@@ -6,7 +6,7 @@ Tensors are numpy arrays. V2 datatypes map to numpy dtypes through :data:`V2_TO_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -60,6 +60,9 @@ class InferRequest:
     params: RequestParams = field(default_factory=RequestParams)
     binary_output: bool = False
     arrival_s: float = 0.0
+    # Set by a transport that can write an error answer synchronously (gateway/fastpath.py): the
+    # batcher calls it the moment it sheds this request (batching.batcher.AnswerNow).
+    answer_now: Callable[[Exception], bool] | None = None
 
 
 @dataclass(slots=True)

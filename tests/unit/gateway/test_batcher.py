@@ -119,6 +119,31 @@ async def test_shed_answers_503_with_how_late():
     await b.close()
 
 
+async def test_shed_calls_answer_now_inside_the_decision_and_survives_a_broken_hook():
+    b = Batcher("m", ShedOldest(), Runner(), ["v"], max_batch_size=4, clock=FakeClock())
+    b.start()
+    seen = []
+
+    def answer_now(err):
+        # Called from inside the shed decision: the waiting coroutine has not been resumed yet.
+        seen.append((err, bad_task.done()))
+        return True
+
+    bad_task = asyncio.create_task(b.submit(x(0), 1, 0.02, ("v",), priority=-1, answer_now=answer_now))
+    good = await b.submit(x(1), 1, 0.02, ("v",), answer_now=lambda e: pytest.fail("not shed"))
+    with pytest.raises(Unavailable) as bad:
+        await bad_task
+    assert good.outputs["y"][0, 0] == 2
+    assert len(seen) == 1 and seen[0][0] is bad.value and seen[0][1] is False  # the same error, early
+
+    def broken(err):
+        raise RuntimeError("transport bug")
+
+    with pytest.raises(Unavailable, match="late by 5.0 ms"):  # still answered through the future
+        await b.submit(x(0), 1, 0.02, ("v",), priority=-1, answer_now=broken)
+    await b.close()
+
+
 class ShedTiny(ShedOldest):
     def plan(self, view, now):
         if view.items and view.items[0].priority < 0:

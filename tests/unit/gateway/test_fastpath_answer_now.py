@@ -1,0 +1,113 @@
+"""The early shed answer of the raw-ASGI path (gateway/fastpath.py) against uvicorn's real
+request cycle: written synchronously when the transport takes it, left to the handler otherwise."""
+
+import asyncio
+
+import orjson
+import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
+
+from gateway.errors import DeadlineUnreachable, InvalidArgument
+from gateway.fastpath import _AnswerNow
+
+
+class Transport:
+    def __init__(self):
+        self.out = []
+        self.paused_reading = False
+
+    def write(self, data):
+        self.out.append(data)
+
+    def is_closing(self):
+        return False
+
+    def pause_reading(self):
+        self.paused_reading = True
+
+    def resume_reading(self):
+        self.paused_reading = False
+
+
+class Metrics:
+    def __init__(self):
+        self.answered = []
+
+    def shed_answered(self, model, e):
+        self.answered.append((model, e))
+
+
+class DP:
+    def __init__(self):
+        self.metrics = Metrics()
+
+
+def cycle(transport):
+    """A real uvicorn httptools request cycle (the one `make run` serves with)."""
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "http_version": "1.1",
+             "headers": []}
+    return RequestResponseCycle(scope=scope, transport=transport, flow=FlowControl(transport), logger=None,
+                                access_logger=None, access_log=False, default_headers=[],
+                                message_event=asyncio.Event(), expect_100_continue=False, keep_alive=True,
+                                on_response=lambda: None)
+
+
+async def test_writes_the_503_synchronously_with_retry_after():
+    t = Transport()
+    c = cycle(t)
+    dp = DP()
+    early = _AnswerNow.for_send(c.send, dp, "m")
+    assert early is not None
+    e = DeadlineUnreachable("shed: late by 3.0 ms", retry_after_s=0.2)
+    assert early(e) is True and early.wrote and c.response_complete  # no await in between
+    head, body = t.out[0], t.out[-1]
+    assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head
+    assert orjson.loads(body) == {"error": "shed: late by 3.0 ms"}
+    assert dp.metrics.answered == [("m", e)]
+    assert early(e) is False  # once only
+
+
+async def test_no_early_answer_while_the_transport_is_paused_or_for_other_servers():
+    t = Transport()
+    c = cycle(t)
+    c.flow.pause_writing()
+    early = _AnswerNow.for_send(c.send, DP(), "m")
+    assert early(DeadlineUnreachable("x")) is False and not early.wrote and t.out == []
+
+    async def plain_send(message):  # any other ASGI server: no early answer at all
+        pass
+
+    assert _AnswerNow.for_send(plain_send, DP(), "m") is None
+    c2 = cycle(Transport())
+    assert _AnswerNow.for_send(c2.send, DP(), "m")(ValueError("not a ServingError")) is False
+
+
+async def test_body_follows_in_order_when_the_transport_pauses_after_the_status_line():
+    class Pausing(Transport):
+        def write(self, data):
+            super().write(data)
+            flow.pause_writing()  # the buffer crossed its high-water mark
+
+    t = Pausing()
+    c = cycle(t)
+    flow = c.flow
+    early = _AnswerNow.for_send(c.send, DP(), "m")
+    assert early(InvalidArgument("bad")) is True
+    assert len(t.out) == 1 and t.out[0].startswith(b"HTTP/1.1 400")
+    flow.resume_writing()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert c.response_complete and orjson.loads(t.out[-1]) == {"error": "bad"}
+
+
+@pytest.mark.parametrize("impl", ["httptools_impl", "h11_impl"])
+def test_uvicorn_send_still_awaits_only_on_flow_control(impl):
+    """_AnswerNow steps uvicorn's send by hand: it must await nothing but the paused transport."""
+    import importlib
+    import inspect
+
+    src = inspect.getsource(importlib.import_module(f"uvicorn.protocols.http.{impl}").RequestResponseCycle.send)
+    awaits = [line.strip() for line in src.splitlines() if "await " in line]
+    assert len(awaits) == 1 and awaits[0].startswith("await self.flow.drain()"), awaits
