@@ -125,6 +125,12 @@ class Settings(BaseSettings):
         description="A dispatched batch still out this long after its latest deadline fails (504); "
                     "null waits up to batch_timeout_s. Bounds Ray's own re-routing after a replica dies.",
     )
+    shed_answer_early: bool = Field(
+        default=True,
+        description="Write a queue shed's 503 from inside the shed decision (REST, uvicorn) instead of when the "
+                    "event loop next resumes the request: 99% within 1 ms of the decision on a saturated loop, "
+                    "against ~70% (docs/benchmarks.md). False only for A/B runs.",
+    )
     ray_deploy: bool = Field(
         default=True, description="Deploy the replicas on start; False attaches to already deployed ones."
     )

@@ -49,6 +49,7 @@ class InferFastPath:
         self.dp = dp
         self.limits = limits
         self.max_bytes = dp.settings.max_request_bytes
+        self.answer_early = dp.settings.shed_answer_early
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -61,7 +62,7 @@ class InferFastPath:
         arrival = dp.arrival_now()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         held = 0
-        early = _AnswerNow.for_send(send, dp, model)
+        early = _AnswerNow.for_send(send, dp, model) if self.answer_early else None
         try:
             cl = headers.get("content-length")
             declared = None
