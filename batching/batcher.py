@@ -293,7 +293,7 @@ class Batcher:
                 if e.answer_now is not None:
                     try:
                         e.answer_now(err)
-                    except Exception:  # noqa: BLE001 - the transport's bug must not stop the batcher
+                    except Exception:  # the transport's bug must not stop the batcher
                         log.exception("answering a shed request at once failed; it is answered normally")
                 e.future.set_exception(err)
         self.on_event("shed", (d, len(entries)))

@@ -135,14 +135,14 @@ class _AnswerNow:
     paused transport, get no early answer: the handler answers as before.
     """
 
-    __slots__ = ("send", "flow", "dp", "model", "wrote")
+    __slots__ = ("dp", "flow", "model", "send", "wrote")
 
     def __init__(self, send, flow, dp: DataPlane, model: str):
         self.send, self.flow, self.dp, self.model = send, flow, dp, model
         self.wrote = False
 
     @classmethod
-    def for_send(cls, send, dp: DataPlane, model: str) -> "_AnswerNow | None":
+    def for_send(cls, send, dp: DataPlane, model: str) -> _AnswerNow | None:
         cycle = getattr(send, "__self__", None)
         if cycle is None or not type(cycle).__module__.startswith(_UVICORN_HTTP):
             return None

@@ -34,6 +34,7 @@ from loadtests.bench.systems import (
     BatchingKnobs,
     Launch,
     binary_body,
+    compute_bound,
     default_tmp,
     make_launch,
     prioritise,
@@ -111,6 +112,7 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
         "errors": {k: w[k] for k in ("connect", "read", "write", "timeout")} | {"non_2xx": w["non_2xx"]},
         "seconds": round(secs, 3),
         "rps": round(ok / secs, 1),
+        "rows_per_s": round(ok * args.rows_per_request / secs, 1),
         "p50_ms": w["p50_us"] / 1e3,
         "p90_ms": w["p90_us"] / 1e3,
         "p99_ms": w["p99_us"] / 1e3,
@@ -133,7 +135,7 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
     return rec
 
 
-SUMMARY_KEYS = ("rps", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "server_cpu_ms_per_req", "server_cores",
+SUMMARY_KEYS = ("rps", "rows_per_s", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "server_cpu_ms_per_req", "server_cores",
                 "wrk_cpu_ms_per_req", "wrk_cores", "other_cores", "avg_batch", "pss_mb", "processes")
 
 
@@ -163,6 +165,22 @@ def summarise(rounds: dict[str, list[dict[str, Any]]], baseline: str = "triton")
                       if "rps" in a and "rps" in b and b["rps"]]
             if paired:
                 med[f"rps_ratio_vs_{baseline}_paired_median"] = round(statistics.median(paired), 3)
+    return out
+
+
+def saturation(summary: dict[str, Any], bound: dict[str, Any]) -> dict[str, Any]:
+    """Each system's rows per second as a fraction of this machine's compute bound (issue 3's
+    saturation goal: >= 0.9), from the profile of this machine's device type when there is one."""
+    from models.runtime import device_type
+
+    here = device_type()
+    b = bound.get(here)
+    if b is None:
+        return {"device_type": here, "error": f"no profile for {here}: run sloserve profile first"}
+    out: dict[str, Any] = {"device_type": here, "bound_rows_per_s": b["bound_rps_capped"]}
+    for system, med in summary.items():
+        if med.get("rows_per_s"):
+            out[system] = round(med["rows_per_s"] / b["bound_rps_capped"], 3)
     return out
 
 
@@ -201,7 +219,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if bad:
         raise SystemExit(f"sloserve bench closed: --binary: {', '.join(bad)} do not take KServe's binary tensor "
                          f"extension (only {', '.join(BINARY_SYSTEMS)})")
-    body = request_body(repo, args.model)
+    if not 1 <= args.rows_per_request <= args.max_batch_size:
+        raise SystemExit(f"sloserve bench closed: --rows-per-request {args.rows_per_request} must be 1 to "
+                         f"--max-batch-size ({args.max_batch_size})")
+    body = request_body(repo, args.model, rows=args.rows_per_request)
     wire, body_headers = body, {}
     if args.binary:
         wire, body_headers = binary_body(body)
@@ -237,6 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = summarise(rounds)
+    bound = compute_bound(repo, args.model, args.variant, args.max_batch_size)
     result = {
         "benchmark": "closed",
         "command": "sloserve bench " + " ".join(sys.argv[sys.argv.index("closed"):]) if "closed" in sys.argv
@@ -248,8 +270,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
                   "wrk_threads": args.threads, "max_batch_size": args.max_batch_size,
                   "max_wait_ms": args.max_wait_ms, "triton_instances": args.triton_instances,
-                  "sloserve_policy": args.sloserve_policy, "ort_threads": 1, "nice": args.nice, "body_bytes": len(body)},
+                  "sloserve_policy": args.sloserve_policy, "ort_threads": 1, "nice": args.nice, "body_bytes": len(body),
+                  "rows_per_request": args.rows_per_request},
         "summary": summary,
+        "compute_bound": bound,
+        "saturation": saturation(summary, bound),
         "rounds": rounds,
     }
     if "sloserve" in summary and "triton" in summary and "rps_ratio_vs_triton" in summary["sloserve"]:
@@ -290,6 +315,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of "
                         "JSON numbers; only for sloserve, sloserve-ray and triton")
     p.add_argument("--max-batch-size", type=int, default=32, help="every system's max batch size")
+    p.add_argument("--rows-per-request", type=int, default=1,
+                   help="rows (images) in each request's tensor; throughput is also reported in rows/s and as a "
+                        "fraction of the profile's compute bound")
     p.add_argument("--max-wait-ms", type=float, default=2.0,
                    help="every system's batching wait (Triton max_queue_delay, MLServer max_batch_time, "
                         "@serve.batch batch_wait_timeout_s, sloserve's max_wait_ms)")

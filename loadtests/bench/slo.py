@@ -50,6 +50,7 @@ from loadtests.bench.systems import (
     BatchingKnobs,
     Launch,
     binary_body,
+    compute_bound,
     default_tmp,
     make_launch,
     prioritise,
@@ -432,19 +433,6 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
             "pss_mb": statistics.median(r["memory"]["pss_mb"] for r in good),
         }
     return out
-
-
-def compute_bound(repo: Path, model: str, variant: str, max_batch: int) -> dict[str, Any]:
-    """max over b of b / p50(b) from the variant's profile(s)."""
-    res = {}
-    for f in sorted((repo / model / variant / "profiles").glob("*.json")):
-        p = json.loads(f.read_text())
-        pairs = [(b, l) for b, l in zip(p["batch_sizes"], p["p50_ms"]) if l]
-        capped = max(b * 1e3 / l for b, l in pairs if b <= max_batch)
-        full = max(b * 1e3 / l for b, l in pairs)
-        res[p.get("device_type", f.stem)] = {"bound_rps_capped": round(capped, 1), "cap": max_batch,
-                                             "bound_rps_any_batch": round(full, 1)}
-    return res
 
 
 def plot(summary: dict[str, Any], args: argparse.Namespace, path: str) -> None:

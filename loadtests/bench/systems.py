@@ -284,24 +284,38 @@ def _with_tmp(launch: Launch, tmp_dir: Path) -> Launch:
     return launch
 
 
-def request_body(repo: Path, model: str, index: int = 0) -> bytes:
-    """A real input as a V2 JSON body: a digits image (64 values) or its 32x32 upsampling (1,024)."""
+def request_body(repo: Path, model: str, index: int = 0, rows: int = 1) -> bytes:
+    """A real input as a V2 JSON body: ``rows`` digits images (64 values each) or their 32x32
+    upsamplings (1,024)."""
     import numpy as np
     from sklearn.datasets import load_digits
 
     cfg = json.loads((repo / model / "config.json").read_text())
     inp = cfg["inputs"][0]
     feats = int(np.prod(inp["shape"]))
-    x = load_digits().data[index:index + 1].astype(np.float32)
+    x = load_digits().data[index:index + rows].astype(np.float32)
     if feats == 1024:
         from models.build import _upsample
 
         x = _upsample(x)
     elif feats != 64:
-        x = np.random.default_rng(index).random((1, feats), dtype=np.float32)
+        x = np.random.default_rng(index).random((rows, feats), dtype=np.float32)
     data = [float(v) for v in x.ravel()]
-    return json.dumps({"inputs": [{"name": inp["name"], "shape": [1, feats], "datatype": inp["datatype"],
+    return json.dumps({"inputs": [{"name": inp["name"], "shape": [rows, feats], "datatype": inp["datatype"],
                                    "data": data}]}, separators=(",", ":")).encode()
+
+
+def compute_bound(repo: Path, model: str, variant: str, max_batch: int) -> dict[str, Any]:
+    """max over b of b / p50(b) from the variant's profile(s)."""
+    res = {}
+    for f in sorted((repo / model / variant / "profiles").glob("*.json")):
+        p = json.loads(f.read_text())
+        pairs = [(b, l) for b, l in zip(p["batch_sizes"], p["p50_ms"]) if l]
+        capped = max(b * 1e3 / l for b, l in pairs if b <= max_batch)
+        full = max(b * 1e3 / l for b, l in pairs)
+        res[p.get("device_type", f.stem)] = {"bound_rps_capped": round(capped, 1), "cap": max_batch,
+                                             "bound_rps_any_batch": round(full, 1)}
+    return res
 
 
 BINARY_SYSTEMS = ("sloserve", "sloserve-ray", "triton")

@@ -73,3 +73,28 @@ def test_the_open_loop_generator_sends_the_binary_body_with_its_headers(tmp_path
     spec.pop("content_type")
     head, _, _ = Generator(spec, array("d", [0.0])).request.partition(b"\r\n\r\n")
     assert "Content-Type: application/json" in head.decode().split("\r\n")
+
+
+def test_rows_per_request_body_and_saturation(model_repo):
+    """``bench closed --rows-per-request``: the body holds that many real images, and saturation is
+    rows/s over the compute bound of this machine's profile."""
+    from loadtests.bench.systems import request_body
+    from models.runtime import device_type
+
+    body = request_body(model_repo, "digits", rows=8)
+    dt, a = decode_rest(body, None, "digits", None).inputs["input"]
+    assert a.shape == (8, 64) and len({row.tobytes() for row in a}) > 1  # eight different images
+    here = device_type()
+    bound = {here: {"bound_rps_capped": 2000.0, "cap": 32, "bound_rps_any_batch": 2500.0}}
+    summary = {"sloserve": {"rps": 225.0, "rows_per_s": 1800.0}, "triton": {"rps": 100.0, "rows_per_s": 800.0}}
+    sat = closed.saturation(summary, bound)
+    assert sat == {"device_type": here, "bound_rows_per_s": 2000.0, "sloserve": 0.9, "triton": 0.4}
+    assert "no profile" in closed.saturation(summary, {})["error"]
+
+
+def test_rows_per_request_beyond_the_max_batch_is_refused(tmp_path):
+    p = argparse.ArgumentParser()
+    closed.add_arguments(p)
+    args = p.parse_args(["--repo", str(tmp_path), "--systems", "sloserve", "--rows-per-request", "64"])
+    with pytest.raises(SystemExit, match="--rows-per-request 64 must be 1 to --max-batch-size"):
+        closed.run(args)
