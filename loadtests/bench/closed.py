@@ -95,11 +95,13 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
             run_wrk(launch.infer_url, lua, args.concurrency, args.warmup, args.threads, args.nice)
         time.sleep(0.3)
         b0 = launch.batch_counters(args.model)
+        c0 = launch.compute_seconds(args.model)
         win = CpuWindow(launch.pid)
         win.start()
         w = run_wrk(launch.infer_url, lua, args.concurrency, args.duration, args.threads, args.nice)
         server_s, busy_s, total_s = win.stop()
         b1 = launch.batch_counters(args.model)
+        c1 = launch.compute_seconds(args.model)
         mem = tree_memory_mb(launch.pid)
     finally:
         launch.stop()
@@ -132,11 +134,17 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
     }
     if b0 is not None and b1 is not None and b1[1] > b0[1]:
         rec["avg_batch"] = round((b1[0] - b0[0]) / (b1[1] - b0[1]), 2)
+        if c0 is not None and c1 is not None:
+            # How busy the replica was, and what a batch cost it, under this load (against the
+            # profile's figure for the same batch measured alone: the saturation gap's two parts)
+            rec["replica_busy"] = round((c1 - c0) / secs, 3)
+            rec["compute_ms_per_batch"] = round((c1 - c0) * 1e3 / (b1[1] - b0[1]), 3)
     return rec
 
 
 SUMMARY_KEYS = ("rps", "rows_per_s", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "server_cpu_ms_per_req", "server_cores",
-                "wrk_cpu_ms_per_req", "wrk_cores", "other_cores", "avg_batch", "pss_mb", "processes")
+                "wrk_cpu_ms_per_req", "wrk_cores", "other_cores", "avg_batch", "replica_busy",
+                "compute_ms_per_batch", "pss_mb", "processes")
 
 
 def summarise(rounds: dict[str, list[dict[str, Any]]], baseline: str = "triton") -> dict[str, Any]:

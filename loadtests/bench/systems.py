@@ -202,6 +202,17 @@ class Launch:
             return None
         return rows, batches
 
+    def compute_seconds(self, model: str) -> float | None:
+        """Replica compute time spent so far (all batches), from the Prometheus endpoint, if any."""
+        text = self.scrape()
+        if text is None:
+            return None
+        if self.system.startswith("sloserve"):
+            return prom_sum(text, "sloserve_batch_compute_seconds_sum", model)
+        if self.system == "triton":
+            return prom_sum(text, "nv_inference_compute_infer_duration_us", model) / 1e6
+        return None
+
 
 def _alive(pid: int) -> bool:
     try:
