@@ -102,7 +102,8 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], where: str
             )
         if dtype.kind in "iu" and arr.size:
             info = np.iinfo(dtype)
-            if arr.min() < info.min or arr.max() > info.max:
+            # As Python ints: numpy cannot compare a bool array's extreme with uint64's max (OverflowError)
+            if int(arr.min()) < info.min or int(arr.max()) > info.max:
                 raise InvalidArgument(f"{where}: values out of range for {datatype} [{info.min}, {info.max}]")
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf: InputLimits refuses it
             arr = arr.astype(dtype, copy=False)

@@ -115,3 +115,17 @@ def test_encode_json_and_binary():
     head = orjson.loads(raw[:hl])
     assert head["outputs"][0]["parameters"]["binary_data_size"] == 8
     np.testing.assert_array_equal(np.frombuffer(raw[hl:], np.float32), probs.ravel())
+
+
+def test_uint64_takes_json_booleans_and_integers_without_overflow():
+    """Found by the codec fuzz: a boolean array's extreme against uint64's max raised OverflowError
+    (a 500) instead of being range-checked as the integers 0 and 1."""
+    from gateway.codec import array_from_json
+
+    assert array_from_json(False, "UINT64", (), "input 'x'").tolist() == 0
+    assert array_from_json([True, False], "UINT64", (2,), "input 'x'").tolist() == [1, 0]
+    assert array_from_json([2**64 - 1], "UINT64", (1,), "input 'x'").tolist() == [2**64 - 1]
+    with pytest.raises(InvalidArgument, match=r"out of range for UINT64"):
+        array_from_json([-1], "UINT64", (1,), "input 'x'")
+    with pytest.raises(InvalidArgument, match=r"out of range for INT64"):
+        array_from_json([2**63], "INT64", (1,), "input 'x'")
