@@ -80,7 +80,7 @@ def decode_grpc(req: pb.ModelInferRequest) -> InferRequest:
                 arr = np.asarray(values)
                 if dtype.kind in "iu" and arr.size:
                     info = np.iinfo(dtype)
-                    if arr.min() < info.min or arr.max() > info.max:
+                    if int(arr.min()) < info.min or int(arr.max()) > info.max:
                         raise InvalidArgument(f"{where}: values out of range for {t.datatype}")
                 with np.errstate(over="ignore", invalid="ignore"):  # inf: InputLimits refuses it
                     arr = arr.astype(dtype).reshape(shape)
