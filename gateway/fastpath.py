@@ -14,7 +14,6 @@ coroutine. On a saturated loop that coroutine waits behind every other ready cal
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import orjson
@@ -81,8 +80,10 @@ class InferFastPath:
         except _Disconnected:
             return
         except ServingError as e:
-            if early is not None and early.wrote:
-                return  # answered from inside the shed decision
+            if early is not None and early.wrote:  # answered from inside the shed decision
+                if early.pending is not None:  # the transport paused after the status line
+                    await send(early.pending)
+                return
             start, end = _error_messages(e)
             await send(start)
             await send(end)
@@ -131,15 +132,18 @@ class _AnswerNow:
     its transport's flow control is paused; otherwise it writes to the transport and returns. So
     when writing is not paused, this steps the ``send`` coroutine to completion by hand instead of
     waiting for the loop to resume the handler. If flow control pauses after the status line, the
-    body goes out in a task, in order, as soon as the transport drains. Other ASGI servers, and a
-    paused transport, get no early answer: the handler answers as before.
+    body is left in ``pending`` for the handler, which resumes right after (the batcher fails its
+    future next) and sends it once the transport drains: uvicorn closes a connection whose app
+    returns with its response half written. Other ASGI servers, and a paused transport, get no
+    early answer: the handler answers as before. ``shed_answered`` times the status line.
     """
 
-    __slots__ = ("dp", "flow", "model", "send", "wrote")
+    __slots__ = ("dp", "flow", "model", "pending", "send", "wrote")
 
     def __init__(self, send, flow, dp: DataPlane, model: str):
         self.send, self.flow, self.dp, self.model = send, flow, dp, model
         self.wrote = False
+        self.pending: dict | None = None
 
     @classmethod
     def for_send(cls, send, dp: DataPlane, model: str) -> _AnswerNow | None:
@@ -155,10 +159,10 @@ class _AnswerNow:
         if self.wrote or self.flow.write_paused or not isinstance(e, ServingError):
             return False
         start, end = _error_messages(e)
+        _step_to_end(self.send(start))  # if this raises, nothing is marked: the handler answers
         self.wrote = True
-        _step_to_end(self.send(start))
         if self.flow.write_paused:
-            asyncio.get_running_loop().create_task(self.send(end))
+            self.pending = end
         else:
             _step_to_end(self.send(end))
         self.dp.metrics.shed_answered(self.model, e)

@@ -133,7 +133,8 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
         "processes": mem["processes"],
     }
     if b0 is not None and b1 is not None and b1[1] > b0[1]:
-        rec["avg_batch"] = round((b1[0] - b0[0]) / (b1[1] - b0[1]), 2)
+        per_item = args.rows_per_request if launch.system == "triton" else 1  # Triton counts requests
+        rec["avg_batch"] = round((b1[0] - b0[0]) * per_item / (b1[1] - b0[1]), 2)  # rows per batch
         if c0 is not None and c1 is not None:
             # How busy the replica was, and what a batch cost it, under this load (against the
             # profile's figure for the same batch measured alone: the saturation gap's two parts)

@@ -188,7 +188,8 @@ class Launch:
             return None
 
     def batch_counters(self, model: str) -> tuple[float, float] | None:
-        """(requests, batches) executed so far, from the system's Prometheus endpoint, if it has one."""
+        """(items, batches) executed so far, from the system's Prometheus endpoint, if it has one.
+        Items are rows for sloserve and requests for Triton."""
         text = self.scrape()
         if text is None:
             return None
@@ -203,15 +204,13 @@ class Launch:
         return rows, batches
 
     def compute_seconds(self, model: str) -> float | None:
-        """Replica compute time spent so far (all batches), from the Prometheus endpoint, if any."""
-        text = self.scrape()
-        if text is None:
+        """Replica compute time spent so far (all batches), from the Prometheus endpoint; sloserve
+        only. (Triton's ``nv_inference_compute_infer_duration_us`` adds a batch's time once per
+        request in it, so it is not the replica's busy time.)"""
+        if not self.system.startswith("sloserve"):
             return None
-        if self.system.startswith("sloserve"):
-            return prom_sum(text, "sloserve_batch_compute_seconds_sum", model)
-        if self.system == "triton":
-            return prom_sum(text, "nv_inference_compute_infer_duration_us", model) / 1e6
-        return None
+        text = self.scrape()
+        return None if text is None else prom_sum(text, "sloserve_batch_compute_seconds_sum", model)
 
 
 def _alive(pid: int) -> bool:

@@ -125,11 +125,13 @@ async def test_shed_calls_answer_now_inside_the_decision_and_survives_a_broken_h
     seen = []
 
     def answer_now(err):
-        # Called from inside the shed decision: the waiting coroutine has not been resumed yet.
-        seen.append((err, bad_task.done()))
+        # Called from inside the shed decision, before the request's future gets the error.
+        seen.append((err, futures[0].done()))
         return True
 
     bad_task = asyncio.create_task(b.submit(x(0), 1, 0.02, ("v",), priority=-1, answer_now=answer_now))
+    await asyncio.sleep(0)  # the submit has queued its entry and awaits its future
+    futures = [e.future for e in b._entries.values()]
     good = await b.submit(x(1), 1, 0.02, ("v",), answer_now=lambda e: pytest.fail("not shed"))
     with pytest.raises(Unavailable) as bad:
         await bad_task

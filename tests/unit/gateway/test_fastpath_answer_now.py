@@ -7,7 +7,7 @@ import orjson
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
-from gateway.errors import DeadlineUnreachable, InvalidArgument
+from gateway.errors import DeadlineUnreachable
 from gateway.fastpath import _AnswerNow
 
 
@@ -84,22 +84,74 @@ async def test_no_early_answer_while_the_transport_is_paused_or_for_other_server
     assert _AnswerNow.for_send(c2.send, DP(), "m")(ValueError("not a ServingError")) is False
 
 
-async def test_body_follows_in_order_when_the_transport_pauses_after_the_status_line():
-    class Pausing(Transport):
-        def write(self, data):
-            super().write(data)
-            flow.pause_writing()  # the buffer crossed its high-water mark
+class Pausing(Transport):
+    """Its buffer crosses the high-water mark on the first write (the status line)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flow = None
+        self.closed = False
+
+    def write(self, data):
+        super().write(data)
+        self.flow.pause_writing()
+
+    def close(self):
+        self.closed = True
+
+
+async def test_paused_after_the_status_line_the_handler_sends_the_body_under_uvicorn(monkeypatch):
+    """Run the real fast-path handler under uvicorn's own run_asgi: the status line goes out from
+    inside the decision, the body when the handler resumes and the transport drains. A body left
+    to a task instead made uvicorn close the connection with the response half written."""
+    import gateway.fastpath as fp
 
     t = Pausing()
     c = cycle(t)
-    flow = c.flow
+    t.flow = c.flow
+    c.body, c.more_body = b"{}", False
+    c.message_event.set()
+    err = DeadlineUnreachable("shed: late by 2.0 ms", retry_after_s=0.1)
+    loop = asyncio.get_running_loop()
+
+    async def shed_at_once(dp, limits, model, version, arrival, body, headers, early):
+        assert early(err) is True and early.pending is not None  # status line out, body pending
+        assert len(t.out) == 1 and t.out[0].startswith(b"HTTP/1.1 503")
+        loop.call_later(0.01, c.flow.resume_writing)  # the transport drains
+        raise err
+
+    monkeypatch.setattr(fp, "_infer", shed_at_once)
+
+    class Inflight:
+        def take(self, n, model):
+            return n
+
+        def give(self, n):
+            pass
+
+    class Settings:
+        max_request_bytes = 1 << 20
+        shed_answer_early = True
+
+    dp = DP()
+    dp.settings, dp.inflight, dp.arrival_now = Settings(), Inflight(), lambda: 0.0
+    app = fp.InferFastPath(None, dp, None)
+    c.scope["headers"] = [(b"content-length", b"2")]
+    await c.run_asgi(app)
+    assert c.response_complete and not t.closed
+    assert orjson.loads(t.out[-1]) == {"error": "shed: late by 2.0 ms"}
+    assert len(dp.metrics.answered) == 1  # timed once, at the status line
+
+
+async def test_a_send_that_fails_marks_nothing_so_the_handler_answers():
+    t = Transport()
+    c = cycle(t)
     early = _AnswerNow.for_send(c.send, DP(), "m")
-    assert early(InvalidArgument("bad")) is True
-    assert len(t.out) == 1 and t.out[0].startswith(b"HTTP/1.1 400")
-    flow.resume_writing()
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert c.response_complete and orjson.loads(t.out[-1]) == {"error": "bad"}
+    bad = DeadlineUnreachable("x")
+    bad.http_status = 999  # uvicorn has no status line for it: its send raises
+    with pytest.raises(KeyError):
+        early(bad)
+    assert not early.wrote and early.pending is None
 
 
 @pytest.mark.parametrize("impl", ["httptools_impl", "h11_impl"])
