@@ -322,6 +322,7 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
                 after = launch.scrape()
                 m.update(shed_server_side(shed_histogram(before), shed_histogram(after)))
                 m.update(server_on_time(slo_counts(before), slo_counts(after)))
+                m["batches"] = batch_stats(before, after)
             steps.append(m)
             print(f"  [{system} r{round_no}] {rate:>6.0f}/s att {m['attainment']:.4f} good {m['goodput_rps']:.0f}/s "
                   f"p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} effacc {m['effective_accuracy']:.4f} "
@@ -349,6 +350,36 @@ def shed_histogram(text: str | None) -> dict[float, float]:
             le = line.split('le="', 1)[1].split('"', 1)[0]
             key = float("inf") if le == "+Inf" else float(le)
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _batch_rows(text: str | None) -> dict[str, dict[str, float]]:
+    """Per variant: ``sloserve_batch_rows`` bucket counts (cumulative, by ``le``), sum and count."""
+    out: dict[str, dict[str, float]] = {}
+    for line in (text or "").splitlines():
+        if not line.startswith("sloserve_batch_rows_"):
+            continue
+        name, rest = line.split("{", 1)
+        labels = dict(kv.split("=", 1) for kv in rest.rsplit("}", 1)[0].replace('"', "").split(","))
+        d = out.setdefault(labels.get("variant", "?"), {})
+        key = name[len("sloserve_batch_rows_"):] + (f":{labels['le']}" if "le" in labels else "")
+        d[key] = d.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def batch_stats(before: str | None, after: str | None) -> dict[str, dict[str, float]]:
+    """Per variant, over one step: batches dispatched, their mean rows, and the share of batches of
+    at most 2 rows (the small batches a backlogged deadline queue can collapse into)."""
+    b0, b1 = _batch_rows(before), _batch_rows(after)
+    out = {}
+    for v, d1 in b1.items():
+        d0 = b0.get(v, {})
+        n = d1.get("count", 0.0) - d0.get("count", 0.0)
+        if n <= 0:
+            continue
+        rows = d1.get("sum", 0.0) - d0.get("sum", 0.0)
+        small = d1.get("bucket:2.0", 0.0) - d0.get("bucket:2.0", 0.0)
+        out[v] = {"batches": int(n), "mean_rows": round(rows / n, 2), "share_le_2_rows": round(small / n, 3)}
     return out
 
 

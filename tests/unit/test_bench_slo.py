@@ -93,3 +93,25 @@ def test_sloserve_batching_settings_are_merged_and_checked(monkeypatch):
                                 '{"safety_ms": 2}']))
     with pytest.raises(SystemExit, match="sloserve-slo: .*safty_ms"):
         main_args(p.parse_args(["--systems", "sloserve-slo", "--sloserve-batching", '{"safty_ms": 2}']))
+
+
+def test_batch_stats_per_variant_from_two_scrapes():
+    """``bench slo`` records, per step, each variant's batches, mean rows and share of <= 2-row batches."""
+    from prometheus_client import generate_latest
+
+    from gateway.metrics import Metrics
+    from loadtests.bench.slo import batch_stats
+
+    m = Metrics()
+    hook, _ = m.batcher_hook("heavy")
+    hook("batch", ("large", 4, 0.001, "full"))
+    before = generate_latest(m.registry).decode()
+    for rows in (1, 1, 2, 16, 32):
+        hook("batch", ("large", rows, 0.001, "deadline"))
+    hook("batch", ("medium", 8, 0.001, "full"))
+    after = generate_latest(m.registry).decode()
+    assert batch_stats(before, after) == {
+        "large": {"batches": 5, "mean_rows": 10.4, "share_le_2_rows": 0.6},
+        "medium": {"batches": 1, "mean_rows": 8.0, "share_le_2_rows": 0.0},
+    }
+    assert batch_stats(after, after) == {}
