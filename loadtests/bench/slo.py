@@ -293,7 +293,29 @@ def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dic
     if variants:
         out["variants"] = variants  # 2xx answers by the variant that served them
         out["late_by_variant"] = late_by_variant  # of those, answered after the SLO (client clock)
+    out["timeline"] = timeline(recs, slo, dur, args._variants)
     return out
+
+
+def timeline(recs: list[tuple], slo: float, dur: float, names: list[str], bin_s: float = 0.5) -> dict[str, Any]:
+    """Per ``bin_s`` of scheduled send time: requests sent, answered on time, late, and shed,
+    and 2xx answers per variant: how a burst's third played out, not only its total."""
+    n = max(1, math.ceil(dur / bin_s))
+    sent, on_time, late, shed = [0] * n, [0] * n, [0] * n, [0] * n
+    by_variant: dict[str, list[int]] = {}
+    for sched_t, _sent_t, done_t, status, v in recs:
+        k = min(n - 1, max(0, int(sched_t / bin_s)))
+        sent[k] += 1
+        if 200 <= status < 300:
+            if done_t - sched_t <= slo:
+                on_time[k] += 1
+            else:
+                late[k] += 1
+            if 0 <= v < len(names):
+                by_variant.setdefault(names[v], [0] * n)[k] += 1
+        elif status in (429, 503):
+            shed[k] += 1
+    return {"bin_s": bin_s, "sent": sent, "on_time": on_time, "late": late, "shed": shed, "variants": by_variant}
 
 
 def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: bytes, body_path: Path,

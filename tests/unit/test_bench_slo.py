@@ -115,3 +115,13 @@ def test_batch_stats_per_variant_from_two_scrapes():
         "medium": {"batches": 1, "mean_rows": 8.0, "share_le_2_rows": 0.0},
     }
     assert batch_stats(after, after) == {}
+
+
+def test_timeline_bins_requests_by_scheduled_send_time():
+    from loadtests.bench.slo import timeline
+
+    recs = [(0.1, 0.1, 0.105, 200, 0), (0.2, 0.2, 0.3, 200, 1), (0.7, 0.7, 0.71, 503, -1),
+            (1.4, 1.4, -1.0, 0, -1), (1.45, 1.45, 1.46, 200, 1)]
+    t = timeline(recs, slo=0.02, dur=1.5, names=["large", "medium"])
+    assert t == {"bin_s": 0.5, "sent": [2, 1, 2], "on_time": [1, 0, 1], "late": [1, 0, 0], "shed": [0, 1, 0],
+                 "variants": {"large": [1, 0, 0], "medium": [1, 0, 1]}}
