@@ -125,3 +125,18 @@ def test_timeline_bins_requests_by_scheduled_send_time():
     t = timeline(recs, slo=0.02, dur=1.5, names=["large", "medium"])
     assert t == {"bin_s": 0.5, "sent": [2, 1, 2], "on_time": [1, 0, 1], "late": [1, 0, 0], "shed": [0, 1, 0],
                  "variants": {"large": [1, 0, 0], "medium": [1, 0, 1]}}
+
+
+def test_gil_probe_runs_and_reports_both_timings(model_repo, capsys):
+    import sys
+
+    from loadtests.bench import gil_probe
+
+    before = sys.getswitchinterval()
+    try:
+        assert gil_probe.main(["--model", str(model_repo / "digits" / "small" / "model.onnx"), "--rows", "2",
+                               "--runs", "3", "--switch-interval-ms", "1"]) == 0
+    finally:
+        sys.setswitchinterval(before)  # the probe sets it for its process; not for the rest of the suite
+    out = capsys.readouterr().out
+    assert "switch interval 1 ms, batch of 2: alone p50" in out and "next to a GIL-holding thread" in out
