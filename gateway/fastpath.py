@@ -84,24 +84,22 @@ class InferFastPath:
                 if early.pending is not None:  # the transport paused after the status line
                     await send(early.pending)
                 return
-            start, end = _error_messages(e)
-            await send(start)
-            await send(end)
+            await _send(send, *_error_messages(e))
             dp.metrics.shed_answered(model, e)
             return
         except Exception as e:  # a bug: answer 500, log it, keep serving
             log.exception("internal error on %s", scope["path"])
-            await _send(send, 500, orjson.dumps({"error": f"internal error: {type(e).__name__}"}),
-                        b"application/json", ())
+            await _send(send, *_messages(500, orjson.dumps({"error": f"internal error: {type(e).__name__}"}),
+                                         b"application/json", ()))
             return
         finally:
             if held:
                 dp.inflight.give(held)
         if json_len is None:
-            await _send(send, 200, payload, b"application/json", ())
+            await _send(send, *_messages(200, payload, b"application/json", ()))
         else:
-            await _send(send, 200, payload, b"application/octet-stream",
-                        ((b"inference-header-content-length", str(json_len).encode()),))
+            await _send(send, *_messages(200, payload, b"application/octet-stream",
+                                         ((b"inference-header-content-length", str(json_len).encode()),)))
 
     async def _read(self, receive) -> bytes:
         chunks, size = [], 0
@@ -182,12 +180,15 @@ def _step_to_end(coro) -> None:
     raise RuntimeError("ASGI send suspended although its transport was not paused")
 
 
-def _error_messages(e: ServingError) -> tuple[dict, dict]:
-    body = orjson.dumps({"error": e.message})
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               *_retry_after(e)]
-    return ({"type": "http.response.start", "status": e.http_status, "headers": headers},
+def _messages(status: int, body: bytes, ctype: bytes, extra: tuple) -> tuple[dict, dict]:
+    """The two ASGI messages of a complete response."""
+    return ({"type": "http.response.start", "status": status,
+             "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *extra]},
             {"type": "http.response.body", "body": body})
+
+
+def _error_messages(e: ServingError) -> tuple[dict, dict]:
+    return _messages(e.http_status, orjson.dumps({"error": e.message}), b"application/json", _retry_after(e))
 
 
 def _retry_after(e: ServingError) -> tuple:
@@ -196,7 +197,6 @@ def _retry_after(e: ServingError) -> tuple:
     return ((b"retry-after", str(max(1, round(e.retry_after_s + 0.499))).encode()),)
 
 
-async def _send(send, status: int, body: bytes, ctype: bytes, extra: tuple) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *extra]})
-    await send({"type": "http.response.body", "body": body})
+async def _send(send, start: dict, end: dict) -> None:
+    await send(start)
+    await send(end)

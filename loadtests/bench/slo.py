@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -375,33 +376,21 @@ def shed_histogram(text: str | None) -> dict[float, float]:
     return out
 
 
-def _batch_rows(text: str | None) -> dict[str, dict[str, float]]:
-    """Per variant: ``sloserve_batch_rows`` bucket counts (cumulative, by ``le``), sum and count."""
-    out: dict[str, dict[str, float]] = {}
-    for line in (text or "").splitlines():
-        if not line.startswith("sloserve_batch_rows_"):
-            continue
-        name, rest = line.split("{", 1)
-        labels = dict(kv.split("=", 1) for kv in rest.rsplit("}", 1)[0].replace('"', "").split(","))
-        d = out.setdefault(labels.get("variant", "?"), {})
-        key = name[len("sloserve_batch_rows_"):] + (f":{labels['le']}" if "le" in labels else "")
-        d[key] = d.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def batch_stats(before: str | None, after: str | None) -> dict[str, dict[str, float]]:
     """Per variant, over one step: batches dispatched, their mean rows, and the share of batches of
     at most 2 rows (the small batches a backlogged deadline queue can collapse into)."""
-    b0, b1 = _batch_rows(before), _batch_rows(after)
+    before, after = before or "", after or ""
+
+    def delta(name: str, variant: str, **labels: str) -> float:
+        return prom_sum(after, name, variant=variant, **labels) - prom_sum(before, name, variant=variant, **labels)
+
     out = {}
-    for v, d1 in b1.items():
-        d0 = b0.get(v, {})
-        n = d1.get("count", 0.0) - d0.get("count", 0.0)
+    for v in sorted(set(re.findall(r'^sloserve_batch_rows_count\{[^}]*variant="([^"]+)"', after, re.MULTILINE))):
+        n = delta("sloserve_batch_rows_count", v)
         if n <= 0:
             continue
-        rows = d1.get("sum", 0.0) - d0.get("sum", 0.0)
-        small = d1.get("bucket:2.0", 0.0) - d0.get("bucket:2.0", 0.0)
-        out[v] = {"batches": int(n), "mean_rows": round(rows / n, 2), "share_le_2_rows": round(small / n, 3)}
+        out[v] = {"batches": int(n), "mean_rows": round(delta("sloserve_batch_rows_sum", v) / n, 2),
+                  "share_le_2_rows": round(delta("sloserve_batch_rows_bucket", v, le="2.0") / n, 3)}
     return out
 
 
