@@ -40,6 +40,28 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
+def describe(pids: set[int]) -> str:
+    """``pid state wchan: command`` per process, for a log line about processes that hang (a child
+    stuck between fork and exec still shows its parent's command)."""
+    out = []
+    for p in sorted(pids):
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                data = f.read()
+            state = data[data.rindex(b")") + 2:].split()[0].decode()
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+            try:
+                with open(f"/proc/{p}/wchan") as f:
+                    wchan = f.read().strip() or "-"
+            except OSError:
+                wchan = "?"
+        except (OSError, ValueError, IndexError):
+            continue
+        out.append(f"{p} {state} {wchan}: {cmd}")
+    return "; ".join(out)
+
+
 def reap(pids: set[int], grace_s: float = 3.0) -> None:
     """Give ``pids`` ``grace_s`` to exit, then SIGKILL whatever is left."""
     deadline = time.monotonic() + grace_s

@@ -26,7 +26,7 @@ from batching.batcher import RunResult
 from batching.profile import ProfileTable
 from gateway.config import Settings
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
-from gateway.proctree import descendants, reap
+from gateway.proctree import describe, descendants, reap
 from gateway.rates import RateMeter, gateway_id
 from models.ray_replica import build_app, deployment_name
 from models.repository import ModelRepository
@@ -169,16 +169,22 @@ class RayServeBackend:
         for attempt in (1, 2):
             before = descendants(os.getpid())
             try:
-                ray.init(num_cpus=s.ray_num_cpus or os.cpu_count(), num_gpus=sum(s.emulated_gpus.values()) or None,
+                # address="local": always a new embedded Ray, never one a `ray start` left on the box
+                # (ray.init() alone would attach to it and then refuse num_cpus).
+                ray.init(address="local", num_cpus=s.ray_num_cpus or os.cpu_count(), num_gpus=sum(s.emulated_gpus.values()) or None,
                          resources=resources or None, include_dashboard=False, namespace="sloserve",
                          log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
                 break
             except Exception as e:  # re-raised unless it is a start-up timeout
-                if attempt == 2 or not startup_timed_out(e):
+                if not startup_timed_out(e):
                     raise
-                log.warning("local Ray did not come up in time (%s); retrying once", e)
+                started = descendants(os.getpid()) - before
+                log.warning("local Ray did not come up in time (%s); the processes it started: %s%s", e,
+                            describe(started) or "none", "" if attempt == 2 else "; retrying once")
                 ray.shutdown()
-                reap(descendants(os.getpid()) - before)
+                reap(started)
+                if attempt == 2:
+                    raise
         self._started_ray = True
         print(f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
               f"(attach with ray.init(address=...) or `ray status --address ...`)", flush=True)
@@ -215,9 +221,14 @@ class RayServeBackend:
             return handle
         return handle.options(_by_reference=False, request_serialization="pickle", response_serialization="pickle")
 
+    def prepare(self) -> None:
+        """Starts (or connects to) Ray on the calling thread: the gateway calls it on its main thread
+        before its servers start any thread (see ``Gateway.prepare``)."""
+        self._init_ray()
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._init_ray)
+        await loop.run_in_executor(None, self._init_ray)  # a no-op once prepare() ran
         await loop.run_in_executor(None, self._deploy)
         await self._wait_running()
         self._ready = True

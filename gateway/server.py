@@ -82,14 +82,29 @@ class Gateway:
         self._uvicorn: _Uvicorn | None = None
         self._uv_task: asyncio.Task | None = None
         self._grpc = None
+        self._prepared = False
         self.harvest = None
         if settings.training.enabled:  # preemptible training on idle GPUs (gateway/harvest.py)
             from gateway.harvest import HarvestController
 
             self.harvest = HarvestController(settings, self.backend, self.dataplane.metrics)
 
+    def prepare(self) -> None:
+        """What must run before any server thread exists (idempotent; ``start`` calls it too).
+
+        The embedded Ray forks its GCS and raylet and runs Python between fork and exec; done from
+        an executor thread while the gRPC server's threads were live, Ray's GCS child never came up
+        (twice on 2026-11-22, once in CI: an empty session log directory, then a 2x120 s timeout).
+        Here it runs on the main thread of a process that is still a plain Ray driver."""
+        if not self._prepared:
+            self._prepared = True
+            prepare = getattr(self.backend, "prepare", None)
+            if prepare is not None:
+                prepare()
+
     async def start(self) -> None:
         s = self.settings
+        self.prepare()
         self._grpc, self.grpc_port = create_server(self.dataplane, f"{s.host}:{s.grpc_port}")
         await self._grpc.start()
         routers = [self.harvest.router()] if self.harvest is not None else []
@@ -139,19 +154,38 @@ async def serve(settings: Settings) -> None:
         raise SystemExit(2) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        try:
-            await gw.start()
-        except ModelLoadError as e:
-            print(f"sloserve: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-        # ray.init installs Ray's C-level failure-signal handler over ours (it would end the process
-        # half-way through a graceful stop): take SIGINT/SIGTERM back once everything is up.
+
+    def take_signals() -> None:
+        # ray.init installs Ray's own SIGTERM handler (and its C-level failure-signal handler) over
+        # ours: either would end the process half-way through a graceful stop. Take them back.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
             loop.add_signal_handler(sig, stop.set)
+
+    take_signals()
+    try:
+        try:
+            gw.prepare()  # the embedded Ray starts here, before any server thread (see Gateway.prepare)
+        except ModelLoadError as e:
+            print(f"sloserve: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        take_signals()
+        starting = loop.create_task(gw.start())
+        stopping = loop.create_task(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # SIGTERM/SIGINT while models load: stop now, not once they are up
+            print("sloserve: stop requested during start-up; shutting down", flush=True)
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+            return
+        stopping.cancel()
+        try:
+            starting.result()
+        except ModelLoadError as e:
+            print(f"sloserve: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        take_signals()
         print(f"sloserve serving HTTP on {settings.host}:{gw.http_port}, gRPC on {settings.host}:{gw.grpc_port}"
               f" ({gw.backend.name} backend)", flush=True)
         await stop.wait()

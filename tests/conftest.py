@@ -29,6 +29,21 @@ def model_repo() -> Path:
 RAY_SERVERS: list["ServerProcess"] = []  # ray-backend servers the tests started
 
 
+def ray_logs(tail: int = 1500) -> str:
+    """The newest Ray session's log directory: which files exist, and the ends of the GCS's and the
+    raylet's (an empty directory means the GCS never started)."""
+    session = Path(tempfile.gettempdir()) / "ray" / "session_latest"
+    logs = session / "logs"
+    if not logs.is_dir():
+        return "\n(no Ray session directory)"
+    out = [f"\nRay session {session.resolve().name}: {sorted(p.name for p in logs.iterdir())}"]
+    for name in ("gcs_server.out", "gcs_server.err", "raylet.out", "raylet.err"):
+        f = logs / name
+        if f.is_file() and f.stat().st_size:
+            out.append(f"--- {name}:\n{f.read_text(errors='replace')[-tail:]}")
+    return "\n".join(out)
+
+
 class ServerProcess:
     """`sloserve serve` in a subprocess on free ports; stopped with SIGTERM.
 
@@ -60,9 +75,14 @@ class ServerProcess:
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
-    def wait_ready(self, timeout: float = 120.0) -> "ServerProcess":
+    def wait_ready(self, timeout: float | None = None) -> "ServerProcess":
+        """Waits for /v2/health/ready. A Ray server may take its own start-up retry (2 x 120 s for the
+        GCS on a slow box) before its replicas load: it gets 300 s unless told otherwise. If it is not
+        ready in time it is killed (process group and all), and the error carries what Ray wrote."""
         import urllib.request
 
+        if timeout is None:
+            timeout = 300.0 if self.backend == "ray" else 120.0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -74,7 +94,19 @@ class ServerProcess:
             except Exception:
                 pass
             time.sleep(0.1)
-        raise TimeoutError(f"server not ready in {timeout}s:\n{self.output()}")
+        said = self.output()
+        self.kill()
+        raise TimeoutError(f"server not ready in {timeout}s:\n{said}{ray_logs() if self.backend == 'ray' else ''}")
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group (Ray's daemons included) and forget it."""
+        if self in RAY_SERVERS:
+            RAY_SERVERS.remove(self)
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
 
     def output(self, tail: int | None = 5000) -> str:
         self.log.flush()

@@ -24,9 +24,10 @@ def servers(model_repo):
                                    f"{getattr(s, 'last_words', '')}")
                     for line in left:
                         os.kill(int(line.split()[0]), 9)
-            s = _SERVERS[backend] = ServerProcess(model_repo, backend)
+            s = ServerProcess(model_repo, backend)
             s.shared = True
-            s.wait_ready()
+            s.wait_ready()  # on failure it is killed, never kept: the next test starts a fresh one
+            _SERVERS[backend] = s
         return s
 
     yield get

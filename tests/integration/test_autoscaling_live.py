@@ -37,7 +37,7 @@ def scaling_server(model_repo, tmp_path_factory):
         "fault_delay_ms": 20, "slo_ms": 200,
         "autoscaling": {"min_replicas": 1, "max_replicas": 3, "startup_s": 2, "keep_alive_s": 6,
                         "interval_s": 1, "predictor": "last"}}}}))
-    s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready(240)
+    s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
     yield s
     s.stop()
 

@@ -51,7 +51,7 @@ def harvest_server(model_repo, tmp_path_factory):
             "device_type": "T4", "fault_delay_ms": 20, "slo_ms": 200,
             "autoscaling": {"min_replicas": 1, "max_replicas": 2, "startup_s": 2, "keep_alive_s": 6,
                             "interval_s": 1, "predictor": "last"}}}}))
-    s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready(180)
+    s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
     s.jobs_dir = jobs
     yield s
     s.stop()

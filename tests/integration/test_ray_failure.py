@@ -36,7 +36,7 @@ def chaos_server(request, model_repo, tmp_path_factory):
     cfg = repo / "chaos.json"
     cfg.write_text(json.dumps({"models": {"digits": {"fault_delay_ms": FAULT_DELAY_MS}},
                                "ray_transport": request.param}))
-    s = ServerProcess(repo, "ray", ["--config", str(cfg)]).wait_ready(240)
+    s = ServerProcess(repo, "ray", ["--config", str(cfg)]).wait_ready()
     yield s
     s.stop()
 

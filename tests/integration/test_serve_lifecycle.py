@@ -39,3 +39,47 @@ def test_missing_repository_is_a_clear_error(tmp_path):
                         "--repo", str(tmp_path / "nothing"), "--http-port", "0", "--grpc-port", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "sloserve models build" in r.stderr
+
+
+def _status(url: str) -> int | None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def test_sigterm_while_ray_replicas_load_stops_promptly_and_leaves_nothing(model_repo):
+    """A stop asked for during start-up is honoured then, not once every replica is up: the server
+    answers liveness but not readiness (Ray is up, Serve replicas are loading) when SIGTERM comes."""
+    import time
+
+    s = ServerProcess(model_repo, "ray")
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert s.proc.poll() is None, s.output()
+            live = _status(f"http://{s.http_url}/v2/health/live")
+            ready = _status(f"http://{s.http_url}/v2/health/ready")
+            if live == 200:
+                break
+            time.sleep(0.05)
+        assert live == 200 and ready != 200, (live, ready, s.output())
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        rc = s.proc.wait(60)
+        took = time.monotonic() - t0
+        out = s.output()
+        left = s.leftovers()
+    except BaseException:
+        s.kill()
+        raise
+    assert s.stop() == rc
+    assert rc == 0 and not left, (rc, left, out)
+    assert "stop requested during start-up" in out, out
+    assert took < 45, (took, out)

@@ -45,7 +45,7 @@ def typed_server(model_repo, tmp_path_factory):
         "replica_gpu_fraction": 0.5,
         "models": {m: {"device_type": d} for m, d in DEVICES.items()},
     }))
-    s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready(180)
+    s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
     s.repo = repo
     yield s
     s.stop()
