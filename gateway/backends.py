@@ -85,8 +85,10 @@ class InProcessBackend:
 
     def __init__(self, repo: ModelRepository, opts: RuntimeOptions, instances: int = 1,
                  inline_below_s: float = 0.0, fault_delay_s: dict[str, float] | None = None,
-                 batch_timeout_s: float | None = None, pipeline_depth: int = 1):
+                 batch_timeout_s: float | None = None, pipeline_depth: int = 1, processes: bool = False):
         self.repo = repo
+        self.processes = processes  # replicas compute in worker processes (gateway/procreplica.py)
+        self._workers: dict[tuple[str, str], list] = {}
         self.pipeline_depth = max(1, pipeline_depth)
         self.fault_delay_s = {m: d for m, d in (fault_delay_s or {}).items() if d > 0}
         self.batch_timeout_s = batch_timeout_s
@@ -104,6 +106,10 @@ class InProcessBackend:
         loop = asyncio.get_running_loop()
         total = sum(len(m.config.variants) for m in self.repo.models.values()) * self.instances
         self._pool = ThreadPoolExecutor(max_workers=max(2, total * self.pipeline_depth), thread_name_prefix="ort")
+        if self.processes:
+            await self._start_workers()
+            self._ready = True
+            return
         for name, model in self.repo.models.items():
             outs = [o.name for o in model.config.outputs]
             for v in model.config.variants:
@@ -123,6 +129,31 @@ class InProcessBackend:
                 self._fast[(name, v.name)] = self._probe_fast(reps[0], model)
         self._ready = True
 
+    async def _start_workers(self) -> None:
+        from gateway.procreplica import ProcessReplica
+
+        started = []
+        for name, model in self.repo.models.items():
+            outs = [o.name for o in model.config.outputs]
+            for v in model.config.variants:
+                self._workers[(name, v.name)] = [
+                    ProcessReplica(model.onnx_path(v.name), self.opts, outs, f"{name}/{v.name}#{i}",
+                                   self.fault_delay_s.get(name)) for i in range(self.instances)]
+                self._fast[(name, v.name)] = False
+                started += [(name, v.name, model, w) for w in self._workers[(name, v.name)]]
+        results = await asyncio.gather(*(w.start() for *_, w in started), return_exceptions=True)
+        for (name, variant, model, _), r in zip(started, results):
+            if isinstance(r, BaseException):
+                await asyncio.gather(*(w.stop() for *_, w in started))
+                raise ModelLoadError(f"model '{name}' variant '{variant}': {model.onnx_path(variant)} "
+                                     f"cannot be loaded: {r}") from None
+
+    async def _run_on_worker(self, key: tuple[str, str], inputs: dict[str, np.ndarray],
+                             limit: float | None) -> tuple[dict[str, np.ndarray] | None, float]:
+        worker = min(self._workers[key], key=lambda w: w.in_flight)
+        deadline = time.monotonic() + limit if limit is not None else None
+        return await worker.run(inputs, deadline)
+
     def _probe_fast(self, rep: Replica, model) -> bool:
         if self.inline_below_s <= 0:
             return False
@@ -138,6 +169,7 @@ class InProcessBackend:
 
     async def stop(self) -> None:
         self._ready = False
+        await asyncio.gather(*(w.stop() for ws in self._workers.values() for w in ws))
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -148,7 +180,8 @@ class InProcessBackend:
         return self.device_type
 
     def slots(self, model: str, variant: str) -> int:
-        return len(self._replicas.get((model, variant), ())) * self.pipeline_depth
+        key = (model, variant)
+        return len(self._workers.get(key) or self._replicas.get(key, ())) * self.pipeline_depth
 
     async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
                   timeout_s: float | None = None) -> RunResult:
@@ -163,9 +196,14 @@ class InProcessBackend:
         limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
         abandoned = threading.Event()
         try:
-            pooled = asyncio.get_running_loop().run_in_executor(self._pool, self._on_free_replica, key, inputs,
-                                                                delay, abandoned)
+            if self.processes:
+                pooled = self._run_on_worker(key, inputs, min(limits) if limits else None)
+            else:
+                pooled = asyncio.get_running_loop().run_in_executor(self._pool, self._on_free_replica, key,
+                                                                    inputs, delay, abandoned)
             outputs, compute_s = await asyncio.wait_for(pooled, min(limits) if limits else None)
+            if outputs is None:  # the worker skipped it: its deadline had passed before it started
+                raise asyncio.TimeoutError
         except asyncio.TimeoutError:
             abandoned.set()
             raise DeadlineExceeded(

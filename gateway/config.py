@@ -112,6 +112,11 @@ class Settings(BaseSettings):
                     "moment the first ends, without a round trip through the event loop. 2 pays on hosts with "
                     "4+ cores (~1.4-1.9x past the knee); on 2 cores it costs attainment (docs/benchmarks.md).",
     )
+    replica_processes: bool = Field(
+        default=False,
+        description="In-process backend: each replica computes in a worker process of its own (batches cross a "
+                    "socket, pickled), so ONNX Runtime never waits for the gateway's GIL (gateway/procreplica.py).",
+    )
     ray_transport: Literal["grpc", "object_ref"] = Field(
         default="grpc",
         description="How a batch reaches its Ray Serve replica: grpc (the handle calls the replica's own "

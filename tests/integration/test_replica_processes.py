@@ -1,0 +1,123 @@
+"""``replica_processes``: in-process backend replicas that compute in worker processes
+(gateway/procreplica.py). Same answers as ONNX Runtime in the test's own process; a worker killed with
+a batch in flight fails that batch explicitly (503 + Retry-After), is started again and serves the next
+one; a batch whose deadline passed while it queued behind another is skipped, not run late; stop
+leaves no worker behind; a model that cannot be loaded is a ModelLoadError naming the file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from gateway.backends import InProcessBackend, ModelLoadError
+from gateway.errors import DeadlineExceeded
+from gateway.procreplica import WorkerGone
+from gateway.proctree import descendants
+from models.repository import ModelRepository
+from models.runtime import RuntimeOptions
+
+pytestmark = pytest.mark.integration
+
+
+def digits_only(model_repo, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repo / "digits", repo / "digits")
+    return ModelRepository(repo).load()
+
+
+def workers() -> set[int]:
+    out = set()
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"gateway.procreplica" in f.read():
+                    out.add(pid)
+        except OSError:
+            pass
+    return out
+
+
+def reference(model_repo, variant: str, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(str(model_repo / "digits" / variant / "model.onnx"), providers=["CPUExecutionProvider"])
+    return sess.run(["probs"], {"input": x})[0]
+
+
+async def test_workers_answer_like_ort_and_stop_cleanly(model_repo, tmp_path):
+    before = workers()
+    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), instances=2, processes=True)
+    await b.start()
+    try:
+        assert len(workers() - before) == 3 * 2  # three variants, two instances each
+        assert b.slots("digits", "large") == 2
+        rng = np.random.default_rng(0)
+        xs = [rng.random((n, 64), dtype=np.float32) for n in (1, 3, 17, 64)]
+        results = await asyncio.gather(*(b.run("digits", "large", {"input": x}) for x in xs))
+        for x, r in zip(xs, results):
+            np.testing.assert_allclose(r.outputs["probs"], reference(model_repo, "large", x), rtol=1e-5, atol=1e-6)
+            assert r.outputs["label"].shape == (len(x),) and r.compute_s > 0
+    finally:
+        await b.stop()
+    assert workers() == before
+
+
+async def test_a_killed_worker_fails_its_batch_explicitly_and_comes_back(model_repo, tmp_path):
+    repo = digits_only(model_repo, tmp_path)
+    b = InProcessBackend(repo, RuntimeOptions(), processes=True, fault_delay_s={"digits": 0.5})
+    await b.start()
+    try:
+        (w,) = b._workers[("digits", "small")]
+        x = {"input": np.zeros((2, 64), np.float32)}
+        in_flight = asyncio.ensure_future(b.run("digits", "small", x))
+        await asyncio.sleep(0.2)  # the worker is inside the batch's 0.5 s chaos delay
+        os.kill(w._proc.pid, signal.SIGKILL)
+        with pytest.raises(WorkerGone) as e:
+            await asyncio.wait_for(in_flight, 5)
+        assert e.value.http_status == 503 and e.value.retry_after_s and "exited" in e.value.message
+        deadline = time.monotonic() + 30
+        while w.restarts < 1 or w._conn is None:  # started again without anyone asking
+            assert time.monotonic() < deadline, "the worker was not started again"
+            await asyncio.sleep(0.05)
+        r = await asyncio.wait_for(b.run("digits", "small", x), 10)
+        assert r.outputs["label"].shape == (2,)
+    finally:
+        await b.stop()
+
+
+async def test_a_batch_past_its_deadline_in_the_workers_queue_is_skipped(model_repo, tmp_path):
+    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), processes=True, pipeline_depth=2,
+                         fault_delay_s={"digits": 0.4})
+    await b.start()
+    try:
+        x = {"input": np.zeros((1, 64), np.float32)}
+        first = asyncio.ensure_future(b.run("digits", "medium", x, timeout_s=5))
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded):  # queued behind 0.4 s of work with 0.1 s to live
+            await b.run("digits", "medium", x, timeout_s=0.1)
+        assert time.monotonic() - t0 < 0.3
+        assert (await first).outputs["label"].shape == (1,)
+        # The skipped batch cost the worker nothing: the next one starts right after the first.
+        t1 = time.monotonic()
+        await b.run("digits", "medium", x, timeout_s=5)
+        assert time.monotonic() - t1 < 0.4 + 0.3, "the worker ran the abandoned batch"
+    finally:
+        await b.stop()
+
+
+async def test_a_bad_model_file_is_a_load_error_naming_it(model_repo, tmp_path):
+    repo = digits_only(model_repo, tmp_path)
+    (tmp_path / "repo" / "digits" / "medium" / "model.onnx").write_bytes(b"not onnx")
+    before = workers()
+    b = InProcessBackend(repo, RuntimeOptions(), processes=True)
+    with pytest.raises(ModelLoadError) as e:
+        await b.start()
+    assert "digits" in str(e.value) and "medium" in str(e.value) and "model.onnx" in str(e.value)
+    await asyncio.sleep(0.2)
+    assert workers() == before
