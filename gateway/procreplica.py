@@ -94,6 +94,10 @@ class ProcessReplica:
     async def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping = True
         self._close(kill=False)
+        for fut in list(self._pending.values()):
+            if not fut.done():
+                fut.set_exception(WorkerGone(f"replica {self.label} is stopping (the server is shutting down)",
+                                             retry_after_s=1.0))
         proc = self._proc
         if proc is not None:
             deadline = time.monotonic() + timeout_s
@@ -124,7 +128,12 @@ class ProcessReplica:
         self._pending[bid] = fut
         self.in_flight += 1
         try:
-            self._conn.send_bytes(pickle.dumps((bid, inputs, deadline), protocol=5))
+            try:
+                self._conn.send_bytes(pickle.dumps((bid, inputs, deadline), protocol=5))
+            except OSError:  # the worker died and its EOF is not read yet
+                self._worker_gone()
+                raise WorkerGone(f"replica {self.label}'s worker process exited; retry shortly",
+                                 retry_after_s=1.0) from None
             out = await fut
         finally:
             self.in_flight -= 1
@@ -156,11 +165,13 @@ class ProcessReplica:
             self._worker_gone()
 
     def _worker_gone(self) -> None:
+        if self._conn is None:  # already handled (a failed send, then the reader's EOF)
+            return
         proc = self._proc
         rc = proc.poll() if proc is not None else None
         if proc is not None and rc is None:
             try:
-                rc = proc.wait(1.0)
+                rc = proc.wait(0.2)
             except subprocess.TimeoutExpired:
                 rc = None
         self._close(kill=True)
