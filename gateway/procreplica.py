@@ -207,16 +207,16 @@ def _worker(fd: int, path: str, opts: dict, output_names: list[str], delay_s: fl
     conn.send_bytes(pickle.dumps(("ready", rep.input_names), protocol=5))
     inbox: queue.SimpleQueue = queue.SimpleQueue()
 
-    def read() -> None:  # takes batches off the socket while one computes
+    def read() -> None:  # takes batches off the socket (and unpickles them) while one computes
         try:
             while True:
-                inbox.put(conn.recv_bytes())
+                inbox.put(pickle.loads(conn.recv_bytes()))
         except (EOFError, OSError):
             inbox.put(None)
 
     threading.Thread(target=read, name="inbox", daemon=True).start()
-    while (raw := inbox.get()) is not None:
-        bid, inputs, deadline = pickle.loads(raw)
+    while (msg := inbox.get()) is not None:
+        bid, inputs, deadline = msg
         if deadline is not None and time.monotonic() > deadline:
             reply = (bid, None, 0.0)
         else:

@@ -87,7 +87,48 @@ def run_wrk(url: str, lua: Path, concurrency: int, duration_s: float, threads: i
     return res
 
 
-def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+class RoundBound:
+    """The compute bound measured right before and right after each round, with nothing else
+    running: ``b / p50(b)`` for the batch size ``b`` at which the stored profile peaks (max batch
+    capped), one ORT thread as the profile and the replicas use. This box's ORT speed moves by up
+    to 1.5x within minutes (docs/benchmarks.md, seventh session), so a profile taken once per run
+    makes the saturation ratio swing with the box; per round, the bound is the mean of the two
+    bracketing measurements."""
+
+    def __init__(self, repo: Path, model: str, variant: str, batch: int, warm_s: float = 2.0, measure_s: float = 2.0):
+        import numpy as np
+
+        from models.repository import ModelRepository
+        from models.runtime import Replica, RuntimeOptions
+        from gateway.types import V2_TO_NUMPY
+
+        m = ModelRepository(repo).load().models[model]
+        self.batch, self.warm_s, self.measure_s = batch, warm_s, measure_s
+        self.replica = Replica(m.onnx_path(variant), RuntimeOptions(intra_op_threads=1),
+                               [o.name for o in m.config.outputs])
+        rng = np.random.default_rng(0)
+        self.feeds = {t.name: rng.random((batch, *[max(d, 1) for d in t.shape])).astype(V2_TO_NUMPY[t.datatype])
+                      for t in m.config.inputs}
+
+    def rows_per_s(self) -> float:
+        """``warm_s`` of back-to-back batches first: on this VM a core that was idle computes up to 1.5x
+        slower for its first second or two (every short measurement here rises run over run), and a
+        replica under load is never cold. Then the p50 over ``measure_s``."""
+        end = time.perf_counter() + self.warm_s
+        while time.perf_counter() < end:
+            self.replica.run(self.feeds)
+        times: list[float] = []
+        end = time.perf_counter() + self.measure_s
+        while time.perf_counter() < end or len(times) < 5:
+            t0 = time.perf_counter()
+            self.replica.run(self.feeds)
+            times.append(time.perf_counter() - t0)
+        return self.batch / statistics.median(times)
+
+
+def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespace, log_dir: Path,
+                 bound: RoundBound | None = None) -> dict[str, Any]:
+    before = bound.rows_per_s() if bound is not None else None
     launch.start(log_dir, args.nice)
     try:
         ready_s = launch.wait_ready(body)
@@ -105,6 +146,7 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
         mem = tree_memory_mb(launch.pid)
     finally:
         launch.stop()
+    after = bound.rows_per_s() if bound is not None else None
     secs = w["duration_us"] / 1e6
     n = w["requests"]
     ok = n - w["non_2xx"]
@@ -132,6 +174,9 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
         "pss_mb": mem["pss_mb"],
         "processes": mem["processes"],
     }
+    if before is not None and after is not None:
+        rec["round_bound_rows_per_s"] = {"before": round(before, 1), "after": round(after, 1), "batch": bound.batch}
+        rec["round_saturation"] = round(rec["rows_per_s"] / ((before + after) / 2), 3)
     if b0 is not None and b1 is not None and b1[1] > b0[1]:
         per_item = args.rows_per_request if launch.system == "triton" else 1  # Triton counts requests
         rec["avg_batch"] = round((b1[0] - b0[0]) * per_item / (b1[1] - b0[1]), 2)  # rows per batch
@@ -145,7 +190,7 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
 
 SUMMARY_KEYS = ("rps", "rows_per_s", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "server_cpu_ms_per_req", "server_cores",
                 "wrk_cpu_ms_per_req", "wrk_cores", "other_cores", "avg_batch", "replica_busy",
-                "compute_ms_per_batch", "pss_mb", "processes")
+                "compute_ms_per_batch", "round_saturation", "pss_mb", "processes")
 
 
 def summarise(rounds: dict[str, list[dict[str, Any]]], baseline: str = "triton") -> dict[str, Any]:
@@ -190,6 +235,8 @@ def saturation(summary: dict[str, Any], bound: dict[str, Any]) -> dict[str, Any]
     for system, med in summary.items():
         if med.get("rows_per_s"):
             out[system] = round(med["rows_per_s"] / b["bound_rps_capped"], 3)
+        if med.get("round_saturation"):  # --bound-each-round: against the bound measured around each round
+            out[f"{system}_per_round_median"] = med["round_saturation"]
     return out
 
 
@@ -240,6 +287,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     body_path = tmp / "body.json"
     body_path.write_bytes(wire)
     rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    round_bound = None
+    if args.bound_each_round:
+        from models.runtime import device_type
+
+        prof = compute_bound(repo, args.model, args.variant, args.max_batch_size).get(device_type())
+        if prof is None:
+            raise SystemExit("sloserve bench closed: --bound-each-round needs this machine's profile: "
+                             "run sloserve profile first")
+        round_bound = RoundBound(repo, args.model, args.variant, prof["batch"])
     t_start = time.time()
     for r in range(args.rounds):
         order = systems if (r % 2 == 0 or not args.alternate) else systems[::-1]
@@ -249,7 +305,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 launch = make_launch(s, repo, args.model, args.variant, knobs, tmp)
                 lua = tmp / f"{s}.lua"
                 write_lua(lua, body_path, {**launch.headers, **body_headers})
-                rec = measure_once(launch, body, lua, args, log_dir)
+                rec = measure_once(launch, body, lua, args, log_dir, round_bound)
             except Exception as e:  # noqa: BLE001 - a peer that fails is recorded, the run goes on
                 rec = {"error": f"{type(e).__name__}: {e}"[:4000]}
                 print(f"[round {r + 1}] {s}: FAILED {rec['error'][:400]}", file=sys.stderr, flush=True)
@@ -324,6 +380,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of "
                         "JSON numbers; only for sloserve, sloserve-ray and triton")
     p.add_argument("--max-batch-size", type=int, default=32, help="every system's max batch size")
+    p.add_argument("--bound-each-round", action="store_true",
+                   help="measure the compute bound (ORT alone, the profile's best batch) right before and after "
+                        "every round and report each round's rows/s against it (round_saturation): the box's "
+                        "speed drifts between a profile and a run")
     p.add_argument("--rows-per-request", type=int, default=1,
                    help="rows (images) in each request's tensor; throughput is also reported in rows/s and as a "
                         "fraction of the profile's compute bound")

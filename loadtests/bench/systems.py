@@ -321,9 +321,9 @@ def compute_bound(repo: Path, model: str, variant: str, max_batch: int) -> dict[
     for f in sorted((repo / model / variant / "profiles").glob("*.json")):
         p = json.loads(f.read_text())
         pairs = [(b, l) for b, l in zip(p["batch_sizes"], p["p50_ms"]) if l]
-        capped = max(b * 1e3 / l for b, l in pairs if b <= max_batch)
+        capped, best = max((b * 1e3 / l, b) for b, l in pairs if b <= max_batch)
         full = max(b * 1e3 / l for b, l in pairs)
-        res[p.get("device_type", f.stem)] = {"bound_rps_capped": round(capped, 1), "cap": max_batch,
+        res[p.get("device_type", f.stem)] = {"bound_rps_capped": round(capped, 1), "cap": max_batch, "batch": best,
                                              "bound_rps_any_batch": round(full, 1)}
     return res
 

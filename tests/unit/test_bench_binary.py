@@ -98,3 +98,20 @@ def test_rows_per_request_beyond_the_max_batch_is_refused(tmp_path):
     args = p.parse_args(["--repo", str(tmp_path), "--systems", "sloserve", "--rows-per-request", "64"])
     with pytest.raises(SystemExit, match="--rows-per-request 64 must be 1 to --max-batch-size"):
         closed.run(args)
+
+
+def test_the_per_round_bound_is_ort_alone_at_the_profiles_best_batch(model_repo):
+    """--bound-each-round: rows/s of the variant's own session at the batch the profile peaks at; the
+    round's saturation is its rows/s over the mean of the bound before and after it."""
+    from loadtests.bench.systems import compute_bound
+    from models.runtime import device_type
+
+    prof = compute_bound(model_repo, "digits", "large", 32)[device_type()]
+    assert 1 <= prof["batch"] <= 32 and prof["bound_rps_capped"] > 0
+    rb = closed.RoundBound(model_repo, "digits", "large", prof["batch"], warm_s=0.05, measure_s=0.1)
+    assert rb.feeds["input"].shape == (prof["batch"], 64)
+    a, b = rb.rows_per_s(), rb.rows_per_s()
+    assert a > 0 and b > 0 and 0.2 < a / b < 5  # the same measurement twice: the same order of magnitude
+    summary = {"sloserve": {"rows_per_s": 1800.0, "round_saturation": 0.93}}
+    sat = closed.saturation(summary, {device_type(): {"bound_rps_capped": 2000.0}})
+    assert sat["sloserve"] == 0.9 and sat["sloserve_per_round_median"] == 0.93
