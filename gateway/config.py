@@ -106,11 +106,13 @@ class Settings(BaseSettings):
     pipeline_depth: int = Field(
         default=2, ge=1, le=8, description="Batches in flight per Ray replica (2 overlaps Ray's hand-off with compute)."
     )
-    inprocess_pipeline_depth: int = Field(
-        default=1, ge=1, le=8,
+    inprocess_pipeline_depth: int | None = Field(
+        default=None, ge=1, le=8,
         description="Batches in flight per in-process replica: a second one waits on the replica and starts the "
-                    "moment the first ends, without a round trip through the event loop. 2 pays on hosts with "
-                    "4+ cores (~1.4-1.9x past the knee); on 2 cores it costs attainment (docs/benchmarks.md).",
+                    "moment the first ends, without a round trip through the event loop. Default: 1 in threads "
+                    "(2 pays on hosts with 4+ cores, ~1.4-1.9x past the knee; on 2 cores it costs attainment), "
+                    "2 with replica_processes (a worker at depth 1 idles through every round trip: "
+                    "docs/benchmarks.md, eighth session).",
     )
     replica_processes: bool = Field(
         default=False,

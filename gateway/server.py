@@ -45,7 +45,8 @@ def make_backend(settings: Settings, repo: ModelRepository) -> Backend:
                                 inline_below_s=settings.inline_below_us / 1e6,
                                 fault_delay_s={m: o.fault_delay_ms / 1e3 for m, o in settings.models.items()},
                                 batch_timeout_s=settings.batch_timeout_s,
-                                pipeline_depth=settings.inprocess_pipeline_depth,
+                                pipeline_depth=settings.inprocess_pipeline_depth
+                                or (2 if settings.replica_processes else 1),
                                 processes=settings.replica_processes)
     from gateway.ray_backend import RayServeBackend
 

@@ -121,3 +121,17 @@ async def test_a_bad_model_file_is_a_load_error_naming_it(model_repo, tmp_path):
     assert "digits" in str(e.value) and "medium" in str(e.value) and "model.onnx" in str(e.value)
     await asyncio.sleep(0.2)
     assert workers() == before
+
+
+def test_workers_default_to_depth_two_and_an_explicit_depth_wins(model_repo):
+    from gateway.config import load_settings
+    from gateway.server import make_backend
+
+    repo = ModelRepository(model_repo).load()
+
+    def depth(**kw):
+        return make_backend(load_settings(None, repo=str(model_repo), backend="inprocess", **kw), repo).pipeline_depth
+
+    assert depth() == 1 and depth(replica_processes=True) == 2
+    assert depth(replica_processes=True, inprocess_pipeline_depth=1) == 1
+    assert depth(inprocess_pipeline_depth=3) == 3
