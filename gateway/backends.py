@@ -150,7 +150,13 @@ class InProcessBackend:
 
     async def _run_on_worker(self, key: tuple[str, str], inputs: dict[str, np.ndarray],
                              limit: float | None) -> tuple[dict[str, np.ndarray] | None, float]:
-        worker = min(self._workers[key], key=lambda w: w.in_flight)
+        live = [w for w in self._workers[key] if w.available]
+        if not live:
+            from gateway.procreplica import WorkerGone
+
+            raise WorkerGone(f"no worker of '{key[0]}/{key[1]}' is up (being started again); retry shortly",
+                             retry_after_s=1.0)
+        worker = min(live, key=lambda w: w.in_flight)
         deadline = time.monotonic() + limit if limit is not None else None
         return await worker.run(inputs, deadline)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import pickle
 import queue
 import socket
@@ -45,19 +44,26 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.errors import Unavailable
+from gateway.errors import ReplicaFailed
 from models.runtime import RuntimeOptions
 
 log = logging.getLogger("sloserve.procreplica")
 _IDS = itertools.count(1)
 
 
-class WorkerGone(Unavailable):
-    """The replica's worker process exited with batches in flight."""
+class WorkerGone(ReplicaFailed):
+    """The replica's worker process exited with batches in flight, or is being started again (503,
+    Retry-After). A ``ReplicaFailed``: the batcher retries the batch once, on a live worker if there is
+    one, when its deadline still allows."""
 
 
 class ProcessReplica:
-    """The gateway's side of one worker process serving one (model, variant)."""
+    """The gateway's side of one worker process serving one (model, variant).
+
+    ``available`` only while its worker has loaded the model and is connected: the backend sends
+    batches to available workers only. A worker that dies is started again, with a back-off from
+    0.5 s to 30 s between failed attempts (a model file broken meanwhile keeps failing until it is
+    fixed), until ``stop``."""
 
     def __init__(self, path: str | Path, opts: RuntimeOptions, output_names: list[str], label: str,
                  delay_s: float | None = None):
@@ -70,18 +76,24 @@ class ProcessReplica:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future | None = None
         self._stopping = False
+        self._restarting: asyncio.Task | None = None
+        self.available = False
         self.restarts = 0
 
     # ---- life cycle -----------------------------------------------------------------------
     async def start(self) -> None:
         """Starts the worker and waits until its model is loaded (raises RuntimeError with ORT's
-        message if it cannot be)."""
+        message if it cannot be, or if the replica is stopped meanwhile)."""
+        if self._stopping:
+            raise RuntimeError(f"replica {self.label} is stopping")
         self._loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
         cmd = [sys.executable, "-m", "gateway.procreplica", str(theirs.fileno()), self.path,
                repr(asdict(self.opts)), repr(self.output_names), repr(self.delay_s)]
-        self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        theirs.close()
+        try:
+            self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
         self._conn = Connection(ours.detach())
         self._ready = self._loop.create_future()
         self._loop.add_reader(self._conn.fileno(), self._on_readable)
@@ -90,14 +102,14 @@ class ProcessReplica:
         except BaseException:
             self._close(kill=True)
             raise
+        self.available = True
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping = True
+        if self._restarting is not None:
+            self._restarting.cancel()
         self._close(kill=False)
-        for fut in list(self._pending.values()):
-            if not fut.done():
-                fut.set_exception(WorkerGone(f"replica {self.label} is stopping (the server is shutting down)",
-                                             retry_after_s=1.0))
+        self._fail_pending(f"replica {self.label} is stopping (the server is shutting down)")
         proc = self._proc
         if proc is not None:
             deadline = time.monotonic() + timeout_s
@@ -108,20 +120,29 @@ class ProcessReplica:
                 proc.wait()
 
     def _close(self, kill: bool) -> None:
+        self.available = False
         conn, self._conn = self._conn, None
         if conn is not None:
             if self._loop is not None:
                 self._loop.remove_reader(conn.fileno())
             conn.close()  # the worker sees EOF and exits
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(RuntimeError(f"replica {self.label}'s worker went away while loading"))
+            self._ready.exception()  # retrieved: start() may not be the one awaiting it any more
         if kill and self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
-            self._proc.wait()
+            self._proc.wait()  # SIGKILLed: reaped in microseconds
+
+    def _fail_pending(self, why: str) -> None:
+        for fut in list(self._pending.values()):
+            if not fut.done():
+                fut.set_exception(WorkerGone(why, retry_after_s=1.0))
 
     # ---- batches ----------------------------------------------------------------------------
     async def run(self, inputs: dict[str, np.ndarray], deadline: float | None) -> tuple[dict | None, float]:
         """``(outputs, compute_s)``; ``(None, 0.0)`` when the worker skipped it past ``deadline``."""
-        if self._conn is None:
-            raise WorkerGone(f"replica {self.label} is restarting after its worker process exited; retry shortly",
+        if not self.available:
+            raise WorkerGone(f"replica {self.label}'s worker is being started again; retry shortly",
                              retry_after_s=1.0)
         bid = next(_IDS)
         fut = self._loop.create_future()
@@ -143,13 +164,13 @@ class ProcessReplica:
     def _on_readable(self) -> None:
         conn = self._conn
         try:
-            while conn is not None and conn.poll(0):
+            while conn is not None and conn is self._conn and conn.poll(0):
                 msg = pickle.loads(conn.recv_bytes())
                 if msg[0] == "ready":
                     if not self._ready.done():
                         self._ready.set_result(None)
                     continue
-                if msg[0] == "error":
+                if msg[0] == "error":  # the model did not load: start() raises it
                     if not self._ready.done():
                         self._ready.set_exception(RuntimeError(msg[1]))
                     continue
@@ -167,31 +188,27 @@ class ProcessReplica:
     def _worker_gone(self) -> None:
         if self._conn is None:  # already handled (a failed send, then the reader's EOF)
             return
+        was_serving = self.available
         proc = self._proc
         rc = proc.poll() if proc is not None else None
-        if proc is not None and rc is None:
-            try:
-                rc = proc.wait(0.2)
-            except subprocess.TimeoutExpired:
-                rc = None
         self._close(kill=True)
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(RuntimeError(f"worker for {self.label} exited (code {rc}) while loading"))
-            return
-        err = f"replica {self.label}'s worker process exited (code {rc}) with this batch in flight; retry"
-        for fut in list(self._pending.values()):
-            if not fut.done():
-                fut.set_exception(WorkerGone(err, retry_after_s=1.0))
-        if not self._stopping:
-            log.error("%s; starting it again", err.replace("; retry", ""))
-            self.restarts += 1
-            self._loop.create_task(self._restart())
+        why = f"replica {self.label}'s worker process exited (code {rc}) with this batch in flight"
+        self._fail_pending(why)
+        if was_serving and not self._stopping:  # a worker that fails to load: start() raises, its caller decides
+            log.error("%s; starting it again", why.replace(" with this batch in flight", ""))
+            self._restarting = self._loop.create_task(self._restart())
 
     async def _restart(self) -> None:
-        try:
-            await self.start()
-        except Exception as e:  # noqa: BLE001 - logged; batches meanwhile get WorkerGone (503)
-            log.error("could not restart the worker for %s: %s", self.label, e)
+        delay = 0.5
+        while not self._stopping:
+            self.restarts += 1
+            try:
+                await self.start()
+                return
+            except Exception as e:  # noqa: BLE001 - logged; batches meanwhile get WorkerGone (503)
+                log.error("could not start the worker for %s again: %s; next try in %.1f s", self.label, e, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
 
 # ---- the worker process ---------------------------------------------------------------------
@@ -235,7 +252,11 @@ def _worker(fd: int, path: str, opts: dict, output_names: list[str], delay_s: fl
 
 if __name__ == "__main__":
     import ast
+    import signal
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The worker ends when the gateway's end of its socket closes, never on a signal sent to the
+    # whole process group (Ctrl-C, systemd's control-group stop): the gateway drains its batches first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _fd, _path, _opts, _outs, _delay = sys.argv[1:6]
     _worker(int(_fd), _path, ast.literal_eval(_opts), ast.literal_eval(_outs), float(_delay))
