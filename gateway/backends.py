@@ -185,6 +185,11 @@ class InProcessBackend:
     def device_type_of(self, model: str) -> str:
         return self.device_type
 
+    def replica_count(self, model: str, variant: str) -> int:
+        """Replicas (ORT sessions or worker processes), not batch slots."""
+        key = (model, variant)
+        return len(self._workers.get(key) or self._replicas.get(key, ()))
+
     def slots(self, model: str, variant: str) -> int:
         key = (model, variant)
         return len(self._workers.get(key) or self._replicas.get(key, ())) * self.pipeline_depth

@@ -163,8 +163,9 @@ class DataPlane:
         if not hasattr(self.backend, "on_replicas"):
             for name, m in self.models.items():
                 for v in m.by_accuracy:
+                    count = getattr(self.backend, "replica_count", None)  # slots count pipelined batches too
                     self.metrics.replicas.labels(name, v, _device_type(self.backend, name), "running").set(
-                        self.backend.slots(name, v))
+                        count(name, v) if count is not None else self.backend.slots(name, v))
         for m in self.models.values():
             m.batcher.start()
         self._started = True

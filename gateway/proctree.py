@@ -62,13 +62,30 @@ def describe(pids: set[int]) -> str:
     return "; ".join(out)
 
 
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie). A zombie child of ours is collected on the way, so none
+    outlives the gateway in its process group."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    if data[data.rindex(b")") + 2:].split()[0] != b"Z":
+        return True
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # someone else's zombie: its parent collects it
+        pass
+    return False
+
+
 def reap(pids: set[int], grace_s: float = 3.0) -> None:
-    """Give ``pids`` ``grace_s`` to exit, then SIGKILL whatever is left."""
+    """Give ``pids`` ``grace_s`` to exit, then SIGKILL whatever is left (and collect our zombies)."""
     deadline = time.monotonic() + grace_s
-    alive = {p for p in pids if os.path.exists(f"/proc/{p}")}
+    alive = {p for p in pids if _alive(p)}
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
-        alive = {p for p in alive if os.path.exists(f"/proc/{p}")}
+        alive = {p for p in alive if _alive(p)}
     for p in alive:
         try:
             os.kill(p, signal.SIGKILL)
@@ -76,3 +93,8 @@ def reap(pids: set[int], grace_s: float = 3.0) -> None:
             pass
     if alive:
         log.info("killed %d process(es) left behind", len(alive))
+        end = time.monotonic() + 1.0
+        while alive and time.monotonic() < end:  # collect the killed ones that are our children
+            alive = {p for p in alive if _alive(p)}
+            if alive:
+                time.sleep(0.02)

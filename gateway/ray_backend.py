@@ -14,6 +14,7 @@ retries the batch once if its deadline still allows, else fails it explicitly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -51,6 +52,26 @@ def startup_timed_out(e: BaseException) -> bool:
     return "timed out during startup" in msg or ("Timed out waiting for file" in msg and "gcs_server_port" in msg)
 
 
+@contextlib.contextmanager
+def _ray_keeps_off_sigterm():
+    """On the main thread, ``ray.init`` first installs a SIGTERM handler that raises SystemExit, so a
+    stop arriving mid-init breaks out of it half-way (a half-initialized core worker has aborted the
+    process). The gateway's own handler is already in place, and a stop then takes effect the
+    moment ``ray.init`` returns. Ray's hook is private (``ray._private.utils.set_sigterm_handler``):
+    if it moves, nothing is patched and the SystemExit path still cleans up (``_init_ray``)."""
+    import ray._private.utils as ray_utils
+
+    original = getattr(ray_utils, "set_sigterm_handler", None)
+    if original is None:
+        yield
+        return
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
+
+
 class RayServeBackend:
     name = "ray"
 
@@ -64,6 +85,8 @@ class RayServeBackend:
         self._started_ray = False
         self._ready = False
         self._poller: asyncio.Task | None = None
+        self._deploying: asyncio.Future | None = None
+        self._cancel_deploy = False
         # This gateway's view of each model's demand (best variant) and of each variant's load,
         # stamped on the batches for the replicas' autoscaling metrics.
         self.gateway_id = gateway_id()
@@ -162,10 +185,17 @@ class RayServeBackend:
         if any(self._autoscaled.values()):
             os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", str(METRICS_PUSH_S))
         s = self.settings
+        with _ray_keeps_off_sigterm():
+            self._init_ray_now(ray, s)
+
+    def _init_ray_now(self, ray, s: Settings) -> None:
         if s.ray_address:
             ray.init(address=s.ray_address, namespace="sloserve", log_to_driver=False)
             return
         resources = {f"accelerator_type:{t}": float(n) for t, n in s.emulated_gpus.items()}
+        if os.environ.get("RAY_ADDRESS"):
+            log.warning("RAY_ADDRESS=%s is set but ray_address is not: starting an embedded Ray anyway "
+                        "(set ray_address, or SLOSERVE_RAY_ADDRESS, to join that cluster)", os.environ["RAY_ADDRESS"])
         for attempt in (1, 2):
             before = descendants(os.getpid())
             try:
@@ -175,15 +205,17 @@ class RayServeBackend:
                          resources=resources or None, include_dashboard=False, namespace="sloserve",
                          log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
                 break
-            except Exception as e:  # re-raised unless it is a start-up timeout
-                if not startup_timed_out(e):
-                    raise
+            except BaseException as e:  # cleaned up, then re-raised unless it is a first start-up timeout
+                # BaseException: Ray's own SIGTERM handler (installed by ray.init on the main thread)
+                # raises SystemExit from inside ray.init; what it started is still ended here.
                 started = descendants(os.getpid()) - before
-                log.warning("local Ray did not come up in time (%s); the processes it started: %s%s", e,
-                            describe(started) or "none", "" if attempt == 2 else "; retrying once")
+                timed_out = isinstance(e, Exception) and startup_timed_out(e)
+                if timed_out:
+                    log.warning("local Ray did not come up in time (%s); the processes it started: %s%s", e,
+                                describe(started) or "none", "" if attempt == 2 else "; retrying once")
                 ray.shutdown()
                 reap(started)
-                if attempt == 2:
+                if not timed_out or attempt == 2:
                     raise
         self._started_ray = True
         print(f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
@@ -198,6 +230,8 @@ class RayServeBackend:
         for name, model in self.repo.models.items():
             device = self.device_of(name)
             for v in model.config.variants:
+                if self._cancel_deploy:
+                    return
                 dep = deployment_name(name, v.name, device)
                 app = APP_PREFIX + dep
                 if self.settings.ray_deploy:
@@ -229,7 +263,16 @@ class RayServeBackend:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._init_ray)  # a no-op once prepare() ran
-        await loop.run_in_executor(None, self._deploy)
+        self._deploying = loop.run_in_executor(None, self._deploy)
+        try:
+            await asyncio.shield(self._deploying)
+        except asyncio.CancelledError:
+            # Start-up cancelled (a stop during start-up): the thread cannot be interrupted, but it
+            # deploys nothing more once it sees the flag, and stop() tears down after it is done.
+            self._cancel_deploy = True
+            with contextlib.suppress(BaseException):
+                await self._deploying
+            raise
         await self._wait_running()
         self._ready = True
         self._poller = loop.create_task(self._poll_replicas())
@@ -288,6 +331,10 @@ class RayServeBackend:
         self._ready = False
         if self._poller is not None:
             self._poller.cancel()
+        if self._deploying is not None and not self._deploying.done():
+            self._cancel_deploy = True
+            with contextlib.suppress(BaseException):
+                await self._deploying
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._shutdown)
 

@@ -161,8 +161,7 @@ async def serve(settings: Settings) -> None:
         # ray.init installs Ray's own SIGTERM handler (and its C-level failure-signal handler) over
         # ours: either would end the process half-way through a graceful stop. Take them back.
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stop.set)  # replaces whatever Python-level handler was there
 
     take_signals()
     try:
@@ -171,6 +170,9 @@ async def serve(settings: Settings) -> None:
         except ModelLoadError as e:
             print(f"sloserve: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+        except SystemExit:  # SIGTERM inside ray.init: Ray's handler raised it, and Ray has cleaned up
+            print("sloserve: stop requested during start-up; shutting down", flush=True)
+            return
         take_signals()
         starting = loop.create_task(gw.start())
         stopping = loop.create_task(stop.wait())

@@ -86,7 +86,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+                said = self.output()
+                self.kill()  # whatever it left in its process group (Ray's daemons) goes too
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{said}")
             try:
                 with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
                     if r.status == 200:

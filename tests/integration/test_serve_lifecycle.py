@@ -83,3 +83,25 @@ def test_sigterm_while_ray_replicas_load_stops_promptly_and_leaves_nothing(model
     assert rc == 0 and not left, (rc, left, out)
     assert "stop requested during start-up" in out, out
     assert took < 45, (took, out)
+
+
+@pytest.mark.parametrize("after_s", [2.0, 4.0])
+def test_sigterm_while_ray_itself_starts_exits_cleanly(model_repo, after_s):
+    """Earlier in start-up than the test above: while ray.init runs on the main thread (the box takes
+    2-5 s to get there). Ray's own SIGTERM handler, had it been installed, would raise SystemExit
+    half-way through ray.init (once: exit -6, and Ray processes left as zombies)."""
+    import time
+
+    s = ServerProcess(model_repo, "ray")
+    try:
+        time.sleep(after_s)
+        s.proc.send_signal(signal.SIGTERM)
+        rc = s.proc.wait(90)
+        time.sleep(0.5)
+        out, left = s.output(), s.leftovers()
+    except BaseException:
+        s.kill()
+        raise
+    assert s.stop() == rc
+    assert rc == 0 and not left, (rc, left, out)
+    assert "stop requested during start-up" in out or "shutting down" in out, out
