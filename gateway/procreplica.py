@@ -34,6 +34,7 @@ import logging
 import pickle
 import queue
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -72,7 +73,10 @@ class ProcessReplica:
         self.in_flight = 0
         self._pending: dict[int, asyncio.Future] = {}
         self._proc: subprocess.Popen | None = None
-        self._conn: Connection | None = None
+        self._sock: socket.socket | None = None  # non-blocking: the event loop never waits on a worker
+        self._rbuf = bytearray()
+        self._send_lock: asyncio.Lock | None = None
+        self._sending: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future | None = None
         self._stopping = False
@@ -94,9 +98,10 @@ class ProcessReplica:
             self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
-        self._conn = Connection(ours.detach())
+        ours.setblocking(False)
+        self._sock, self._rbuf, self._send_lock = ours, bytearray(), asyncio.Lock()
         self._ready = self._loop.create_future()
-        self._loop.add_reader(self._conn.fileno(), self._on_readable)
+        self._loop.add_reader(ours.fileno(), self._on_readable)
         try:
             await self._ready
         except BaseException:
@@ -121,11 +126,14 @@ class ProcessReplica:
 
     def _close(self, kill: bool) -> None:
         self.available = False
-        conn, self._conn = self._conn, None
-        if conn is not None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
             if self._loop is not None:
-                self._loop.remove_reader(conn.fileno())
-            conn.close()  # the worker sees EOF and exits
+                self._loop.remove_reader(sock.fileno())
+                self._loop.remove_writer(sock.fileno())
+            for task in list(self._sending):  # frames still going out: the socket goes with them
+                task.cancel()
+            sock.close()  # the worker sees EOF and exits
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(RuntimeError(f"replica {self.label}'s worker went away while loading"))
             self._ready.exception()  # retrieved: start() may not be the one awaiting it any more
@@ -150,43 +158,105 @@ class ProcessReplica:
         self.in_flight += 1
         try:
             try:
-                self._conn.send_bytes(pickle.dumps((bid, inputs, deadline), protocol=5))
-            except OSError:  # the worker died and its EOF is not read yet
+                await self._send(pickle.dumps((bid, inputs, deadline), protocol=5))
+            except OSError:  # the worker died (its EOF not read yet), or the replica is stopping
                 self._worker_gone()
-                raise WorkerGone(f"replica {self.label}'s worker process exited; retry shortly",
-                                 retry_after_s=1.0) from None
+                if fut.done() and not fut.cancelled():
+                    fut.exception()  # _fail_pending's answer: this one is raised instead
+                why = (f"replica {self.label} is stopping (the server is shutting down)" if self._stopping
+                       else f"replica {self.label}'s worker process exited")
+                raise WorkerGone(f"{why}; retry shortly", retry_after_s=1.0) from None
             out = await fut
         finally:
             self.in_flight -= 1
             self._pending.pop(bid, None)
         return out
 
-    def _on_readable(self) -> None:
-        conn = self._conn
+    async def _send(self, payload: bytes) -> None:
+        """One frame in ``multiprocessing.connection``'s format (what the worker reads): a 4-byte
+        big-endian length, then the bytes. ``sock_sendall`` writes at once what the socket takes and
+        waits on the loop for the rest, so a worker that stops reading never blocks the loop; the
+        lock keeps two frames from interleaving then."""
+        sock = self._sock
+        if sock is None:
+            raise OSError("the worker's socket is closed")
+        if len(payload) > 0x7FFFFFFF:
+            raise ValueError(f"a batch of {len(payload)} bytes is over the worker protocol's 2 GiB frame limit")
+        frame = struct.pack("!i", len(payload)) + payload
+        if not self._sending:  # nothing queued ahead: write what the socket takes now, no task
+            try:
+                sent = sock.send(frame)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent == len(frame):
+                return
+            frame = memoryview(frame)[sent:]
+        # Shielded: a caller that gives up (its timeout) must not cut a frame in half, or every later
+        # frame on this socket would be misread. The frame finishes, or the socket closes under it.
+        task = self._loop.create_task(self._send_frame(sock, frame))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
         try:
-            while conn is not None and conn is self._conn and conn.poll(0):
-                msg = pickle.loads(conn.recv_bytes())
-                if msg[0] == "ready":
-                    if not self._ready.done():
-                        self._ready.set_result(None)
-                    continue
-                if msg[0] == "error":  # the model did not load: start() raises it
-                    if not self._ready.done():
-                        self._ready.set_exception(RuntimeError(msg[1]))
-                    continue
-                bid, outputs, extra = msg
-                fut = self._pending.get(bid)
-                if fut is None or fut.done():
-                    continue
-                if isinstance(outputs, str):  # "error": ORT refused the batch
-                    fut.set_exception(RuntimeError(extra))
-                else:
-                    fut.set_result((outputs, extra))
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and self._sock is not sock:  # the socket closed under the frame (stop, death)
+                raise OSError("the worker's socket closed while the batch was going out") from None
+            raise
+
+    async def _send_frame(self, sock: socket.socket, frame: bytes | memoryview) -> None:
+        async with self._send_lock:
+            await self._loop.sock_sendall(sock, frame)
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            while True:
+                chunk = sock.recv(1 << 20)
+                if not chunk:
+                    raise EOFError
+                self._rbuf += chunk
+                if len(chunk) < 1 << 20:
+                    break
+        except (BlockingIOError, InterruptedError):
+            pass
         except (EOFError, OSError):
+            self._take_frames()  # what arrived before the end still counts
             self._worker_gone()
+            return
+        self._take_frames()
+
+    def _take_frames(self) -> None:
+        buf = self._rbuf
+        while len(buf) >= 4:
+            (n,) = struct.unpack_from("!i", buf)
+            if len(buf) < 4 + n:
+                break
+            msg = pickle.loads(buf[4:4 + n])  # a copy: buf is resized right after
+            del buf[:4 + n]
+            self._deliver(msg)
+
+    def _deliver(self, msg) -> None:
+        if msg[0] == "ready":
+            if not self._ready.done():
+                self._ready.set_result(None)
+            return
+        if msg[0] == "error":  # the model did not load: start() raises it
+            if not self._ready.done():
+                self._ready.set_exception(RuntimeError(msg[1]))
+            return
+        bid, outputs, extra = msg
+        fut = self._pending.get(bid)
+        if fut is None or fut.done():
+            return
+        if isinstance(outputs, str):  # "error": ORT refused the batch
+            fut.set_exception(RuntimeError(extra))
+        else:
+            fut.set_result((outputs, extra))
 
     def _worker_gone(self) -> None:
-        if self._conn is None:  # already handled (a failed send, then the reader's EOF)
+        if self._sock is None:  # already handled (a failed send, then the reader's EOF)
             return
         was_serving = self.available
         proc = self._proc

@@ -185,3 +185,55 @@ async def test_a_signal_to_the_process_group_does_not_end_a_worker(model_repo, t
         assert (await b.run("digits", "medium", {"input": np.zeros((1, 64), np.float32)})).outputs["label"].shape == (1,)
     finally:
         await b.stop()
+
+
+async def test_a_stalled_worker_never_blocks_the_event_loop(model_repo, tmp_path):
+    """A worker that stops reading (SIGSTOP here) with batches far larger than the socket's buffer:
+    the sends wait on the loop, the loop keeps running, and the batches end at their timeouts."""
+    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), processes=True)
+    await b.start()
+    (w,) = b._workers[("digits", "large")]
+    os.kill(w._proc.pid, signal.SIGSTOP)
+    try:
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        t = asyncio.ensure_future(ticker())
+        big = {"input": np.zeros((40_000, 64), np.float32)}  # 10 MB a batch
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(b.run("digits", "large", big, timeout_s=0.5) for _ in range(3)),
+                                       return_exceptions=True)
+        took = time.monotonic() - t0
+        t.cancel()
+        assert all(isinstance(r, DeadlineExceeded) for r in results), results
+        assert took < 3 and ticks >= 0.5 * took / 0.01 * 0.5, (took, ticks)  # the loop ran all along
+        os.kill(w._proc.pid, signal.SIGCONT)
+        # Every frame went out whole although its caller gave up: the worker reads them (skips the
+        # three, past their deadlines) and answers the next batch.
+        r = await asyncio.wait_for(b.run("digits", "large", {"input": np.ones((2, 64), np.float32)}, timeout_s=10), 20)
+        assert r.outputs["label"].shape == (2,) and w.available
+    finally:
+        os.kill(w._proc.pid, signal.SIGCONT)
+        await b.stop()
+
+
+async def test_stop_with_a_frame_half_sent_to_a_stalled_worker(model_repo, tmp_path):
+    before = workers()
+    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), processes=True)
+    await b.start()
+    (w,) = b._workers[("digits", "small")]
+    os.kill(w._proc.pid, signal.SIGSTOP)
+    pending = asyncio.ensure_future(b.run("digits", "small", {"input": np.zeros((40_000, 64), np.float32)}))
+    await asyncio.sleep(0.2)
+    assert w._sending  # the frame is still going out
+    await asyncio.wait_for(b.stop(), 15)
+    with pytest.raises(WorkerGone):
+        await asyncio.wait_for(pending, 5)
+    assert not w._sending
+    await asyncio.sleep(0.3)
+    assert workers() == before
