@@ -191,8 +191,7 @@ class InProcessBackend:
         return len(self._workers.get(key) or self._replicas.get(key, ()))
 
     def slots(self, model: str, variant: str) -> int:
-        key = (model, variant)
-        return len(self._workers.get(key) or self._replicas.get(key, ())) * self.pipeline_depth
+        return self.replica_count(model, variant) * self.pipeline_depth
 
     async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
                   timeout_s: float | None = None) -> RunResult:
@@ -205,20 +204,21 @@ class InProcessBackend:
             outputs = self._replicas[key][0].run(inputs)
             return RunResult(outputs, time.perf_counter() - t0, self.device_type)
         limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
+        limit = min(limits) if limits else None
         abandoned = threading.Event()
         try:
             if self.processes:
-                pooled = self._run_on_worker(key, inputs, min(limits) if limits else None)
+                pooled = self._run_on_worker(key, inputs, limit)
             else:
                 pooled = asyncio.get_running_loop().run_in_executor(self._pool, self._on_free_replica, key,
                                                                     inputs, delay, abandoned)
-            outputs, compute_s = await asyncio.wait_for(pooled, min(limits) if limits else None)
+            outputs, compute_s = await asyncio.wait_for(pooled, limit)
             if outputs is None:  # the worker skipped it: its deadline had passed before it started
                 raise asyncio.TimeoutError
         except asyncio.TimeoutError:
             abandoned.set()
             raise DeadlineExceeded(
-                f"the batch on '{model}/{variant}' was not back {min(limits):.2f} s after dispatch "
+                f"the batch on '{model}/{variant}' was not back {limit:.2f} s after dispatch "
                 f"(past its requests' deadlines plus late_grace_s, or batch_timeout_s); retry, "
                 f"or raise slo_ms") from None
         except asyncio.CancelledError:

@@ -70,7 +70,6 @@ class ProcessReplica:
                  delay_s: float | None = None):
         self.path, self.opts, self.output_names, self.label = str(path), opts, list(output_names), label
         self.delay_s = delay_s or 0.0
-        self.in_flight = 0
         self._pending: dict[int, asyncio.Future] = {}
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None  # non-blocking: the event loop never waits on a worker
@@ -83,6 +82,11 @@ class ProcessReplica:
         self._restarting: asyncio.Task | None = None
         self.available = False
         self.restarts = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Batches sent and not yet answered."""
+        return len(self._pending)
 
     # ---- life cycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -120,9 +124,7 @@ class ProcessReplica:
             deadline = time.monotonic() + timeout_s
             while proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            self._close(kill=True)  # still there after timeout_s (a stopped worker): SIGKILL
 
     def _close(self, kill: bool) -> None:
         self.available = False
@@ -155,7 +157,6 @@ class ProcessReplica:
         bid = next(_IDS)
         fut = self._loop.create_future()
         self._pending[bid] = fut
-        self.in_flight += 1
         try:
             try:
                 await self._send(pickle.dumps((bid, inputs, deadline), protocol=5))
@@ -168,7 +169,6 @@ class ProcessReplica:
                 raise WorkerGone(f"{why}; retry shortly", retry_after_s=1.0) from None
             out = await fut
         finally:
-            self.in_flight -= 1
             self._pending.pop(bid, None)
         return out
 

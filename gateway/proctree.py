@@ -13,13 +13,22 @@ import time
 log = logging.getLogger("sloserve.proctree")
 
 
-def parent_pid(pid: int) -> int | None:
-    """The parent of ``pid``, None if it is gone."""
+def _stat(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` after the command (which may hold spaces): state, ppid, ...; None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[1])  # after the command: state, ppid
-    except (OSError, ValueError, IndexError):
+        return data[data.rindex(b")") + 2:].split()
+    except (OSError, ValueError):
+        return None
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid``, None if it is gone."""
+    fields = _stat(pid)
+    try:
+        return int(fields[1]) if fields else None
+    except (ValueError, IndexError):
         return None
 
 
@@ -45,10 +54,11 @@ def describe(pids: set[int]) -> str:
     stuck between fork and exec still shows its parent's command)."""
     out = []
     for p in sorted(pids):
+        fields = _stat(p)
+        if not fields:
+            continue
+        state = fields[0].decode()
         try:
-            with open(f"/proc/{p}/stat", "rb") as f:
-                data = f.read()
-            state = data[data.rindex(b")") + 2:].split()[0].decode()
             with open(f"/proc/{p}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
             try:
@@ -56,7 +66,7 @@ def describe(pids: set[int]) -> str:
                     wchan = f.read().strip() or "-"
             except OSError:
                 wchan = "?"
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
         out.append(f"{p} {state} {wchan}: {cmd}")
     return "; ".join(out)
@@ -65,12 +75,10 @@ def describe(pids: set[int]) -> str:
 def _alive(pid: int) -> bool:
     """Running (not gone, not a zombie). A zombie child of ours is collected on the way, so none
     outlives the gateway in its process group."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+    fields = _stat(pid)
+    if not fields:
         return False
-    if data[data.rindex(b")") + 2:].split()[0] != b"Z":
+    if fields[0] != b"Z":
         return True
     try:
         os.waitpid(pid, os.WNOHANG)

@@ -266,12 +266,8 @@ class RayServeBackend:
         self._deploying = loop.run_in_executor(None, self._deploy)
         try:
             await asyncio.shield(self._deploying)
-        except asyncio.CancelledError:
-            # Start-up cancelled (a stop during start-up): the thread cannot be interrupted, but it
-            # deploys nothing more once it sees the flag, and stop() tears down after it is done.
-            self._cancel_deploy = True
-            with contextlib.suppress(BaseException):
-                await self._deploying
+        except asyncio.CancelledError:  # a stop during start-up
+            await self._stop_deploying()
             raise
         await self._wait_running()
         self._ready = True
@@ -331,12 +327,17 @@ class RayServeBackend:
         self._ready = False
         if self._poller is not None:
             self._poller.cancel()
+        await self._stop_deploying()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._shutdown)
+
+    async def _stop_deploying(self) -> None:
+        """The deploy thread cannot be interrupted, but it deploys nothing more once it sees the flag;
+        tearing down waits until it has returned."""
         if self._deploying is not None and not self._deploying.done():
             self._cancel_deploy = True
             with contextlib.suppress(BaseException):
                 await self._deploying
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._shutdown)
 
     def _shutdown(self) -> None:
         import ray

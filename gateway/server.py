@@ -167,13 +167,10 @@ async def serve(settings: Settings) -> None:
     try:
         try:
             gw.prepare()  # the embedded Ray starts here, before any server thread (see Gateway.prepare)
-        except ModelLoadError as e:
-            print(f"sloserve: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
         except SystemExit:  # SIGTERM inside ray.init: Ray's handler raised it, and Ray has cleaned up
             print("sloserve: stop requested during start-up; shutting down", flush=True)
             return
-        take_signals()
+        take_signals()  # in case ray.init installed its own handler after all
         starting = loop.create_task(gw.start())
         stopping = loop.create_task(stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -184,15 +181,13 @@ async def serve(settings: Settings) -> None:
                 await starting
             return
         stopping.cancel()
-        try:
-            starting.result()
-        except ModelLoadError as e:
-            print(f"sloserve: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-        take_signals()
+        starting.result()
         print(f"sloserve serving HTTP on {settings.host}:{gw.http_port}, gRPC on {settings.host}:{gw.grpc_port}"
               f" ({gw.backend.name} backend)", flush=True)
         await stop.wait()
         print("sloserve: shutting down", flush=True)
+    except ModelLoadError as e:
+        print(f"sloserve: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     finally:
         await gw.stop()

@@ -32,7 +32,8 @@ def batch_sizes(max_batch: int) -> list[int]:
     return sizes + [max_batch]
 
 
-def _inputs(model, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def profile_inputs(model, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The random batch a profile point is measured on (images' value range 0..16)."""
     feeds = {}
     for t in model.config.inputs:
         shape = (rows, *[d if d > 0 else 1 for d in t.shape])
@@ -57,7 +58,7 @@ def profile_repo(repo: str | Path, opts: RuntimeOptions, iters: int = 100, warmu
         if key not in replicas:
             replicas[key] = Replica(m.onnx_path(variant), opts, [o.name for o in m.config.outputs])
         rep = replicas[key]
-        feeds = _inputs(m, b, rng)
+        feeds = profile_inputs(m, b, rng)
         for _ in range(warmup):
             rep.run(feeds)
         times = np.empty(iters)

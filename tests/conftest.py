@@ -129,8 +129,7 @@ class ServerProcess:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
+                self.kill()
                 raise
         if self.proc.returncode == 0:
             self.log.close()

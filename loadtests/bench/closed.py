@@ -98,17 +98,15 @@ class RoundBound:
     def __init__(self, repo: Path, model: str, variant: str, batch: int, warm_s: float = 2.0, measure_s: float = 2.0):
         import numpy as np
 
+        from models.profiler import profile_inputs
         from models.repository import ModelRepository
         from models.runtime import Replica, RuntimeOptions
-        from gateway.types import V2_TO_NUMPY
 
         m = ModelRepository(repo).load().models[model]
         self.batch, self.warm_s, self.measure_s = batch, warm_s, measure_s
         self.replica = Replica(m.onnx_path(variant), RuntimeOptions(intra_op_threads=1),
                                [o.name for o in m.config.outputs])
-        rng = np.random.default_rng(0)
-        self.feeds = {t.name: rng.random((batch, *[max(d, 1) for d in t.shape])).astype(V2_TO_NUMPY[t.datatype])
-                      for t in m.config.inputs}
+        self.feeds = profile_inputs(m, batch, np.random.default_rng(0))  # what the profile measures
 
     def rows_per_s(self) -> float:
         """``warm_s`` of back-to-back batches first: on this VM a core that was idle computes up to 1.5x

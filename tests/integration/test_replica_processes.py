@@ -44,6 +44,27 @@ def workers() -> set[int]:
     return out
 
 
+async def started(model_repo, tmp_path, **kw) -> InProcessBackend:
+    """The digits model on worker processes, started."""
+    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), processes=True, **kw)
+    await b.start()
+    return b
+
+
+def signalled(b: InProcessBackend, variant: str, sig: int):
+    """The one worker of digits/``variant``, sent ``sig``."""
+    (w,) = b._workers[("digits", variant)]
+    os.kill(w._proc.pid, sig)
+    return w
+
+
+async def until(cond, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
 def reference(model_repo, variant: str, x: np.ndarray) -> np.ndarray:
     sess = ort.InferenceSession(str(model_repo / "digits" / variant / "model.onnx"), providers=["CPUExecutionProvider"])
     return sess.run(["probs"], {"input": x})[0]
@@ -51,8 +72,7 @@ def reference(model_repo, variant: str, x: np.ndarray) -> np.ndarray:
 
 async def test_workers_answer_like_ort_and_stop_cleanly(model_repo, tmp_path):
     before = workers()
-    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), instances=2, processes=True)
-    await b.start()
+    b = await started(model_repo, tmp_path, instances=2)
     try:
         assert len(workers() - before) == 3 * 2  # three variants, two instances each
         assert b.slots("digits", "large") == 2
@@ -68,9 +88,7 @@ async def test_workers_answer_like_ort_and_stop_cleanly(model_repo, tmp_path):
 
 
 async def test_a_killed_worker_fails_its_batch_explicitly_and_comes_back(model_repo, tmp_path):
-    repo = digits_only(model_repo, tmp_path)
-    b = InProcessBackend(repo, RuntimeOptions(), processes=True, fault_delay_s={"digits": 0.5})
-    await b.start()
+    b = await started(model_repo, tmp_path, fault_delay_s={"digits": 0.5})
     try:
         (w,) = b._workers[("digits", "small")]
         x = {"input": np.zeros((2, 64), np.float32)}
@@ -80,10 +98,7 @@ async def test_a_killed_worker_fails_its_batch_explicitly_and_comes_back(model_r
         with pytest.raises(WorkerGone) as e:
             await asyncio.wait_for(in_flight, 5)
         assert e.value.http_status == 503 and e.value.retry_after_s and "exited" in e.value.message
-        deadline = time.monotonic() + 30
-        while not w.available:  # started again without anyone asking
-            assert time.monotonic() < deadline, "the worker was not started again"
-            await asyncio.sleep(0.05)
+        await until(lambda: w.available, 30, "the worker was not started again")  # without anyone asking
         r = await asyncio.wait_for(b.run("digits", "small", x), 10)
         assert r.outputs["label"].shape == (2,)
     finally:
@@ -91,9 +106,7 @@ async def test_a_killed_worker_fails_its_batch_explicitly_and_comes_back(model_r
 
 
 async def test_a_batch_past_its_deadline_in_the_workers_queue_is_skipped(model_repo, tmp_path):
-    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), processes=True, pipeline_depth=2,
-                         fault_delay_s={"digits": 1.0})
-    await b.start()
+    b = await started(model_repo, tmp_path, pipeline_depth=2, fault_delay_s={"digits": 1.0})
     try:
         x = {"input": np.zeros((1, 64), np.float32)}
         first = asyncio.ensure_future(b.run("digits", "medium", x, timeout_s=5))
@@ -138,15 +151,11 @@ def test_workers_default_to_depth_two_and_an_explicit_depth_wins(model_repo):
 
 
 async def test_with_two_workers_a_dead_one_is_skipped_while_it_restarts(model_repo, tmp_path):
-    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), instances=2, processes=True)
-    await b.start()
+    b = await started(model_repo, tmp_path, instances=2)
     try:
         first, second = b._workers[("digits", "large")]
         os.kill(first._proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while first.available:  # the gateway has seen it go
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await until(lambda: not first.available, 10, "the gateway did not see the worker go")
         x = {"input": np.zeros((2, 64), np.float32)}
         for _ in range(10):  # every batch goes to the live worker, none gets the 503
             assert (await b.run("digits", "large", x)).outputs["label"].shape == (2,)
@@ -157,14 +166,9 @@ async def test_with_two_workers_a_dead_one_is_skipped_while_it_restarts(model_re
 
 async def test_stop_during_a_restart_leaves_nothing_and_does_not_hang(model_repo, tmp_path):
     before = workers()
-    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), processes=True)
-    await b.start()
-    (w,) = b._workers[("digits", "small")]
-    os.kill(w._proc.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while w._restarting is None:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    b = await started(model_repo, tmp_path)
+    w = signalled(b, "small", signal.SIGKILL)
+    await until(lambda: w._restarting is not None, 10, "no restart began")
     await asyncio.wait_for(b.stop(), 15)
     await asyncio.sleep(0.3)
     assert w._restarting.done() and not w.available
@@ -174,11 +178,9 @@ async def test_stop_during_a_restart_leaves_nothing_and_does_not_hang(model_repo
 async def test_a_signal_to_the_process_group_does_not_end_a_worker(model_repo, tmp_path):
     """Ctrl-C or systemd's stop signal the whole group: workers keep serving until the gateway closes
     their sockets, so the gateway can drain what is in flight."""
-    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), processes=True)
-    await b.start()
+    b = await started(model_repo, tmp_path)
     try:
-        (w,) = b._workers[("digits", "medium")]
-        os.kill(w._proc.pid, signal.SIGTERM)
+        w = signalled(b, "medium", signal.SIGTERM)
         os.kill(w._proc.pid, signal.SIGINT)
         await asyncio.sleep(0.3)
         assert w._proc.poll() is None and w.available
@@ -190,10 +192,8 @@ async def test_a_signal_to_the_process_group_does_not_end_a_worker(model_repo, t
 async def test_a_stalled_worker_never_blocks_the_event_loop(model_repo, tmp_path):
     """A worker that stops reading (SIGSTOP here) with batches far larger than the socket's buffer:
     the sends wait on the loop, the loop keeps running, and the batches end at their timeouts."""
-    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), processes=True)
-    await b.start()
-    (w,) = b._workers[("digits", "large")]
-    os.kill(w._proc.pid, signal.SIGSTOP)
+    b = await started(model_repo, tmp_path)
+    w = signalled(b, "large", signal.SIGSTOP)
     try:
         ticks = 0
 
@@ -224,10 +224,8 @@ async def test_a_stalled_worker_never_blocks_the_event_loop(model_repo, tmp_path
 
 async def test_stop_with_a_frame_half_sent_to_a_stalled_worker(model_repo, tmp_path):
     before = workers()
-    b = InProcessBackend(digits_only(model_repo, tmp_path), RuntimeOptions(), processes=True)
-    await b.start()
-    (w,) = b._workers[("digits", "small")]
-    os.kill(w._proc.pid, signal.SIGSTOP)
+    b = await started(model_repo, tmp_path)
+    w = signalled(b, "small", signal.SIGSTOP)
     pending = asyncio.ensure_future(b.run("digits", "small", {"input": np.zeros((40_000, 64), np.float32)}))
     await asyncio.sleep(0.2)
     assert w._sending  # the frame is still going out
