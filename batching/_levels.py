@@ -7,6 +7,14 @@ one step only after the lower level has looked comfortable (arrival rate below
 ``restore_hold_s`` without a break. Rising fast and falling slowly is the hysteresis: a burst
 degrades within one decision, and the best variant returns only once load has really fallen, so
 a load that hovers at the best variant's capacity does not flap between variants.
+
+The controller also remembers, for ``memory_s``, the arrival rate at which each level last proved
+too little (the rate when it had to rise past it, by prediction or by observed lateness). A level
+is not comfortable while the rate is above ``(1 - restore_headroom)`` of that remembered rate,
+whatever the profile says: under a load the profile never saw (the event loop and an in-process
+replica sharing a core), the profile's throughput promises a capacity that is not there, and
+without this memory the level came back down in the middle of a burst every ``restore_hold_s``,
+answering a wave of requests late each time.
 """
 
 from __future__ import annotations
@@ -54,29 +62,36 @@ class ArrivalRate:
 class LevelController:
     """The degrade level and its hysteresis (see the module docstring)."""
 
-    __slots__ = ("_calm_since_s", "level", "restore_headroom", "restore_hold_s", "switches")
+    __slots__ = ("_calm_since_s", "_ceiling", "level", "memory_s", "restore_headroom", "restore_hold_s", "switches")
 
-    def __init__(self, restore_headroom: float = 0.25, restore_hold_s: float = 0.5):
-        if not 0.0 <= restore_headroom < 1.0 or restore_hold_s < 0:
-            raise ValueError("restore_headroom in [0, 1), restore_hold_s >= 0")
+    def __init__(self, restore_headroom: float = 0.25, restore_hold_s: float = 0.5, memory_s: float = 10.0):
+        if not 0.0 <= restore_headroom < 1.0 or restore_hold_s < 0 or memory_s < 0:
+            raise ValueError("restore_headroom in [0, 1), restore_hold_s >= 0, memory_s >= 0")
         self.restore_headroom = restore_headroom
         self.restore_hold_s = restore_hold_s
+        self.memory_s = memory_s
         self.level = 0
         self.switches = 0
         self._calm_since_s: float | None = None
+        self._ceiling: dict[int, tuple[float, float]] = {}  # level -> (rate it proved too little at, when)
 
     def update(self, now: float, max_level: int, need_level: int,
-               overloaded: Callable[[int], bool], comfortable: Callable[[int], bool]) -> int:
-        """One step: ``overloaded(k)`` predicts misses at level k, ``comfortable(k)`` says k would do."""
+               overloaded: Callable[[int], bool], comfortable: Callable[[int], bool],
+               rate: float | None = None) -> int:
+        """One step: ``overloaded(k)`` predicts misses at level k, ``comfortable(k)`` says k would do;
+        ``rate``: the arrival rate now (rows/s), remembered when a level proves too little."""
         lvl = min(self.level, max_level)
         target = min(max(lvl, need_level), max_level)
         while target < max_level and overloaded(target):
             target += 1
         if target > lvl:
+            if rate is not None and rate > 0.0 and self.memory_s > 0:
+                for k in range(lvl, target):
+                    self._ceiling[k] = (rate, now)
             self._set(target)
             self._calm_since_s = None
             return target
-        if lvl > 0 and comfortable(lvl - 1):
+        if lvl > 0 and self.under_ceiling(lvl - 1, now, rate) and comfortable(lvl - 1):
             if self._calm_since_s is None:
                 self._calm_since_s = now
             elif now - self._calm_since_s >= self.restore_hold_s:
@@ -87,6 +102,17 @@ class LevelController:
         if lvl != self.level or self.level > max_level:
             self._set(min(self.level, max_level))
         return self.level
+
+    def under_ceiling(self, level: int, now: float, rate: float | None) -> bool:
+        """False while ``rate`` is within ``restore_headroom`` of the rate at which ``level`` last
+        proved too little (for ``memory_s`` after that)."""
+        c = self._ceiling.get(level)
+        if c is None or rate is None:
+            return True
+        if now - c[1] > self.memory_s:
+            del self._ceiling[level]
+            return True
+        return rate <= (1.0 - self.restore_headroom) * c[0]
 
     def _set(self, level: int) -> None:
         if level != self.level:

@@ -91,7 +91,7 @@ class SLOPolicy:
                  restore_hold_ms: float = 500.0, rate_window_ms: float = 1000.0,
                  predict_busy: bool = False, wait_load: float = 0.5, shed_quantile: str = "p50",
                  size_quantile: str = "p99", late_target: float = 0.01, late_window_ms: float = 1000.0,
-                 late_min_rows: int = 32):
+                 late_min_rows: int = 32, overload_memory_ms: float = 10000.0):
         if not (0.0 <= late_target <= 1.0 and late_window_ms > 0 and late_min_rows >= 1):
             raise ValueError(f"late_target must be in [0, 1] (got {late_target}), late_window_ms > 0 "
                              f"(got {late_window_ms}) and late_min_rows >= 1 (got {late_min_rows})")
@@ -123,7 +123,7 @@ class SLOPolicy:
         self.wait_load = wait_load
         self.spill_derate = spill_derate
         self.predict_busy = predict_busy
-        self.levels = LevelController(restore_headroom, restore_hold_ms / 1e3)
+        self.levels = LevelController(restore_headroom, restore_hold_ms / 1e3, overload_memory_ms / 1e3)
         self.rate = ArrivalRate(rate_window_ms / 1e3)
         self._q = DeadlineOrder()
         self._busy_pred: dict[str, list[float]] = {}  # heap of predicted finishes per variant
@@ -221,7 +221,8 @@ class SLOPolicy:
         max_level = max((self._rank[v] for v in pools), default=0)
         need = max(need, self.lateness.need(now, self.levels.level, max_level))
         level = self.levels.update(now, max_level, need, overloaded,
-                                   lambda k: self._comfortable(k, pools, now, B) and not overloaded(k))
+                                   lambda k: self._comfortable(k, pools, now, B) and not overloaded(k),
+                                   rate=self.rate.rate(now))
         reserved: set[int] = set()
         for v in self._variants:
             p = pools.get(v)

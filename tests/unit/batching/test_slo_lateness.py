@@ -103,3 +103,84 @@ def test_offline_replay_reports_late_rows_not_requests():
     replay(Spy(), [Request(0, 0.0, 0.010, size=4), Request(1, 0.0, 1.0, size=2)], lambda v, n: 0.050, 1,
            variants=["v"])
     assert [(r.rows, r.late_rows) for r in seen] == [(6, 4)]
+
+
+# ---- overload memory: a level that proved too little at a rate is not restored at that rate ----
+
+def _lc(memory_s=10.0):
+    from batching._levels import LevelController
+    return LevelController(restore_headroom=0.25, restore_hold_s=0.5, memory_s=memory_s)
+
+
+def _run(lc, t0, t1, rate, step=0.1):
+    """update() every ``step`` from t0 to t1 with the profile saying level 0 would do (comfortable,
+    never overloaded): only the remembered rate can hold the level up."""
+    t = t0
+    while t <= t1 + 1e-9:
+        lc.update(t, 1, 0, lambda k: False, lambda k: True, rate=rate)
+        t += step
+    return lc.level
+
+
+def test_a_level_is_not_restored_while_the_rate_it_failed_at_persists():
+    lc = _lc()
+    assert lc.update(0.0, 1, 1, lambda k: False, lambda k: True, rate=1000.0) == 1  # proved too little at 1000/s
+    assert _run(lc, 0.1, 3.0, rate=900.0) == 1  # 900 > 75% of 1000: still the burst, stay degraded
+    assert _run(lc, 3.1, 3.5, rate=700.0) == 1  # the rate fell; the hold (0.5 s) has not passed yet
+    assert _run(lc, 3.6, 3.7, rate=700.0) == 0  # restored once the lower rate held for the hold
+    assert lc.switches == 2
+
+
+def test_the_memory_expires_and_zero_turns_it_off():
+    lc = _lc(memory_s=2.0)
+    lc.update(0.0, 1, 1, lambda k: False, lambda k: True, rate=1000.0)
+    assert _run(lc, 0.1, 1.9, rate=950.0) == 1
+    assert _run(lc, 2.0, 3.0, rate=950.0) == 0  # forgotten after memory_s: back to the profile's word
+    off = _lc(memory_s=0.0)  # the behaviour before the memory: the hold alone
+    off.update(0.0, 1, 1, lambda k: False, lambda k: True, rate=1000.0)
+    assert _run(off, 0.1, 0.7, rate=1000.0) == 0
+
+
+def test_a_rise_by_prediction_is_remembered_too_and_a_later_rise_updates_it():
+    lc = _lc()
+    lc.update(0.0, 2, 0, lambda k: True, lambda k: True, rate=800.0)  # predicted misses at 0 and 1
+    assert lc.level == 2
+    assert not lc.under_ceiling(0, 0.5, 700.0) and not lc.under_ceiling(1, 0.5, 700.0)
+    assert lc.under_ceiling(1, 0.5, 600.0)
+    lc.level = 1
+    lc.update(1.0, 2, 2, lambda k: False, lambda k: True, rate=1200.0)  # level 1 failed again, at 1200/s
+    assert lc.under_ceiling(1, 1.5, 900.0) and not lc.under_ceiling(0, 1.5, 700.0)
+
+
+def test_the_policy_remembers_the_arrival_rate_when_lateness_raises_the_level():
+    """End to end through SLOPolicy.plan: lateness raises the level at 1,000 rows/s; big's profile
+    says it sustains 2,000/s (8 rows per 4 ms), so by the profile alone the level would come back
+    after the hold. It stays up until the arrivals slow down."""
+    def make(memory_ms):
+        return SLOPolicy(max_batch_size=8, latency_fn=lat, accuracy={"big": 0.98, "small": 0.93}, calibrate=False,
+                         restore_hold_ms=100.0, overload_memory_ms=memory_ms)
+
+    def late_answers(p):
+        for k in range(8):
+            p.observe(BatchResult("m", "big", 8, 0.004, finished_s=0.1 + 0.001 * k, late_rows=1))
+
+    def step(p, t0, t1, every_ms):
+        t = t0
+        while t < t1:
+            it = QueuedItem(int(t * 1e6), t, t + 0.030, variants=("big", "small"))
+            p.plan(QueueView("m", [it], {"big": 1, "small": 1}, 8), t)
+            p._q.forget([it.id])  # served elsewhere: only the level is under test here
+            t += every_ms / 1e3
+        return p.level
+
+    p = make(10_000.0)
+    assert step(p, 0.0, 0.1, 1) == 0  # 1,000 rows/s, all on time so far
+    late_answers(p)
+    assert step(p, 0.1, 0.2, 1) == 1  # then late answers come in at that rate
+    assert step(p, 0.2, 1.5, 1) == 1  # comfortable by the profile (1,000 <= 75% of 2,000), late by experience
+    assert step(p, 1.5, 3.5, 4) == 0  # 250/s: under 75% of the remembered 1,000/s; restored after the hold
+    q = make(0.0)  # without the memory the profile's word brings it back mid-burst
+    step(q, 0.0, 0.1, 1)
+    late_answers(q)
+    assert step(q, 0.1, 0.2, 1) == 1
+    assert step(q, 0.2, 1.5, 1) == 0
