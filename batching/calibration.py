@@ -25,6 +25,16 @@ lets a changed replica replace its history. Pure: no clock is read.
 A (model, variant) with no profile at all gets a proportional prior ``prior_ms_per_row * n``,
 which the ratios then scale.
 
+**A regime change is followed within batches, not within a window.** A window's p99 is moved by
+its top 1%: after a change (a burst that makes the replica share its core with a busy event loop,
+a noisy neighbour) the next few batches all run slower than the window's p99, and the window only
+learns it after ~1% of its samples are new. So the tail ratio is floored by the second largest of
+the key's last ``recent`` ratios (``recent=0``: off): at a steady state that is about the window's
+p80 and does not bind; after a change it binds from the second slow batch on, and one outlier (a
+collection pause) moves nothing. Such an observation also sets ``urgent``, so a
+:class:`~batching.latency.LatencyModel` rebuilds its tables at once instead of after
+``refresh_every`` batches.
+
 >>> from batching.profile import ProfileTable
 >>> from batching.types import BatchResult
 >>> t = ProfileTable.from_points({("m", "v", "cpu"): ([1, 8], [1.0, 4.0], [1.5, 6.0])})
@@ -82,6 +92,8 @@ class _KeyState:
     pooled: _Window = field(default_factory=_Window)
     buckets: dict[int, _Window] = field(default_factory=dict)
     last_s: float = float("-inf")
+    recent: deque = field(default_factory=deque)  # the last ``recent`` ratios, newest last
+    floor: float = 0.0  # second largest of ``recent`` once it holds two
 
 
 class Calibrator:
@@ -94,9 +106,11 @@ class Calibrator:
 
     def __init__(self, table: ProfileTable | None = None, *, window: int = 256, min_samples: int = 16,
                  prior_weight: float = 16.0, max_age_s: float = 300.0, tail_quantile: float = 0.99,
-                 prior_ms_per_row: float = 1.0):
-        if window < 1 or min_samples < 1 or prior_weight < 0 or max_age_s <= 0:
-            raise ValueError("window, min_samples, max_age_s must be positive; prior_weight >= 0")
+                 prior_ms_per_row: float = 1.0, recent: int = 8):
+        if window < 1 or min_samples < 1 or prior_weight < 0 or max_age_s <= 0 or recent < 0:
+            raise ValueError("window, min_samples, max_age_s must be positive; prior_weight, recent >= 0")
+        self.recent = recent
+        self.urgent = 0  # counts observations above the tail last answered: rebuild tables now
         self.prior = table if table is not None else ProfileTable({})
         self.window = window
         self.min_samples = min_samples
@@ -132,6 +146,21 @@ class Calibrator:
         if w is None:
             w = st.buckets[b] = _Window()
         w.add(t, ratio, self.window, oldest)
+        if self.recent:
+            rq = st.recent
+            rq.append(ratio)
+            if len(rq) > self.recent:
+                rq.popleft()
+            if len(rq) >= 2:
+                a = b = 0.0  # the two largest
+                for x in rq:
+                    if x > a:
+                        a, b = x, a
+                    elif x > b:
+                        b = x
+                old_floor, st.floor = st.floor, b
+                if b > old_floor and b > st.pooled.stats(self.tail_quantile)[2]:
+                    self.urgent += 1
         self.version += 1
 
     # ---- answering ------------------------------------------------------------------------
@@ -149,6 +178,8 @@ class Calibrator:
             kb, bmed, btail = win.stats(self.tail_quantile)
             if kb >= self.min_samples:
                 med, tail = bmed, btail
+        if quantile == "p99" and st.floor > tail:
+            tail = st.floor
         observed = prior.at(rows, "p50") * (tail if quantile == "p99" else med)
         # Confidence comes from all of the key's samples (the ratio is what is learned, the shape is
         # the profile's), and reaches 1 at prior_weight samples: a k / (k + prior_weight) blend

@@ -8,7 +8,8 @@ A policy gets its latency knowledge from one of three sources, resolved once her
 
 Tables are built lazily per variant for rows ``0..max_batch_size`` (``table[0] == 0``), made
 non-decreasing (a bigger batch never finishes sooner), and rebuilt when the calibrator has seen
-``refresh_every`` new batches, so a policy decision costs a list index, never a curve walk.
+``refresh_every`` new batches (at once when it flags a jump in latency, ``Calibrator.urgent``), so
+a policy decision costs a list index, never a curve walk.
 
 >>> m = LatencyModel(lambda v, n: 0.001 + 0.0005 * n, max_batch_size=8)
 >>> m.latency_s("v", 4), m.max_rows_within("v", 0.0021)
@@ -33,7 +34,7 @@ LatencySource = Union[Calibrator, ProfileTable, LatencyFn, str, Path, None]
 class LatencyModel:
     def __init__(self, source: LatencySource, max_batch_size: int, *, model: str = "",
                  device_type: str = "cpu", quantile: str = "p99", calibrate: bool = True,
-                 refresh_every: int = 8):
+                 refresh_every: int = 8, recent: int = 8):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         if isinstance(source, (str, Path)):
@@ -41,7 +42,7 @@ class LatencyModel:
         if source is None:
             source = ProfileTable({})
         if isinstance(source, ProfileTable) and calibrate:
-            source = Calibrator(source)
+            source = Calibrator(source, recent=recent)
         self.source = source
         self.calibrator = source if isinstance(source, Calibrator) else None
         self.max_batch_size = max_batch_size
@@ -51,6 +52,7 @@ class LatencyModel:
         self.refresh_every = max(1, refresh_every)
         self._tables: dict[str, list[float]] = {}
         self._built_at = 0
+        self._urgent_at = 0
         self._next_better: dict[tuple[str, float], list[int]] = {}
 
     # ---- raw source -----------------------------------------------------------------------
@@ -64,10 +66,11 @@ class LatencyModel:
 
     def _maybe_refresh(self) -> None:
         cal = self.calibrator
-        if cal is not None and cal.version - self._built_at >= self.refresh_every:
+        if cal is not None and (cal.version - self._built_at >= self.refresh_every or cal.urgent != self._urgent_at):
             self._tables.clear()
             self._next_better.clear()
             self._built_at = cal.version
+            self._urgent_at = cal.urgent
 
     def table(self, variant: str) -> list[float]:
         """p99 seconds for rows 0..max_batch_size (index = rows), non-decreasing."""

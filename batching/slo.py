@@ -91,7 +91,7 @@ class SLOPolicy:
                  restore_hold_ms: float = 500.0, rate_window_ms: float = 1000.0,
                  predict_busy: bool = False, wait_load: float = 0.5, shed_quantile: str = "p50",
                  size_quantile: str = "p99", late_target: float = 0.01, late_window_ms: float = 1000.0,
-                 late_min_rows: int = 32, overload_memory_ms: float = 10000.0):
+                 late_min_rows: int = 32, overload_memory_ms: float = 10000.0, calibration_recent: int = 8):
         if not (0.0 <= late_target <= 1.0 and late_window_ms > 0 and late_min_rows >= 1):
             raise ValueError(f"late_target must be in [0, 1] (got {late_target}), late_window_ms > 0 "
                              f"(got {late_window_ms}) and late_min_rows >= 1 (got {late_min_rows})")
@@ -99,7 +99,7 @@ class SLOPolicy:
         self.default_variant = default_variant
         self.lat = LatencyModel(latency_fn if latency_fn is not None else profile, max_batch_size,
                                 model=model, device_type=device_type, calibrate=calibrate,
-                                quantile=size_quantile)
+                                quantile=size_quantile, recent=calibration_recent)
         self.calibrator = self.lat.calibrator
         # Shedding and best-effort late starts ask "can it make it at all?": the median, not the
         # p99 that sizes batches. A p99 inflated by contention must not shed what would be on time.

@@ -73,3 +73,46 @@ def test_latency_model_refreshes_from_calibrator():
     assert m.latency_s("v", 8) > 2 * before
     t = m.table("v")
     assert all(t[i] <= t[i + 1] for i in range(len(t) - 1))
+
+
+# ---- a regime change: the tail follows from the second slow batch (the ``recent`` floor) ----
+
+def test_the_tail_follows_a_regime_change_from_the_second_slow_batch():
+    c = Calibrator(table(), min_samples=8, prior_weight=0.0)
+    feed(c, 8, 0.004, 200)  # as profiled: ratio 1
+    assert c.latency_s(*KEY, 8) == 0.004
+    c.observe(BatchResult("m", "v", 8, 0.008, 3.0))  # one slow batch: an outlier, moves nothing
+    assert c.latency_s(*KEY, 8) == 0.004
+    urgent = c.urgent
+    c.observe(BatchResult("m", "v", 8, 0.008, 3.01))  # a second one: a new regime
+    assert abs(c.latency_s(*KEY, 8) - 0.008) < 1e-12
+    assert abs(c.latency_s(*KEY, 32) - 0.032) < 1e-12  # other sizes too, by the profile's shape
+    assert c.latency_s(*KEY, 8, "p50") == 0.004  # the median (what shedding asks) is not floored
+    assert c.urgent == urgent + 1
+    off = Calibrator(table(), min_samples=8, prior_weight=0.0, recent=0)  # the window alone
+    feed(off, 8, 0.004, 200)
+    feed(off, 8, 0.008, 2, t0=3.0)
+    assert off.latency_s(*KEY, 8) == 0.004  # 2 of 202 samples: under the window's top 1%
+
+
+def test_the_floor_lets_go_when_the_slow_batches_pass_and_does_not_bind_at_a_steady_state():
+    c = Calibrator(table(), min_samples=8, prior_weight=0.0)
+    feed(c, 8, 0.004, 200)
+    feed(c, 8, 0.008, 2, t0=3.0)
+    feed(c, 8, 0.004, 7, t0=4.0)  # one slow batch left among the last 8: no longer a floor
+    assert c.latency_s(*KEY, 8) == 0.004
+    s = Calibrator(table(), min_samples=8, prior_weight=0.0)
+    for i in range(300):  # a steady spread of ratios 1.00-1.19: the window's p99 rules
+        s.observe(BatchResult("m", "v", 8, 0.004 * (1.0 + (i * 7 % 20) / 100), i * 0.01))
+    assert abs(s.latency_s(*KEY, 8) - 0.004 * 1.19) < 1e-12
+
+
+def test_latency_model_rebuilds_at_once_on_a_regime_change():
+    m = LatencyModel(table(), 32, model="m", refresh_every=64)
+    for i in range(200):
+        m.observe(BatchResult("m", "v", 8, 0.004, i * 0.01))
+    assert m.latency_s("v", 8) == 0.004
+    m.observe(BatchResult("m", "v", 8, 0.010, 3.0))
+    m.observe(BatchResult("m", "v", 8, 0.010, 3.01))  # 2 batches, far fewer than refresh_every
+    assert abs(m.latency_s("v", 8) - 0.010) < 1e-12
+    assert m.max_rows_within("v", 0.006) < 8  # the policy now sizes batches for the new regime
