@@ -103,6 +103,13 @@ class LevelController:
             self._set(min(self.level, max_level))
         return self.level
 
+    def ceiling(self, level: int, now: float) -> float | None:
+        """The rate ``level`` last proved too little at, if remembered (within ``memory_s``)."""
+        c = self._ceiling.get(level)
+        if c is None or now - c[1] > self.memory_s:
+            return None
+        return c[0]
+
     def under_ceiling(self, level: int, now: float, rate: float | None) -> bool:
         """False while ``rate`` is within ``restore_headroom`` of the rate at which ``level`` last
         proved too little (for ``memory_s`` after that)."""

@@ -91,7 +91,8 @@ class SLOPolicy:
                  restore_hold_ms: float = 500.0, rate_window_ms: float = 1000.0,
                  predict_busy: bool = False, wait_load: float = 0.5, shed_quantile: str = "p50",
                  size_quantile: str = "p99", late_target: float = 0.01, late_window_ms: float = 1000.0,
-                 late_min_rows: int = 32, overload_memory_ms: float = 10000.0, calibration_recent: int = 8):
+                 late_min_rows: int = 32, overload_memory_ms: float = 10000.0, calibration_recent: int = 8,
+                 proportional_spill: bool = False):
         if not (0.0 <= late_target <= 1.0 and late_window_ms > 0 and late_min_rows >= 1):
             raise ValueError(f"late_target must be in [0, 1] (got {late_target}), late_window_ms > 0 "
                              f"(got {late_window_ms}) and late_min_rows >= 1 (got {late_min_rows})")
@@ -122,6 +123,7 @@ class SLOPolicy:
         # sustains on one replica (below it, dispatching at once costs no throughput that matters).
         self.wait_load = wait_load
         self.spill_derate = spill_derate
+        self.proportional_spill = proportional_spill
         self.predict_busy = predict_busy
         self.levels = LevelController(restore_headroom, restore_hold_ms / 1e3, overload_memory_ms / 1e3)
         self.rate = ArrivalRate(rate_window_ms / 1e3)
@@ -219,17 +221,30 @@ class SLOPolicy:
             return memo[k]
 
         max_level = max((self._rank[v] for v in pools), default=0)
-        need = max(need, self.lateness.need(now, self.levels.level, max_level))
-        level = self.levels.update(now, max_level, need, overloaded,
+        late_need = self.lateness.need(now, self.levels.level, max_level)
+        need_all = max(need, late_need)
+        rate = self.rate.rate(now)
+        level = self.levels.update(now, max_level, need_all, overloaded,
                                    lambda k: self._comfortable(k, pools, now, B) and not overloaded(k),
-                                   rate=self.rate.rate(now))
+                                   rate=rate)
         reserved: set[int] = set()
         for v in self._variants:
             p = pools.get(v)
             if p is None or p.idle <= 0:
                 continue
             r = self._rank[v]
-            spill = 0 < r <= level and (need >= r or overloaded(r - 1, self.spill_derate))
+            if not 0 < r <= level:
+                spill = False
+            elif need >= r:  # a near-deadline request only a cheaper variant can still make
+                spill = True
+            elif (late_need >= r and self.proportional_spill
+                  and (shown := self._shown_derate(r - 1, pools, now, B)) < self.spill_derate):
+                # Degraded on observed lateness at a rate under what the profile says the better
+                # variants sustain: they over-promised. Spill the overflow over the capacity they
+                # showed (the rate they failed at), not everything the cheaper one can take.
+                spill = overloaded(r - 1, shown)
+            else:
+                spill = late_need >= r or overloaded(r - 1, self.spill_derate)
             d = self._plan_pool(v, r, spill, ents, reserved, now, B, p, overloaded)
             if type(d) is Dispatch:
                 q.forget(d.ids)
@@ -320,6 +335,23 @@ class SLOPolicy:
                 b = max(1, self.lat.max_rows_within(v, slo / 2.0)) if slo > 0 else B
                 tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
         return self.rate.rate(now) <= (1.0 - self.levels.restore_headroom) * tput
+
+    def _shown_derate(self, level: int, pools, now: float, B: int) -> float:
+        """The share of the profile's throughput that ranks <= ``level`` showed they sustain: the
+        rate the level failed at (LevelController), with restore headroom, over the profile's
+        throughput at the SLO's batch; ``spill_derate`` at most, and when unknown."""
+        c = self.levels.ceiling(level, now)
+        if c is None:
+            return self.spill_derate
+        slo = self.rate.slo_s
+        tput = 0.0
+        for v, p in pools.items():
+            if self._rank[v] <= level:
+                b = max(1, self.lat.max_rows_within(v, slo / 2.0)) if slo > 0 else B
+                tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
+        if tput <= 0.0:
+            return self.spill_derate
+        return min(self.spill_derate, (1.0 - self.levels.restore_headroom) * c / tput)
 
     def _keep_up_rows(self, v: str, replicas: int, now: float, B: int) -> int:
         """The smallest batch with which ``v``'s replicas keep up with the arrival rate; 1 when none

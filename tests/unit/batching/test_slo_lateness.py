@@ -184,3 +184,34 @@ def test_the_policy_remembers_the_arrival_rate_when_lateness_raises_the_level():
     late_answers(q)
     assert step(q, 0.1, 0.2, 1) == 1
     assert step(q, 0.2, 1.5, 1) == 0
+
+
+def test_under_lateness_the_cheaper_variant_takes_the_overflow_over_the_capacity_shown():
+    """Lateness raised the level at 1,000 rows/s, half of what big's profile promises (2,000/s): big
+    showed it sustains ~750/s (restore headroom). The cheap variant takes work only when the queue
+    exceeds that shown capacity; with ``proportional_spill`` off it takes whatever it can."""
+    def degraded(proportional):
+        p = SLOPolicy(max_batch_size=8, latency_fn=lat, accuracy={"big": 0.98, "small": 0.93}, calibrate=False,
+                      proportional_spill=proportional)
+        t = 0.0
+        while t < 0.1:  # 1,000 rows/s, on time
+            it = QueuedItem(int(t * 1e6), t, t + 0.030, variants=("big", "small"))
+            p.plan(QueueView("m", [it], {"big": 1, "small": 1}, 8), t)
+            p._q.forget([it.id])
+            t += 0.001
+        for k in range(8):
+            p.observe(BatchResult("m", "big", 8, 0.004, finished_s=0.1 + 0.001 * k, late_rows=1))
+        return p
+
+    def small_takes(p, n, first_id):
+        its = [QueuedItem(first_id + i, 0.1, 0.130, variants=("big", "small")) for i in range(n)]
+        d = p.plan(QueueView("m", its, {"big": 0, "small": 1}, 8, busy_until_s={"big": (0.102,), "small": ()}), 0.1)
+        assert p.level == 1
+        if type(d) is not Dispatch and d.reason == "filling":
+            d = p.plan(QueueView("m", its, {"big": 0, "small": 1}, 8, busy_until_s={"big": (0.102,), "small": ()}),
+                       d.until_s)
+        return type(d) is Dispatch and d.variant == "small"
+
+    assert not small_takes(degraded(True), 4, 10**6)  # 4 rows: within big's shown capacity by the deadline
+    assert small_takes(degraded(True), 40, 10**6)  # 40 rows: over it (~21 rows in 28 ms at 750/s of 2,000/s)
+    assert small_takes(degraded(False), 4, 10**6)  # before: any lateness sent the cheap variant everything
