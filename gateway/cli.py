@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
+import os
 import sys
 
 
@@ -21,6 +23,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"sloserve: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # A crash in native code (gRPC, Ray's core worker, ONNX Runtime) prints every thread's Python stack
+    # to stderr before the process dies, instead of a bare exit -11.
+    faulthandler.enable(all_threads=True)
     try:
         import uvloop
 
@@ -34,7 +39,14 @@ def _serve(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         print(f"sloserve: {e}", file=sys.stderr)
         return 2
-    return 0
+    # A clean stop has released everything: replicas and worker processes, Ray (ray.shutdown completed),
+    # the sockets. Skip the interpreter's own teardown: the destructors of native extensions crashed it
+    # there once (exit -11 after Ray's driver logged "Driver shutdown complete", 2026-11-22), which turns
+    # a graceful SIGTERM into a crash for a supervisor. Only this path exits so; errors propagate.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _models_build(args: argparse.Namespace) -> int:
