@@ -77,20 +77,35 @@ class LevelController:
 
     def update(self, now: float, max_level: int, need_level: int,
                overloaded: Callable[[int], bool], comfortable: Callable[[int], bool],
-               rate: float | None = None) -> int:
+               rate: float | None = None, failed_level: int | None = None) -> int:
         """One step: ``overloaded(k)`` predicts misses at level k, ``comfortable(k)`` says k would do;
-        ``rate``: the arrival rate now (rows/s), remembered when a level proves too little."""
+        ``rate``: the arrival rate now (rows/s), remembered when a level proves too little;
+        ``failed_level``: the part of ``need_level`` that says the levels below it failed (observed
+        lateness), as opposed to one request that only a cheaper variant can still make (default:
+        all of it)."""
         lvl = min(self.level, max_level)
         target = min(max(lvl, need_level), max_level)
         while target < max_level and overloaded(target):
             target += 1
+        remember = rate is not None and rate > 0.0 and self.memory_s > 0
         if target > lvl:
-            if rate is not None and rate > 0.0 and self.memory_s > 0:
+            if remember:
+                failed = need_level if failed_level is None else failed_level
                 for k in range(lvl, target):
-                    self._ceiling[k] = (rate, now)
+                    if k < failed or overloaded(k):
+                        self._ceiling[k] = (rate, now)
             self._set(target)
             self._calm_since_s = None
             return target
+        if remember:
+            # The rate a level rose at is read from a window that, at the onset of a burst, still
+            # holds mostly the load before it: while degraded, what is remembered follows the rate
+            # up, so that the level returns once the burst is over, not memory_s after its onset.
+            # The time stays that of the failure: after memory_s the level is tried again.
+            for k in range(lvl):
+                c = self._ceiling.get(k)
+                if c is not None and rate > c[0]:
+                    self._ceiling[k] = (rate, c[1])
         if lvl > 0 and self.under_ceiling(lvl - 1, now, rate) and comfortable(lvl - 1):
             if self._calm_since_s is None:
                 self._calm_since_s = now

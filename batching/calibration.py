@@ -92,8 +92,8 @@ class _KeyState:
     pooled: _Window = field(default_factory=_Window)
     buckets: dict[int, _Window] = field(default_factory=dict)
     last_s: float = float("-inf")
-    recent: deque = field(default_factory=deque)  # the last ``recent`` ratios, newest last
-    floor: float = 0.0  # second largest of ``recent`` once it holds two
+    recent: deque = field(default_factory=deque)  # the last ``recent`` (finished_s, ratio), newest last
+    floor: float = 0.0  # second largest ratio of ``recent`` (0 until it holds two)
 
 
 class Calibrator:
@@ -148,19 +148,18 @@ class Calibrator:
         w.add(t, ratio, self.window, oldest)
         if self.recent:
             rq = st.recent
-            rq.append(ratio)
-            if len(rq) > self.recent:
+            rq.append((t, ratio))
+            while len(rq) > self.recent or rq[0][0] < oldest:  # as the window: by count and by age
                 rq.popleft()
-            if len(rq) >= 2:
-                a = b = 0.0  # the two largest
-                for x in rq:
-                    if x > a:
-                        a, b = x, a
-                    elif x > b:
-                        b = x
-                old_floor, st.floor = st.floor, b
-                if b > old_floor and b > st.pooled.stats(self.tail_quantile)[2]:
-                    self.urgent += 1
+            top = second = 0.0  # the two largest recent ratios
+            for _, x in rq:
+                if x > top:
+                    top, second = x, top
+                elif x > second:
+                    second = x
+            old_floor, st.floor = st.floor, second
+            if second > old_floor and second > st.pooled.stats(self.tail_quantile)[2]:
+                self.urgent += 1
         self.version += 1
 
     # ---- answering ------------------------------------------------------------------------
@@ -173,13 +172,14 @@ class Calibrator:
         kp, med, tail = st.pooled.stats(self.tail_quantile)
         if kp == 0:
             return prior_q
+        pooled_tail = tail
         win = st.buckets.get(_bucket(rows))
         if win is not None:
             kb, bmed, btail = win.stats(self.tail_quantile)
             if kb >= self.min_samples:
                 med, tail = bmed, btail
-        if quantile == "p99" and st.floor > tail:
-            tail = st.floor
+        if quantile == "p99" and st.floor > pooled_tail:  # a regime change (over the key's p99), not
+            tail = max(tail, st.floor)  # one batch size running slower than the others
         observed = prior.at(rows, "p50") * (tail if quantile == "p99" else med)
         # Confidence comes from all of the key's samples (the ratio is what is learned, the shape is
         # the profile's), and reaches 1 at prior_weight samples: a k / (k + prior_weight) blend

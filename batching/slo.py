@@ -226,7 +226,7 @@ class SLOPolicy:
         rate = self.rate.rate(now)
         level = self.levels.update(now, max_level, need_all, overloaded,
                                    lambda k: self._comfortable(k, pools, now, B) and not overloaded(k),
-                                   rate=rate)
+                                   rate=rate, failed_level=late_need)
         reserved: set[int] = set()
         for v in self._variants:
             p = pools.get(v)

@@ -353,8 +353,10 @@ class RayServeBackend:
             if self._started_ray:
                 serve.shutdown()
         finally:
+            # Joined to a cluster, the driver still disconnects here (the process ends with os._exit,
+            # which skips Ray's own exit hook); only our embedded Ray's processes are reaped.
+            ray.shutdown()
             if self._started_ray:
-                ray.shutdown()
                 reap(ours)
 
     def ready(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import re
 import statistics as st
 import sys
@@ -16,8 +17,8 @@ import sys
 def load(out: str, tag: str) -> dict[tuple[str, int], dict]:
     res = {}
     for f in glob.glob(f"{out}/{tag}-*.json"):
-        m = re.search(r"-(A|B)-(\d+)\.json$", f)
-        if not m:
+        m = re.fullmatch(re.escape(tag) + r"-(A|B)-(\d+)\.json", os.path.basename(f))
+        if not m:  # another tag that starts with this one
             continue
         step = next(iter(json.load(open(f))["runs"].values()))[0]["steps"][0]
         res[(m.group(1), int(m.group(2)))] = {

@@ -116,3 +116,23 @@ def test_latency_model_rebuilds_at_once_on_a_regime_change():
     m.observe(BatchResult("m", "v", 8, 0.010, 3.01))  # 2 batches, far fewer than refresh_every
     assert abs(m.latency_s("v", 8) - 0.010) < 1e-12
     assert m.max_rows_within("v", 0.006) < 8  # the policy now sizes batches for the new regime
+
+
+def test_the_floor_is_a_regime_change_not_one_batch_size_running_slower():
+    """Batches of 1 run as profiled and batches of 8 at 1.5x, interleaved, steadily: each size keeps its
+    own tail; the recent floor (pooled over sizes) must not lift the batch of 1 to 1.5x."""
+    c = Calibrator(table(), min_samples=8, prior_weight=0.0)
+    for i in range(200):
+        c.observe(BatchResult("m", "v", 1, 0.001, i * 0.01))
+        c.observe(BatchResult("m", "v", 8, 0.006, i * 0.01 + 0.005))
+    assert c.latency_s(*KEY, 1) == 0.001
+    assert abs(c.latency_s(*KEY, 8) - 0.006) < 1e-12
+
+
+def test_recent_ratios_age_out_with_the_window():
+    c = Calibrator(table(), min_samples=4, prior_weight=0.0, max_age_s=1.0)
+    feed(c, 8, 0.004, 50, t0=0.0)
+    feed(c, 8, 0.012, 2, t0=0.6)  # a slow spell
+    assert abs(c.latency_s(*KEY, 8) - 0.012) < 1e-12
+    feed(c, 8, 0.004, 1, t0=5.0)  # much later: the slow spell is older than max_age_s
+    assert c.latency_s(*KEY, 8) == 0.004

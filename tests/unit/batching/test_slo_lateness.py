@@ -215,3 +215,28 @@ def test_under_lateness_the_cheaper_variant_takes_the_overflow_over_the_capacity
     assert not small_takes(degraded(True), 4, 10**6)  # 4 rows: within big's shown capacity by the deadline
     assert small_takes(degraded(True), 40, 10**6)  # 40 rows: over it (~21 rows in 28 ms at 750/s of 2,000/s)
     assert small_takes(degraded(False), 4, 10**6)  # before: any lateness sent the cheap variant everything
+
+
+def test_the_remembered_rate_follows_the_burst_up_so_the_level_returns_when_it_ends():
+    """At a burst's onset the rate window still holds mostly the load before it: the level rises at
+    700/s while the burst is 1,800/s. Remembering 700 would keep the level up at the old 600/s base
+    for memory_s; following the rate up brings it back once the burst is over."""
+    lc = _lc()
+    lc.update(0.0, 1, 1, lambda k: False, lambda k: True, rate=700.0)
+    assert _run(lc, 0.1, 3.0, rate=1800.0) == 1  # the burst: 1,800 > 75% of what is remembered
+    assert lc.ceiling(0, 3.0) == 1800.0
+    assert _run(lc, 3.1, 3.7, rate=600.0) == 0  # back at the base rate: restored after the hold
+    assert lc.ceiling(0, 3.7) == 1800.0  # still remembered, with the time of the failure
+    assert lc.ceiling(0, 10.1) is None
+
+
+def test_a_request_only_a_cheaper_variant_can_make_is_not_a_failed_level():
+    lc = _lc()
+    lc.update(0.0, 1, 1, lambda k: False, lambda k: True, rate=1000.0, failed_level=0)  # scan need only
+    assert lc.level == 1 and lc.ceiling(0, 0.0) is None
+    assert _run(lc, 0.1, 0.7, rate=1000.0) == 0  # restored after the hold, at the same rate
+    lc.update(1.0, 1, 1, lambda k: False, lambda k: True, rate=1000.0, failed_level=1)  # lateness
+    assert lc.ceiling(0, 1.0) == 1000.0
+    lc2 = _lc()
+    lc2.update(0.0, 1, 0, lambda k: k == 0, lambda k: True, rate=900.0, failed_level=0)  # a predicted miss
+    assert lc2.level == 1 and lc2.ceiling(0, 0.0) == 900.0
