@@ -326,15 +326,20 @@ class SLOPolicy:
                 return True
         return False
 
-    def _comfortable(self, level: int, pools, now: float, B: int) -> bool:
-        """Arrivals fit in the sustainable throughput of ranks <= level, with headroom."""
+    def _sustainable_rps(self, level: int, pools, B: int) -> float:
+        """The profile's throughput of ranks <= level: per replica ``b / p99(b)`` with ``b`` the
+        Nexus batch (``2 * p99(b) <= typical SLO``)."""
         slo = self.rate.slo_s
         tput = 0.0
         for v, p in pools.items():
             if self._rank[v] <= level:
                 b = max(1, self.lat.max_rows_within(v, slo / 2.0)) if slo > 0 else B
                 tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
-        return self.rate.rate(now) <= (1.0 - self.levels.restore_headroom) * tput
+        return tput
+
+    def _comfortable(self, level: int, pools, now: float, B: int) -> bool:
+        """Arrivals fit in the sustainable throughput of ranks <= level, with headroom."""
+        return self.rate.rate(now) <= (1.0 - self.levels.restore_headroom) * self._sustainable_rps(level, pools, B)
 
     def _shown_derate(self, level: int, pools, now: float, B: int) -> float:
         """The share of the profile's throughput that ranks <= ``level`` showed they sustain: the
@@ -343,12 +348,7 @@ class SLOPolicy:
         c = self.levels.ceiling(level, now)
         if c is None:
             return self.spill_derate
-        slo = self.rate.slo_s
-        tput = 0.0
-        for v, p in pools.items():
-            if self._rank[v] <= level:
-                b = max(1, self.lat.max_rows_within(v, slo / 2.0)) if slo > 0 else B
-                tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
+        tput = self._sustainable_rps(level, pools, B)
         if tput <= 0.0:
             return self.spill_derate
         return min(self.spill_derate, (1.0 - self.levels.restore_headroom) * c / tput)
