@@ -93,6 +93,18 @@ class SLOPolicy:
                  size_quantile: str = "p99", late_target: float = 0.01, late_window_ms: float = 1000.0,
                  late_min_rows: int = 32, overload_memory_ms: float = 10000.0, calibration_recent: int = 8,
                  proportional_spill: bool = False):
+        def number(x) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+        if not (number(overload_memory_ms) and overload_memory_ms >= 0):
+            raise ValueError(f"overload_memory_ms must be a number of milliseconds >= 0 (got {overload_memory_ms!r}; "
+                             f"0 turns the memory off)")
+        if not (isinstance(calibration_recent, int) and not isinstance(calibration_recent, bool)
+                and calibration_recent >= 0):
+            raise ValueError(f"calibration_recent must be a whole number of batches >= 0 (got {calibration_recent!r}; "
+                             f"0 turns the floor off)")
+        if not isinstance(proportional_spill, bool):
+            raise ValueError(f"proportional_spill must be true or false (got {proportional_spill!r})")
         if not (0.0 <= late_target <= 1.0 and late_window_ms > 0 and late_min_rows >= 1):
             raise ValueError(f"late_target must be in [0, 1] (got {late_target}), late_window_ms > 0 "
                              f"(got {late_window_ms}) and late_min_rows >= 1 (got {late_min_rows})")

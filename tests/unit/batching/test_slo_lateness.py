@@ -240,3 +240,16 @@ def test_a_request_only_a_cheaper_variant_can_make_is_not_a_failed_level():
     lc2 = _lc()
     lc2.update(0.0, 1, 0, lambda k: k == 0, lambda k: True, rate=900.0, failed_level=0)  # a predicted miss
     assert lc2.level == 1 and lc2.ceiling(0, 0.0) == 900.0
+
+
+def test_the_new_settings_refuse_bad_values_with_their_own_names():
+    import pytest
+
+    from batching.policy import make_policy
+
+    for kwargs, name in (({"overload_memory_ms": -1}, "overload_memory_ms"), ({"overload_memory_ms": "ten"}, "overload_memory_ms"),
+                         ({"calibration_recent": -3}, "calibration_recent"), ({"calibration_recent": 2.5}, "calibration_recent"),
+                         ({"proportional_spill": "no"}, "proportional_spill")):
+        with pytest.raises(ValueError, match=name):
+            make_policy("slo", **kwargs)
+    make_policy("slo", overload_memory_ms=0, calibration_recent=0, proportional_spill=True)  # all valid
