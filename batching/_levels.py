@@ -121,20 +121,18 @@ class LevelController:
     def ceiling(self, level: int, now: float) -> float | None:
         """The rate ``level`` last proved too little at, if remembered (within ``memory_s``)."""
         c = self._ceiling.get(level)
-        if c is None or now - c[1] > self.memory_s:
+        if c is None:
+            return None
+        if now - c[1] > self.memory_s:
+            del self._ceiling[level]
             return None
         return c[0]
 
     def under_ceiling(self, level: int, now: float, rate: float | None) -> bool:
         """False while ``rate`` is within ``restore_headroom`` of the rate at which ``level`` last
         proved too little (for ``memory_s`` after that)."""
-        c = self._ceiling.get(level)
-        if c is None or rate is None:
-            return True
-        if now - c[1] > self.memory_s:
-            del self._ceiling[level]
-            return True
-        return rate <= (1.0 - self.restore_headroom) * c[0]
+        c = self.ceiling(level, now)
+        return c is None or rate is None or rate <= (1.0 - self.restore_headroom) * c
 
     def _set(self, level: int) -> None:
         if level != self.level:

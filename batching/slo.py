@@ -237,7 +237,7 @@ class SLOPolicy:
         need_all = max(need, late_need)
         rate = self.rate.rate(now)
         level = self.levels.update(now, max_level, need_all, overloaded,
-                                   lambda k: self._comfortable(k, pools, now, B) and not overloaded(k),
+                                   lambda k: self._comfortable(k, pools, rate, B) and not overloaded(k),
                                    rate=rate, failed_level=late_need)
         reserved: set[int] = set()
         for v in self._variants:
@@ -349,9 +349,9 @@ class SLOPolicy:
                 tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
         return tput
 
-    def _comfortable(self, level: int, pools, now: float, B: int) -> bool:
-        """Arrivals fit in the sustainable throughput of ranks <= level, with headroom."""
-        return self.rate.rate(now) <= (1.0 - self.levels.restore_headroom) * self._sustainable_rps(level, pools, B)
+    def _comfortable(self, level: int, pools, rate: float, B: int) -> bool:
+        """Arrivals (``rate``, rows/s now) fit in the sustainable throughput of ranks <= level, with headroom."""
+        return rate <= (1.0 - self.levels.restore_headroom) * self._sustainable_rps(level, pools, B)
 
     def _shown_derate(self, level: int, pools, now: float, B: int) -> float:
         """The share of the profile's throughput that ranks <= ``level`` showed they sustain: the

@@ -161,11 +161,10 @@ class DataPlane:
             self.loop_lag.start()
         await self.backend.start()
         if not hasattr(self.backend, "on_replicas"):
+            count = getattr(self.backend, "replica_count", self.backend.slots)  # slots count pipelined batches too
             for name, m in self.models.items():
                 for v in m.by_accuracy:
-                    count = getattr(self.backend, "replica_count", None)  # slots count pipelined batches too
-                    self.metrics.replicas.labels(name, v, _device_type(self.backend, name), "running").set(
-                        count(name, v) if count is not None else self.backend.slots(name, v))
+                    self.metrics.replicas.labels(name, v, _device_type(self.backend, name), "running").set(count(name, v))
         for m in self.models.values():
             m.batcher.start()
         self._started = True
