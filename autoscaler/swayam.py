@@ -87,6 +87,9 @@ class SwayamConfig(BaseModel):
                                      "seconds (0: off; rounds only).")
     up_check_z: float = Field(default=3.0, ge=0, description="The up-check fires when the window's rate minus "
                               "this many Poisson standard errors exceeds the target's SLO capacity.")
+    fallback_buffer: bool = Field(default=True, description="When the model has a cheaper fallback variant, size "
+                                  "the warm buffer (keep-alive and hold) with its throughput: a step the "
+                                  "predictor did not see is served by the fallback until new replicas are up.")
 
     def model_post_init(self, _ctx) -> None:
         if self.predictor not in PREDICTORS:
@@ -441,6 +444,9 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     if fall_to is not None and held > need:  # a recurring fall: scale in before the keep-alive ends
         held = max(need, min(held, size(max(fall_to, 0.0))))
         needs = ((now, held),)  # the keep-alive restarts from the lowered target
+    fb = snap.service.fallback
+    if fb is not None and config.fallback_buffer and held > need:
+        held = max(need, replicas_needed(fb, capacity_of(snap.service, held), snap.max_replicas))
     target = clamp(held, snap)
     if target > snap.target_replicas:
         reason = "scale-up"

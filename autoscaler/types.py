@@ -46,6 +46,7 @@ class ServiceModel:
     slo_s: float
     max_batch_size: int = 64
     slo_percentile: float = 0.99
+    fallback: ServiceModel | None = None
 
 
 @dataclass(frozen=True, slots=True)

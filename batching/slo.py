@@ -127,6 +127,7 @@ class SLOPolicy:
             variants = sorted(acc, key=lambda v: -acc[v]) or None
         self._variants: list[str] = list(variants or ([default_variant] if default_variant else []))
         self._rank = {v: i for i, v in enumerate(self._variants)}
+        self._shared = False  # the last view's QueueView.shared: one set of replicas for every variant
         self.min_gain = min_gain
         self.max_wait_s = None if max_wait_ms is None else max_wait_ms / 1e3
         self.min_wait_s = min_wait_ms / 1e3
@@ -216,6 +217,7 @@ class SLOPolicy:
         if not self.lat.model:
             self.lat.model = self.lat_shed.model = view.model
         self._learn_variants(view.idle)
+        self._shared = view.shared
         pools = self._pools(view, now)
         shed, lates, wake_s, need = self._scan(ents, pools, now, q.max_size)
         if shed:
@@ -240,12 +242,19 @@ class SLOPolicy:
                                    lambda k: self._comfortable(k, pools, rate, B) and not overloaded(k),
                                    rate=rate, failed_level=late_need)
         reserved: set[int] = set()
-        for v in self._variants:
+        order = self._variants
+        shared = view.shared and max_level > 0
+        if shared and overloaded(0, self.spill_derate):  # one set of replicas: a freed replica serves
+            order = sorted(order, key=lambda v: (self._rank[v] == 0, self._rank[v]))  # a cheaper one first
+        for v in order:
             p = pools.get(v)
             if p is None or p.idle <= 0:
                 continue
             r = self._rank[v]
-            if not 0 < r <= level:
+            if shared:  # by the queue alone, at each freed replica: the same replicas serve either
+                # variant, so there is no level to hold (held, it spilled ~3/4 of a load near capacity)
+                spill = r > 0 and (need >= r or overloaded(r - 1, self.spill_derate))
+            elif not 0 < r <= level:
                 spill = False
             elif need >= r:  # a near-deadline request only a cheaper variant can still make
                 spill = True
@@ -318,7 +327,11 @@ class SLOPolicy:
 
     def _overloaded(self, ents, pools, level: int, now: float, derate: float, B: int) -> bool:
         """Would the variants of rank <= level miss a deadline serving the whole queue (EDF)?"""
-        reps = [(f, v) for v, p in pools.items() if self._rank[v] <= level for f in p.free_s]
+        if self._shared:  # the same replicas under every variant: count them once, as the cheapest
+            v = max((v for v in pools if self._rank[v] <= level), key=self._rank.__getitem__, default=None)
+            reps = [(f, v) for f in pools[v].free_s] if v is not None else []
+        else:
+            reps = [(f, v) for v, p in pools.items() if self._rank[v] <= level for f in p.free_s]
         if not reps:
             return True
         cum = 0
@@ -346,7 +359,8 @@ class SLOPolicy:
         for v, p in pools.items():
             if self._rank[v] <= level:
                 b = max(1, self.lat.max_rows_within(v, slo / 2.0)) if slo > 0 else B
-                tput += p.replicas * self.lat.throughput_rps(v, min(b, B))
+                t = p.replicas * self.lat.throughput_rps(v, min(b, B))
+                tput = max(tput, t) if self._shared else tput + t  # shared replicas: counted once
         return tput
 
     def _comfortable(self, level: int, pools, rate: float, B: int) -> bool:

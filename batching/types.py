@@ -45,6 +45,9 @@ class QueueView:
     ``idle`` counts two slots per replica, and a batch in the second starts only when the
     replica's running batch ends. Backends that calibrate on round trips fold their pipelining
     into the latency they measure and report depth 1.
+    ``shared``: every replica holds every variant (a smaller variant loaded beside the larger one)
+    and runs whichever a batch asks for, so ``idle`` and ``busy_until_s`` list the same replicas
+    under each variant; when false (the gateway's deployments), each variant has its own replicas.
     """
 
     model: str
@@ -53,6 +56,7 @@ class QueueView:
     max_batch_size: int
     busy_until_s: Mapping[str, Sequence[float]] | None = None
     depth: int = 1
+    shared: bool = False
 
     @property
     def queued_rows(self) -> int:

@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ms", type=float, default=1000.0)
     p.add_argument("--model-class", default="gpt2-gen", help="profile of sim/profiles.py (comma list: round robin)")
     p.add_argument("--device", default="t4", help="simulated GPU type of the profile")
+    p.add_argument("--fallback-class", default="",
+                   help="a cheaper variant every replica also holds (e.g. distilgpt2-gen for gpt2-gen): the "
+                        "batcher serves it while the primary is short, and swayam sizes its warm buffer with it")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--autoscaler", default="swayam,ray-default,kpa,oracle", help="NAME[,NAME...]")
     p.add_argument("--mode", choices=["auto", "request", "fluid"], default="auto")
@@ -122,7 +125,8 @@ def main(a: argparse.Namespace) -> int:
     for i, s in enumerate(series):
         dev = devices[i % len(devices)]
         try:
-            svc = service_for(table, classes[i % len(classes)], dev, a.slo_ms, a.max_batch)
+            svc = service_for(table, classes[i % len(classes)], dev, a.slo_ms, a.max_batch,
+                              fallback=a.fallback_class or None)
         except KeyError as e:
             raise SystemExit(f"sloserve sim: {e.args[0]} (--model-class, --device)") from None
         specs.append(make_spec(s.name or f"m{i}", s, svc, dev, peak_replicas=a.peak_replicas, scale=a.scale))
@@ -143,7 +147,7 @@ def main(a: argparse.Namespace) -> int:
         s = res["summary"]
         print(f"{name:12s} mode={res['mode']:7s} attainment={s['slo_attainment']:.4f} "
               f"minutes_sla_met={s['minutes_sla_met_fraction']:.4f} replica_s={s['replica_seconds']:.0f} "
-              f"goodput_rps={s['goodput_rps']:.2f} wall={res['wall_s']:.1f}s")
+              f"goodput_rps={s['goodput_rps']:.2f} fallback_share={s['fallback_share']:.4f} wall={res['wall_s']:.1f}s")
     print(f"wrote {path}")
     return 0
 

@@ -36,6 +36,7 @@ from sim.metrics import ModelRecord, summarize
 from sim.placement import FixedPool, PlacementHook
 
 VARIANT = "default"
+FALLBACK = "fallback"
 _ARRIVE, _DONE, _READY, _WAKE, _TICK, _CHECK = 0, 1, 2, 3, 4, 5
 _Z99 = 2.3263
 
@@ -63,10 +64,12 @@ class SimConfig:
 def batching_policy_for(cfg: SimConfig, spec: ModelSpec):
     name = cfg.batching or ("slo" if "slo" in POLICIES else "timeout")
     factory = POLICIES[name]
-    curve = spec.service.curve
+    curves = _curves(spec)
     offered = {"max_batch_size": spec.service.max_batch_size, "default_variant": VARIANT,
-               "latency_fn": lambda variant, rows: curve.at(rows, "p99"), "model": spec.name,
-               "device_type": spec.device_type, "variants": [VARIANT], **cfg.batching_kwargs}
+               "latency_fn": lambda variant, rows: curves[variant].at(rows, "p99"), "model": spec.name,
+               "device_type": spec.device_type, "variants": list(curves), **cfg.batching_kwargs}
+    if len(curves) > 1:  # rank the variants for the policy: the primary first
+        offered.setdefault("accuracy", {VARIANT: 1.0, FALLBACK: 0.5})
     try:
         params = inspect.signature(factory).parameters
         if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
@@ -76,8 +79,15 @@ def batching_policy_for(cfg: SimConfig, spec: ModelSpec):
     return make_policy(name, **offered)
 
 
+def _curves(spec: ModelSpec) -> dict:
+    """The model's variants and their curves: the primary, and the fallback when it has one. Every
+    replica holds both (the fallback is the smaller model) and runs the one the policy picks."""
+    svc = spec.service
+    return {VARIANT: svc.curve} if svc.fallback is None else {VARIANT: svc.curve, FALLBACK: svc.fallback.curve}
+
+
 class _Replica:
-    __slots__ = ("batch", "busy_until", "draining", "ready", "started")
+    __slots__ = ("batch", "busy_until", "draining", "ready", "started", "variant")
 
     def __init__(self):
         self.ready = False
@@ -85,6 +95,7 @@ class _Replica:
         self.started = 0.0
         self.draining = False
         self.batch: tuple = ()
+        self.variant = VARIANT
 
 
 class _Model:
@@ -100,6 +111,8 @@ class _Model:
         self.ongoing_acc = 0.0
         self.gw_counts = [0] * gateways
         self.alloc_since = 0.0
+        self.curves = _curves(spec)
+        self.allowed = tuple(self.curves)
 
     def account(self, now: float) -> None:
         self.ongoing_acc += self.in_system * (now - self.last_change)
@@ -148,8 +161,9 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
         svc = m.spec.service
         while True:
             idle = [r for r in m.replicas if r.ready and not r.draining and r.busy_until <= now and not r.batch]
-            view = QueueView(m.spec.name, m.queue, {VARIANT: len(idle)}, svc.max_batch_size,
-                             {VARIANT: [r.busy_until for r in m.replicas if r.batch]})
+            busy = [r.busy_until for r in m.replicas if r.batch]
+            view = QueueView(m.spec.name, m.queue, dict.fromkeys(m.curves, len(idle)), svc.max_batch_size,
+                             dict.fromkeys(m.curves, busy), shared=len(m.curves) > 1)
             d = m.policy.plan(view, now)
             if isinstance(d, Dispatch):
                 if not idle or not d.ids:
@@ -158,13 +172,17 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
                 batch = tuple(it for it in m.queue if it.id in ids)
                 m.queue = [it for it in m.queue if it.id not in ids]
                 rows = sum(it.size for it in batch)
-                p50 = svc.curve.at(rows, "p50")
-                sigma = math.log(max(svc.curve.at(rows, "p99") / p50, 1.0)) / _Z99
+                curve = m.curves.get(d.variant, svc.curve)
+                if d.variant == FALLBACK:
+                    m.rec.fallback += rows
+                p50 = curve.at(rows, "p50")
+                sigma = math.log(max(curve.at(rows, "p99") / p50, 1.0)) / _Z99
                 lat = p50 * math.exp(sigma * float(rng.standard_normal()))
                 r = idle[0]
                 r.busy_until = now + lat
                 r.started = now
                 r.batch = batch
+                r.variant = d.variant
                 push(now + lat, _DONE, mi, r)
             elif isinstance(d, Shed):
                 ids = set(d.ids)
@@ -230,7 +248,7 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
             i = payload
             t_arr = now
             m.account(now)
-            m.queue.append(QueuedItem(next_id, t_arr, t_arr + m.spec.service.slo_s, 1, 0, (VARIANT,)))
+            m.queue.append(QueuedItem(next_id, t_arr, t_arr + m.spec.service.slo_s, 1, 0, m.allowed))
             next_id += 1
             m.in_system += 1
             m.gw_counts[int(gw_of[mi][i])] += 1
@@ -248,7 +266,7 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
                     m.rec.minute_good[k] += 1
                     good += 1
             m.in_system -= len(r.batch)
-            m.policy.observe(BatchResult(m.spec.name, VARIANT, len(r.batch), now - r.started, now,
+            m.policy.observe(BatchResult(m.spec.name, r.variant, len(r.batch), now - r.started, now,
                                          device_type=m.spec.device_type, late_rows=len(r.batch) - good))
             r.batch = ()
             if r.draining:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.queueing import late_fraction, steady_batch
+from autoscaler.queueing import capacity_of, late_fraction, steady_batch
 from autoscaler.registry import make_autoscaler
 from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
 from sim.control import Controller, ModelSpec
@@ -66,6 +66,29 @@ class _LateTable:
 
 
 _TABLES: dict[ServiceModel, _LateTable] = {}
+
+
+def _with_fallback(service: ServiceModel, c: np.ndarray, rate: np.ndarray, late: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Late share and fallback share of a model with a cheaper variant, from the primary's late share.
+
+    Within the primary's SLO capacity nothing changes. Above it the batcher serves a share ``x`` with
+    the fallback, the least that fits: ``(1 - x) / cap_primary + x / cap_fallback = 1 / rate``, and
+    runs at the SLO's edge (``1 - slo_percentile`` late); when even ``x = 1`` does not fit, the
+    fallback's own late share applies."""
+    fb = service.fallback
+    edge = 1.0 - service.slo_percentile
+    over = late > edge
+    if not over.any():
+        return late, np.zeros_like(late)
+    cl = np.array([capacity_of(service, int(k)) for k in c])
+    cs = np.array([capacity_of(fb, int(k)) for k in c])
+    inv_l = 1.0 / np.maximum(cl, 1e-9)
+    inv_s = 1.0 / np.maximum(cs, 1e-9)
+    x = np.clip((inv_l - 1.0 / np.maximum(rate, 1e-9)) / np.maximum(inv_l - inv_s, 1e-12), 0.0, 1.0)
+    late_fb = _late_table(fb).lookup(c, rate)
+    return (np.where(over, np.maximum(edge, np.where(x >= 1.0, late_fb, 0.0)), late),
+            np.where(over & (c > 0), x, 0.0))
 
 
 def _late_table(service: ServiceModel) -> _LateTable:
@@ -163,10 +186,13 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
     classes: dict[ServiceModel, list[int]] = {}
     for j, s in enumerate(specs):
         classes.setdefault(s.service, []).append(j)
-    tables = [(_late_table(svc), np.array(idx)) for svc, idx in classes.items()]
-    bmax = np.array([s.service.max_batch_size for s in specs], float)
-    mu1 = bmax / np.array([s.service.curve.at(s.service.max_batch_size, "p50") for s in specs])
-    hold_s = np.array([max(s.service.slo_s - s.service.curve.at(s.service.max_batch_size), 0.0) for s in specs])
+    tables = [(_late_table(svc), np.array(idx), svc) for svc, idx in classes.items()]
+    raw = [s.service.fallback or s.service for s in specs]  # under a backlog the batcher serves the cheapest
+    bmax = np.array([r.max_batch_size for r in raw], float)
+    mu1 = bmax / np.array([r.curve.at(r.max_batch_size, "p50") for r in raw])
+    hold_s = np.array([max(r.slo_s - r.curve.at(r.max_batch_size), 0.0) for r in raw])
+    fb_x = np.zeros(n)  # share of the served requests answered by the fallback variant, this step
+    fb_tot = np.zeros(n)
 
     ready = np.array([s.initial_replicas for s in specs], np.int64)
     target = ready.copy()
@@ -217,7 +243,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         t = tk * tick_steps * dt_s
         # ---- autoscaling round, on what the previous block measured
         lat = np.zeros(n)
-        for tab, idx in tables:
+        for tab, idx, _ in tables:
             lat[idx] = tab.mean_latency(np.maximum(ready[idx], 1), blk_lam[idx])
         ongoing = blk_lam * lat + blk_q
         i0 = min(int(t // interval), n_int - 1)
@@ -263,8 +289,10 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
             ii = int(tt // interval)
             if changed or late_key != ii or cap_step is None:
                 lam = rates[ii]
-                for tab, idx in tables:
+                for tab, idx, sv in tables:
                     late[idx] = tab.lookup(ready[idx], lam[idx])
+                    if sv.fallback is not None:
+                        late[idx], fb_x[idx] = _with_fallback(sv, ready[idx], lam[idx], late[idx])
                 cap_step = ready * mu1 * dt_s
                 hold_cap = ready * mu1 * hold_s
                 late_key = ii
@@ -277,6 +305,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
             backlog = np.minimum(over, hold_cap)
             shed = over - backlog
             late_n = np.minimum(shed + late * served, a)
+            fb_tot += fb_x * served
             mi = int(tt // cfg.minute_s)
             total_m[mi] += a
             good_m[mi] += a - late_n
@@ -297,6 +326,7 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         r.minute_good = good_m[:, j].copy()
         r.replica_seconds = float(rs[j])
         r.shed = float(shed_tot[j])
+        r.fallback = float(fb_tot[j])
         r.series_t = t_ser
         r.series_target = ser_target[:, j].tolist()
         r.series_ready = ser_ready[:, j].tolist()

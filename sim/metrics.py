@@ -23,6 +23,7 @@ class ModelRecord:
     replica_seconds: float = 0.0
     scale_events: int = 0
     shed: float = 0.0
+    fallback: float = 0.0  # requests answered by the cheaper fallback variant
     series_t: list = field(default_factory=list)
     series_rate: list = field(default_factory=list)  # true rate (rps)
     series_target: list = field(default_factory=list)
@@ -58,6 +59,7 @@ def summarize(records: list[ModelRecord], duration_s: float, sla: float = 0.99) 
             "replica_seconds": r.replica_seconds,
             "scale_events": r.scale_events,
             "shed": r.shed,
+            "fallback_share": r.fallback / r.minute_total.sum() if r.minute_total.sum() else 0.0,
         }
     return {
         "requests": total,
@@ -67,6 +69,7 @@ def summarize(records: list[ModelRecord], duration_s: float, sla: float = 0.99) 
         "replica_seconds": sum(r.replica_seconds for r in records),
         "goodput_rps": good / duration_s if duration_s > 0 else math.nan,
         "scale_events": sum(r.scale_events for r in records),
+        "fallback_share": sum(r.fallback for r in records) / total if total else 0.0,
         "per_model": per_model,
     }
 

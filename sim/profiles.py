@@ -40,6 +40,12 @@ LINEAR_MS: dict[tuple[str, str], tuple[float, float]] = {
     ("gpt2-gen", "t4"): (40.0, 9.0),
     ("gpt2-gen", "a10g"): (30.0, 5.0),
     ("gpt2-gen", "a100"): (20.0, 2.5),
+    # its fallback variant: DistilGPT2 keeps GPT-2's width and vocabulary with 6 of its 12 blocks, so
+    # both the per-batch and the per-row cost are taken as half of gpt2-gen's (an estimate from the
+    # layer count, not a measurement; docs/simulator.md, "A fallback variant")
+    ("distilgpt2-gen", "t4"): (20.0, 4.5),
+    ("distilgpt2-gen", "a10g"): (15.0, 2.5),
+    ("distilgpt2-gen", "a100"): (10.0, 1.25),
 }
 
 
@@ -69,9 +75,14 @@ def default_profiles(measured_dir: Path = MEASURED_DIR) -> ProfileTable:
 
 
 def service_for(table: ProfileTable, model: str, device_type: str, slo_ms: float,
-                max_batch_size: int = 64, slo_percentile: float = 0.99) -> ServiceModel:
+                max_batch_size: int = 64, slo_percentile: float = 0.99, fallback: str | None = None) -> ServiceModel:
+    """``model``'s service on ``device_type``; with ``fallback``, that profile is its cheaper variant,
+    which the batcher may serve while the primary is short of capacity."""
     curve = table.curves.get((model, VARIANT, device_type))  # no foreign fallback: a typo must not pass
     if curve is None:
         known = sorted(f"{m}@{d}" for (m, _, d) in table.curves)
         raise KeyError(f"no profile for {model} on {device_type}; known: {', '.join(known)}")
-    return ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile)
+    fb = service_for(table, fallback, device_type, slo_ms, max_batch_size, slo_percentile) if fallback else None
+    if fb is not None and fb.curve.at(max_batch_size, "p50") >= curve.at(max_batch_size, "p50"):
+        raise KeyError(f"fallback {fallback} is not faster than {model} on {device_type}: a fallback must be cheaper")
+    return ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile, fb)

@@ -19,7 +19,7 @@ from sim.run import make_spec, run_experiment
 
 TRACE = "../shared/traces/azure_functions_2019_selected_per_minute.csv"
 AUTOSCALERS = ["swayam", "ray-default", "kpa", "oracle"]
-KEYS = ["requests", "slo_attainment", "minutes_sla_met_fraction", "replica_seconds"]
+KEYS = ["requests", "slo_attainment", "minutes_sla_met_fraction", "replica_seconds", "fallback_share"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,14 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("batching", help="batching policies, comma-separated")
     p.add_argument("peak_replicas", type=int)
     p.add_argument("--trace", default=TRACE)
+    p.add_argument("--fallback-class", default=None, help="a cheaper variant of gpt2-gen (e.g. distilgpt2-gen)")
+    p.add_argument("--autoscalers", default=",".join(AUTOSCALERS))
     a = p.parse_args(argv)
-    svc = service_for(default_profiles(), "gpt2-gen", "t4", slo_ms=1000)
+    svc = service_for(default_profiles(), "gpt2-gen", "t4", slo_ms=1000, fallback=a.fallback_class)
     arr = from_counts(a.trace, a.column, 60).sliced(a.start_min * 60, a.end_min * 60)
     spec = make_spec("m", arr, svc, "t4", peak_replicas=a.peak_replicas)
     for batching in a.batching.split(","):
         for mode in ("request", "fluid"):
             cfg = SimConfig(seed=1, batching=batching, autoscaler_kwargs={"swayam": {"startup_s": 10, "interval_s": 10}})
-            runs = run_experiment([spec], AUTOSCALERS, cfg, mode, show_progress=False)
+            runs = run_experiment([spec], a.autoscalers.split(","), cfg, mode, show_progress=False)
             for name, r in runs.items():
                 s = r["summary"]
                 print(batching, mode, name, round(r["wall_s"], 1), {k: round(s[k], 4) for k in KEYS}, flush=True)

@@ -128,3 +128,29 @@ def test_incremental_order_survives_foreign_removals():
     p.plan(view(its), 0.01)
     its2 = [its[0], its[2], its[4]] + items(2, slo_s=1.0, start_s=0.02)[0:0]
     assert [e[3] for e in (p._sync(view(its2)).entries)] == [0, 2, 4]
+
+
+def test_shared_replicas_serve_the_cheaper_variant_only_for_a_queue_the_better_one_would_miss():
+    """QueueView.shared: both variants on the same two replicas (idle and busy list the same ones)."""
+    from batching.types import QueueView
+
+    def shared_view(its):
+        return QueueView("m", its, {"big": 1, "small": 1}, 32, {"big": [0.004], "small": [0.004]}, shared=True)
+
+    both = ("big", "small")
+    # a light queue: big meets every deadline, so the freed replica waits to fill a big batch
+    p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
+    d = p.plan(shared_view(items(4, slo_s=0.02, variants=both)), 0.0)
+    assert d == Wait(pytest.approx(0.014), "filling")
+    d = p.plan(shared_view(items(4, slo_s=0.02, variants=both)), 0.014)
+    assert isinstance(d, Dispatch) and d.variant == "big"
+    # a queue two big replicas cannot serve in time (40 rows due in 12 ms: big does 16 per batch at
+    # 12 ms): the freed replica runs a small batch, which drains it
+    p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
+    d = p.plan(shared_view(items(40, slo_s=0.012, variants=both)), 0.0)
+    assert isinstance(d, Dispatch) and d.variant == "small"
+    # the same queue with separate replicas per variant: big takes its own idle replica first
+    p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
+    sep = QueueView("m", items(40, slo_s=0.012, variants=both), {"big": 1, "small": 1}, 32,
+                    {"big": [0.004], "small": [0.004]})
+    assert p.plan(sep, 0.0).variant == "big"

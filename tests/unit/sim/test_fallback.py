@@ -1,0 +1,100 @@
+"""A cheaper fallback variant on the same replicas: the batcher serves it only while the primary is
+short, and swayam sizes its warm buffer with it (docs/simulator.md, "A fallback variant")."""
+
+import numpy as np
+import pytest
+
+from autoscaler.queueing import capacity_of, capacity_rps, replicas_needed
+from autoscaler.swayam import SwayamConfig, SwayamState, decide
+from autoscaler.types import RateWindow, ScalingSnapshot
+from sim.arrivals import Arrivals
+from sim.control import ModelSpec
+from sim.engine import SimConfig, simulate_requests
+from sim.fluid import simulate_fluid
+from sim.profiles import default_profiles, service_for
+
+TABLE = default_profiles()
+PRIMARY = service_for(TABLE, "gpt2-gen", "t4", slo_ms=1000)
+WITH_FB = service_for(TABLE, "gpt2-gen", "t4", slo_ms=1000, fallback="distilgpt2-gen")
+
+
+def _step(svc, mult: float, seg_s: float = 20.0) -> list[ModelSpec]:
+    """Four fixed replicas: 0.8x their SLO capacity, then ``mult``x for ``seg_s``, then 0.8x again."""
+    cap = capacity_rps(PRIMARY, 4)
+    return [ModelSpec("m", Arrivals(seg_s, np.array([0.8, mult, 0.8]) * cap), svc, "t4",
+                      min_replicas=4, max_replicas=4, initial_replicas=4)]
+
+
+def _late(res) -> np.ndarray:
+    r = res["records"][0]
+    return 1.0 - r.minute_good / np.maximum(r.minute_total, 1)
+
+
+def test_fallback_must_be_cheaper():
+    with pytest.raises(KeyError, match="not faster"):
+        service_for(TABLE, "distilgpt2-gen", "t4", slo_ms=1000, fallback="gpt2-gen")
+    assert WITH_FB.fallback is not None and capacity_rps(WITH_FB.fallback, 4) > 1.8 * capacity_rps(PRIMARY, 4)
+
+
+def test_request_level_the_real_batcher_serves_a_step_with_the_fallback_and_lets_go_after_it():
+    cfg = SimConfig(seed=1, minute_s=20.0)
+    without = simulate_requests(_step(PRIMARY, 1.3), "oracle", cfg)
+    res = simulate_requests(_step(WITH_FB, 1.3), "oracle", cfg)
+    assert _late(without)[1] > 0.5  # 30 % over capacity: most of the step is late on the primary alone
+    late = _late(res)
+    assert late[1] < 0.01 and late[2] < 0.01  # on time through the step, and recovered after it
+    r = res["records"][0]
+    step_requests = r.minute_total[1]
+    # the least share that fits is (1/1 - 1/1.3) / (1 - cap_primary / cap_fallback), about 0.44
+    assert 0.25 * step_requests < r.fallback < 0.6 * step_requests
+    assert res["summary"]["fallback_share"] == pytest.approx(r.fallback / r.minute_total.sum())
+
+
+def test_request_level_the_fallback_stays_idle_below_capacity():
+    cap = capacity_rps(PRIMARY, 4)
+    spec = ModelSpec("m", Arrivals(60.0, np.array([0.7 * cap])), WITH_FB, "t4", min_replicas=4, max_replicas=4,
+                     initial_replicas=4)
+    res = simulate_requests([spec], "oracle", SimConfig(seed=2))
+    assert res["summary"]["slo_attainment"] == 1.0
+    assert res["records"][0].fallback < 0.005 * res["records"][0].minute_total.sum()
+
+
+def test_fluid_mixes_at_the_least_share_that_fits():
+    res = simulate_fluid(_step(WITH_FB, 1.3), "oracle", SimConfig(seed=1, minute_s=20.0))
+    without = simulate_fluid(_step(PRIMARY, 1.3), "oracle", SimConfig(seed=1, minute_s=20.0))
+    assert _late(without)[1] > 0.5 and _late(res)[1] <= 0.0105
+    r = res["records"][0]
+    cl, cs = capacity_of(PRIMARY, 4), capacity_of(WITH_FB.fallback, 4)
+    x = (1 / cl - 1 / (1.3 * cl)) / (1 / cl - 1 / cs)
+    assert r.fallback == pytest.approx(x * r.minute_total[1], rel=0.05)
+    far = simulate_fluid(_step(WITH_FB, 3.0), "oracle", SimConfig(seed=1, minute_s=20.0))
+    assert _late(far)[1] > 0.5  # past the fallback's own capacity it is late too
+
+
+def _snap(svc, target: int, rate: float, t0: float, t1: float) -> ScalingSnapshot:
+    return ScalingSnapshot("m", target, target, svc, windows=(RateWindow("g0", t0, t1, rate * (t1 - t0), 1.0),))
+
+
+def test_swayam_sizes_the_warm_buffer_with_the_fallback():
+    cfg = SwayamConfig(season_periods_s=())
+    high, low = capacity_rps(PRIMARY, 8) * 0.95, capacity_rps(PRIMARY, 5) * 0.9
+    targets = {}
+    for name, svc in (("primary", PRIMARY), ("fallback", WITH_FB)):
+        st, target = SwayamState(), 8
+        for k in range(12):  # two minutes at the high rate, then the rate falls
+            rate = high if k < 6 else low
+            d, st = decide(_snap(svc, target, rate, 10.0 * k, 10.0 * (k + 1)), cfg, st, now=10.0 * (k + 1))
+            target = d.target_replicas
+        targets[name] = target
+    need = replicas_needed(PRIMARY, low * 1.05)
+    assert targets["primary"] >= 8  # the keep-alive and the hold keep the high level warm
+    # with the fallback the buffer is what the fallback needs to cover the high level: fewer replicas
+    assert need <= targets["fallback"] < targets["primary"]
+    assert capacity_of(WITH_FB.fallback, targets["fallback"]) >= capacity_of(PRIMARY, 8) * 0.95
+    off = SwayamConfig(season_periods_s=(), fallback_buffer=False)
+    st, target = SwayamState(), 8
+    for k in range(12):
+        rate = high if k < 6 else low
+        d, st = decide(_snap(WITH_FB, target, rate, 10.0 * k, 10.0 * (k + 1)), off, st, now=10.0 * (k + 1))
+        target = d.target_replicas
+    assert target == targets["primary"]  # fallback_buffer off: as without a fallback
