@@ -129,6 +129,8 @@ class Batcher:
         self.round_trip_latency = bool(getattr(runner, "round_trip_latency", True))
         # A runner that reports pure compute tells the policy how it pipelines (QueueView.depth).
         self._depth = 1 if self.round_trip_latency else max(1, int(getattr(runner, "pipeline_depth", 1)))
+        shared = getattr(runner, "shared", None)  # the runner's replicas hold every variant of the model
+        self._shared = bool(shared(model)) if callable(shared) and len(self.variants) > 1 else False
         self._entries: dict[int, _Entry] = {}
         self._items: list[QueuedItem] = []
         self._rows = 0
@@ -213,8 +215,12 @@ class Batcher:
 
     # ---- the loop -------------------------------------------------------------------------
     def _view(self) -> QueueView:
-        idle = {v: self.runner.slots(self.model, v) - self._busy[v] for v in self.variants}
-        return QueueView(self.model, self._items, idle, self.max_batch_size, depth=self._depth)
+        if self._shared:  # one set of replicas under every variant: a batch of any occupies a slot
+            busy = sum(self._busy.values())
+            idle = {v: self.runner.slots(self.model, v) - busy for v in self.variants}
+        else:
+            idle = {v: self.runner.slots(self.model, v) - self._busy[v] for v in self.variants}
+        return QueueView(self.model, self._items, idle, self.max_batch_size, depth=self._depth, shared=self._shared)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -248,6 +254,8 @@ class Batcher:
             return True
         if self._due_s is not None and self.clock.now() >= self._due_s:
             return True
+        if self._shared:
+            return any(self.runner.slots(self.model, v) > sum(self._busy.values()) for v in self.variants)
         return any(self.runner.slots(self.model, v) > self._busy[v] for v in self.variants)
 
     def _arm(self, loop, until_s: float | None, now: float) -> None:

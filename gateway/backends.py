@@ -78,6 +78,10 @@ class InProcessBackend:
     and hand over the next one. ``compute_s`` is the time on the replica (the chaos drill's
     delay included, the wait for a replica excluded). A batch abandoned before it reached a
     replica (its timeout passed, or it was cancelled) is skipped, never run late.
+
+    A model in ``shared`` has replicas that hold all of its variants: replica ``i`` is the ``i``-th
+    session of every variant, and one free queue per model hands out replica indices, so a batch of
+    any variant occupies the whole replica (``shared(model)`` tells the batcher).
     """
 
     name = "inprocess"
@@ -85,8 +89,12 @@ class InProcessBackend:
 
     def __init__(self, repo: ModelRepository, opts: RuntimeOptions, instances: int = 1,
                  inline_below_s: float = 0.0, fault_delay_s: dict[str, float] | None = None,
-                 batch_timeout_s: float | None = None, pipeline_depth: int = 1, processes: bool = False):
+                 batch_timeout_s: float | None = None, pipeline_depth: int = 1, processes: bool = False,
+                 shared: set[str] | None = None):
         self.repo = repo
+        self._shared = set(shared or ())
+        if self._shared and processes:
+            raise ValueError("shared replicas are not supported with worker processes")
         self.processes = processes  # replicas compute in worker processes (gateway/procreplica.py)
         self._workers: dict[tuple[str, str], list] = {}
         self.pipeline_depth = max(1, pipeline_depth)
@@ -97,7 +105,7 @@ class InProcessBackend:
         self.inline_below_s = inline_below_s
         self.device_type = device_type(opts.device)
         self._replicas: dict[tuple[str, str], list[Replica]] = {}
-        self._free_q: dict[tuple[str, str], queue.SimpleQueue] = {}  # replicas free to take a batch
+        self._free_q: dict[tuple[str, str], queue.SimpleQueue] = {}  # indices of replicas free to take a batch
         self._pool: ThreadPoolExecutor | None = None
         self._ready = False
         self._fast: dict[tuple[str, str], bool] = {}
@@ -112,6 +120,11 @@ class InProcessBackend:
             return
         for name, model in self.repo.models.items():
             outs = [o.name for o in model.config.outputs]
+            shared_q: queue.SimpleQueue | None = None
+            if name in self._shared:  # one queue of replica indices for every variant of the model
+                shared_q = queue.SimpleQueue()
+                for i in range(self.instances):
+                    shared_q.put(i)
             for v in model.config.variants:
                 reps = []
                 for _ in range(self.instances):
@@ -122,9 +135,11 @@ class InProcessBackend:
                         raise ModelLoadError(f"model '{name}' variant '{v.name}': {model.onnx_path(v.name)} "
                                              f"cannot be loaded: {e}") from None
                 self._replicas[(name, v.name)] = reps
-                q: queue.SimpleQueue = queue.SimpleQueue()
-                for r in reps:
-                    q.put(r)
+                q = shared_q
+                if q is None:
+                    q = queue.SimpleQueue()
+                    for i in range(len(reps)):
+                        q.put(i)
                 self._free_q[(name, v.name)] = q
                 self._fast[(name, v.name)] = self._probe_fast(reps[0], model)
         self._ready = True
@@ -193,6 +208,10 @@ class InProcessBackend:
     def slots(self, model: str, variant: str) -> int:
         return self.replica_count(model, variant) * self.pipeline_depth
 
+    def shared(self, model: str) -> bool:
+        """Whether ``model``'s replicas hold all its variants (its slots are one set, under every variant)."""
+        return model in self._shared
+
     async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
                   timeout_s: float | None = None) -> RunResult:
         """Inline batches (predicted under ``inline_below_s``) ignore ``timeout_s``; pooled ones
@@ -230,14 +249,14 @@ class InProcessBackend:
                          abandoned: threading.Event) -> tuple[dict[str, np.ndarray] | None, float]:
         """In a pool thread: wait for a free replica of ``key``, run the batch on it, free it."""
         free = self._free_q[key]
-        rep = free.get()
+        i = free.get()
         try:
             if abandoned.is_set():  # its caller gave up while it waited: do not run it late
                 return None, 0.0
             t0 = time.perf_counter()
             if delay:
                 time.sleep(delay)  # chaos drill: the replica is busy this long, as a Ray replica would be
-            out = rep.run(inputs)
+            out = self._replicas[key][i].run(inputs)
             return out, time.perf_counter() - t0
         finally:
-            free.put(rep)
+            free.put(i)

@@ -60,6 +60,13 @@ class ModelOverride(BaseModel):
         description="Chaos drills only: each replica (Ray or in-process) sleeps this long inside every batch "
                     "before computing.",
     )
+    shared_replicas: bool = Field(
+        default=False,
+        description="In-process backend: every replica holds all of the model's variants and runs whichever a "
+                    "batch asks for, so a cheaper variant absorbs an overload on the same replicas instead of "
+                    "idling on its own (docs/batching.md, 'Variants on shared replicas'). Not yet with backend ray "
+                    "or replica_processes.",
+    )
 
 
 class TrainingSettings(BaseModel):
@@ -239,6 +246,11 @@ class Settings(BaseSettings):
             TokenTable.from_settings(self)  # a bad entry stops start-up here, naming it
         if self.training.enabled and self.backend != "ray":
             raise ValueError("training.enabled needs backend ray (jobs run as Ray actors on GPU resources)")
+        shared = sorted(m for m, o in self.models.items() if o.shared_replicas)
+        if shared and (self.backend != "inprocess" or self.replica_processes):
+            raise ValueError(f"models.{shared[0]}.shared_replicas needs backend inprocess without replica_processes "
+                             f"(a Ray or worker-process replica holds one variant today); set it false or use "
+                             f"backend inprocess")
         return self
 
 

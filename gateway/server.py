@@ -47,7 +47,8 @@ def make_backend(settings: Settings, repo: ModelRepository) -> Backend:
                                 batch_timeout_s=settings.batch_timeout_s,
                                 pipeline_depth=settings.inprocess_pipeline_depth
                                 or (2 if settings.replica_processes else 1),
-                                processes=settings.replica_processes)
+                                processes=settings.replica_processes,
+                                shared={m for m, o in settings.models.items() if o.shared_replicas})
     from gateway.ray_backend import RayServeBackend
 
     return RayServeBackend(repo, opts, settings)

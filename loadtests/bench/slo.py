@@ -21,7 +21,8 @@ highest rate with attainment >= ``--target`` (0.99). Triton is tried in every co
 
 Systems: ``sloserve-<policy>`` (policy slo|timeout|fixed|aimd|nexus; pinned to ``--variant`` by the
 ``x-variant`` header) or ``sloserve-<policy>@<variant>|@any`` (``@any``: no pin, the policy may
-choose a cheaper variant), ``triton`` (tuned) or ``triton-<delay_ms>x<instances>``, ``rayserve``,
+choose a cheaper variant); ``sloserve-shared-<policy>`` runs the model with ``shared_replicas`` (one
+set of replicas holding every variant, in-process backend), ``triton`` (tuned) or ``triton-<delay_ms>x<instances>``, ``rayserve``,
 ``mlserver``.
 """
 
@@ -159,8 +160,10 @@ def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> 
         backend = "ray" if "ray" in parts[1:] else "inprocess"
         policy = parts[-1] if parts[-1] in POLICIES else "slo"
         cfg = tmp / f"{system.replace('@', '_')}.json"
-        cfg.write_text(json.dumps({"models": {args.model: {"slo_ms": args.slo_ms,
-                                                          "batching": policy_batching(policy, args)}}}))
+        model_cfg = {"slo_ms": args.slo_ms, "batching": policy_batching(policy, args)}
+        if "shared" in parts[1:]:  # sloserve-shared-<policy>: every replica holds every variant
+            model_cfg["shared_replicas"] = True
+        cfg.write_text(json.dumps({"models": {args.model: model_cfg}}))
         knobs = BatchingKnobs(sloserve_config=str(cfg), sloserve_backend=backend)
         launch = make_launch("sloserve", repo, args.model, args.variant, knobs, tmp)
         launch.system = system

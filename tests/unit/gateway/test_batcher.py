@@ -253,3 +253,34 @@ def test_the_view_carries_the_runners_pipelining_only_when_it_reports_compute():
     rt = Runner(slots=2)
     rt.pipeline_depth = 2  # a round-trip runner (Ray) folds its pipelining into what it measures
     assert Batcher("m", pol, rt, ["v"], max_batch_size=4)._view().depth == 1
+
+
+def test_shared_replicas_one_set_of_slots_under_every_variant():
+    """A runner whose replicas hold every variant: a batch of either takes a slot from both."""
+
+    class SharedRunner(Runner):
+        def shared(self, model):
+            return True
+
+    pol = make_policy("slo", max_batch_size=4, latency_fn=lambda v, n: 0.001, variants=["big", "small"])
+    b = Batcher("m", pol, SharedRunner(slots=2), ["big", "small"], max_batch_size=4, clock=FakeClock())
+    v = b._view()
+    assert v.shared and v.idle == {"big": 2, "small": 2}
+    b._busy["big"] += 1
+    assert b._view().idle == {"big": 1, "small": 1}
+    b._busy["small"] += 1
+    assert b._view().idle == {"big": 0, "small": 0} and not b._should_plan()
+    one = Batcher("m", pol, SharedRunner(slots=2), ["big"], max_batch_size=4, clock=FakeClock())
+    assert not one._view().shared  # one variant: nothing to share
+    own = Batcher("m", pol, Runner(slots=2), ["big", "small"], max_batch_size=4, clock=FakeClock())
+    own._busy["big"] += 1
+    assert not own._view().shared and own._view().idle == {"big": 1, "small": 2}
+
+
+def test_shared_replicas_setting_is_refused_where_a_replica_holds_one_variant():
+    from gateway.config import ConfigError, load_settings
+
+    assert load_settings(backend="inprocess", models={"m": {"shared_replicas": True}}).models["m"].shared_replicas
+    for bad in ({"backend": "ray"}, {"backend": "inprocess", "replica_processes": True}):
+        with pytest.raises(ConfigError, match="models.m.shared_replicas needs backend inprocess"):
+            load_settings(models={"m": {"shared_replicas": True}}, **bad)

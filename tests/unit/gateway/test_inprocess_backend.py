@@ -41,8 +41,8 @@ def backend(replicas, depth: int = 1) -> InProcessBackend:
     key = ("m", "v")
     b._replicas[key] = replicas
     q = queue.SimpleQueue()
-    for r in replicas:
-        q.put(r)
+    for i in range(len(replicas)):
+        q.put(i)
     b._free_q[key] = q
     b._fast[key] = False
     b._pool = ThreadPoolExecutor(max_workers=8)
@@ -114,3 +114,25 @@ async def test_a_batch_abandoned_before_it_reached_a_replica_is_never_run():
     rep.gate(3.0).set()
     await follow
     assert ("start", "r0", 2.0) not in log  # skipped, not run late behind the first
+
+
+async def test_shared_replicas_run_one_batch_at_a_time_whatever_its_variant():
+    """A shared model's replica holds both variants: a batch of 'b' waits for the batch of 'a' on it."""
+    log: list = []
+    big, small = Gated("big#0", log), Gated("small#0", log)
+    b = backend([big])
+    b._shared = {"m"}
+    b._replicas[("m", "w")] = [small]
+    b._free_q[("m", "w")] = b._free_q[("m", "v")]  # one queue of replica indices, as start() builds it
+    b._fast[("m", "w")] = False
+    assert b.shared("m") and not b.shared("other") and b.slots("m", "w") == b.slots("m", "v") == 1
+    first = asyncio.ensure_future(b.run("m", "v", x(1.0)))
+    await until(lambda: ("start", "big#0", 1.0) in log, "the first batch to start")
+    assert b._free_q[("m", "w")].empty()  # the one replica is taken, for either variant
+    second = asyncio.ensure_future(b.run("m", "w", x(2.0)))
+    big.gate(1.0).set()
+    small.gate(2.0).set()
+    r1, r2 = await first, await second
+    assert r1.outputs["y"][0, 0] == 2.0 and r2.outputs["y"][0, 0] == 4.0
+    assert log.index(("end", "big#0", 1.0)) < log.index(("start", "small#0", 2.0))
+    b._pool.shutdown(wait=True)
