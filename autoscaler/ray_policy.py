@@ -104,13 +104,21 @@ class SwayamRayPolicy:
     ``policy_kwargs``: ``slo_ms``, ``slo_percentile`` (0.99), ``max_batch_size``, the latency
     profile of one replica as ``batch_sizes`` + ``p99_ms`` (+ optional ``p50_ms``), and
     ``swayam`` (a dict of :class:`~autoscaler.swayam.SwayamConfig` fields; ``LIVE_DEFAULTS`` first).
+    ``fallback_batch_sizes`` + ``fallback_p99_ms``: the profile of the cheaper variant the same
+    replicas hold (``shared_replicas``), which swayam sizes its warm buffer with (``fallback_buffer``).
     """
 
     def __init__(self, slo_ms: float, batch_sizes: list[int], p99_ms: list[float], max_batch_size: int = 64,
                  p50_ms: list[float] | None = None, slo_percentile: float = 0.99,
-                 swayam: dict[str, Any] | None = None):
+                 swayam: dict[str, Any] | None = None, fallback_batch_sizes: list[int] | None = None,
+                 fallback_p99_ms: list[float] | None = None):
         curve = Curve(tuple(batch_sizes), tuple(x / 1e3 for x in (p50_ms or p99_ms)), tuple(x / 1e3 for x in p99_ms))
-        self.service = ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile)
+        fallback = None
+        if fallback_batch_sizes and fallback_p99_ms:  # the replicas also hold a cheaper variant (shared_replicas)
+            fb = Curve(tuple(fallback_batch_sizes), tuple(x / 1e3 for x in fallback_p99_ms),
+                       tuple(x / 1e3 for x in fallback_p99_ms))
+            fallback = ServiceModel(fb, slo_ms / 1e3, max_batch_size, slo_percentile)
+        self.service = ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile, fallback)
         self.config = SwayamConfig.model_validate({**LIVE_DEFAULTS, **(swayam or {})})
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:

@@ -62,10 +62,10 @@ class ModelOverride(BaseModel):
     )
     shared_replicas: bool = Field(
         default=False,
-        description="In-process backend: every replica holds all of the model's variants and runs whichever a "
-                    "batch asks for, so a cheaper variant absorbs an overload on the same replicas instead of "
-                    "idling on its own (docs/batching.md, 'Variants on shared replicas'). Not yet with backend ray "
-                    "or replica_processes.",
+        description="Every replica holds all of the model's variants and runs whichever a batch asks for, so a "
+                    "cheaper variant absorbs an overload on the same replicas instead of idling on replicas of its "
+                    "own (docs/batching.md, 'Variants on shared replicas'); with autoscaling, swayam sizes its warm "
+                    "buffer with the next variant down. Ray: one deployment per model. Not with replica_processes.",
     )
 
 
@@ -247,10 +247,9 @@ class Settings(BaseSettings):
         if self.training.enabled and self.backend != "ray":
             raise ValueError("training.enabled needs backend ray (jobs run as Ray actors on GPU resources)")
         shared = sorted(m for m, o in self.models.items() if o.shared_replicas)
-        if shared and (self.backend != "inprocess" or self.replica_processes):
-            raise ValueError(f"models.{shared[0]}.shared_replicas needs backend inprocess without replica_processes "
-                             f"(a Ray or worker-process replica holds one variant today); set it false or use "
-                             f"backend inprocess")
+        if shared and self.backend == "inprocess" and self.replica_processes:
+            raise ValueError(f"models.{shared[0]}.shared_replicas does not work with replica_processes (a worker "
+                             f"process holds one variant); set one of them false")
         return self
 
 

@@ -29,7 +29,7 @@ from gateway.config import Settings
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
 from gateway.proctree import describe, descendants, reap
 from gateway.rates import RateMeter, gateway_id
-from models.ray_replica import build_app, deployment_name
+from models.ray_replica import SHARED, build_app, deployment_name
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
 
@@ -103,21 +103,28 @@ class RayServeBackend:
         over = self.settings.models.get(model)
         return (over.device_type if over and over.device_type else "cpu")
 
+    def shared(self, model: str) -> bool:
+        """Whether ``model``'s replicas hold all its variants (``shared_replicas``: one deployment)."""
+        over = self.settings.models.get(model)
+        return bool(over and over.shared_replicas) and len(self.repo.models[model].config.variants) > 1
+
     def note_arrival(self, model: str, rows: int) -> None:
         meter = self._arrivals.get(model)
         if meter is not None:
             meter.add(rows)
 
     def _stamp(self, model: str, variant: str) -> tuple[str, float, float]:
-        meter = self._arrivals[model] if variant == self._best[model] else self._served[(model, variant)]
+        # a shared deployment serves the whole model: its demand is the model's arrivals, whatever variant runs
+        best = variant == self._best[model] or self.shared(model)
+        meter = self._arrivals[model] if best else self._served[(model, variant)]
         return (self.gateway_id, meter.rate_rps(), self.settings.gateway_share)
 
     def _push_rates(self) -> None:
         """Stamps also go out on their own, once a poll: when admission refuses nearly everything no
         batch carries them, and that is exactly when the autoscaler must see the demand."""
         for (model, variant), handle in self._handles.items():
-            if self._autoscaled.get(model):
-                handle.note_rate.remote(self._stamp(model, variant))
+            if self._autoscaled.get(model) and (variant == self._best[model] or not self.shared(model)):
+                handle.note_rate.remote(self._stamp(model, variant))  # (a shared deployment: once)
 
     def autoscaling_config(self, model: str, variant: str) -> dict[str, Any] | None:
         """Ray Serve autoscaling config running the swayam policy on this variant's profile."""
@@ -127,12 +134,21 @@ class RayServeBackend:
             return None
         cfg = self.repo.models[model].config
         table = ProfileTable.load(self.repo.root)
-        curve = table.curve(model, variant, self.device_type_of(model))
-        if curve is None:  # no profile yet: a conservative 1 ms + 0.2 ms/row prior
-            sizes = [1, cfg.max_batch_size]
-            p99 = [1.0 + 0.2 * b for b in sizes]
-        else:
-            sizes, p99 = list(curve.batch_sizes), [x * 1e3 for x in curve.p99_s]
+
+        def points(v: str) -> tuple[list[int], list[float]]:
+            curve = table.curve(model, v, self.device_type_of(model))
+            if curve is None:  # no profile yet: a conservative 1 ms + 0.2 ms/row prior
+                sizes = [1, cfg.max_batch_size]
+                return sizes, [1.0 + 0.2 * b for b in sizes]
+            return list(curve.batch_sizes), [x * 1e3 for x in curve.p99_s]
+
+        sizes, p99 = points(variant)
+        fallback = {}
+        ranked = [v.name for v in sorted(cfg.variants, key=lambda v: -v.accuracy)]
+        if self.shared(model) and variant in ranked and ranked.index(variant) + 1 < len(ranked):
+            # the next variant down is the shared replicas' fallback: swayam sizes its warm buffer with it
+            fb_sizes, fb_p99 = points(ranked[ranked.index(variant) + 1])
+            fallback = {"fallback_batch_sizes": fb_sizes, "fallback_p99_ms": fb_p99}
         slo_ms = over.slo_ms if over.slo_ms else cfg.slo_ms
         return {
             "min_replicas": a.min_replicas, "max_replicas": a.max_replicas, "initial_replicas": a.min_replicas,
@@ -143,6 +159,7 @@ class RayServeBackend:
                 "policy_function": "autoscaler.ray_policy:SwayamRayPolicy",
                 "policy_kwargs": {
                     "slo_ms": slo_ms, "max_batch_size": cfg.max_batch_size, "batch_sizes": sizes, "p99_ms": p99,
+                    **fallback,
                     "swayam": {"startup_s": a.startup_s, "keep_alive_s": a.keep_alive_s,
                                "interval_s": a.interval_s, "margin_frac": a.margin_frac, "predictor": a.predictor},
                 },
@@ -229,23 +246,29 @@ class RayServeBackend:
                    "device": self.opts.device}
         for name, model in self.repo.models.items():
             device = self.device_of(name)
-            for v in model.config.variants:
+            shared = self.shared(name)
+            ranked = [v.name for v in sorted(model.config.variants, key=lambda v: -v.accuracy)]
+            # a shared model: one deployment, its replicas holding every variant (best first, the default)
+            for v in ranked[:1] if shared else [v.name for v in model.config.variants]:
                 if self._cancel_deploy:
                     return
-                dep = deployment_name(name, v.name, device)
+                dep = deployment_name(name, SHARED if shared else v, device)
                 app = APP_PREFIX + dep
                 if self.settings.ray_deploy:
                     serve.run(build_app({
-                        "repo": str(self.repo.root), "model": name, "variant": v.name, "device": device,
+                        "repo": str(self.repo.root), "model": name, "variant": v, "device": device,
                         "num_replicas": self.replicas_of(name), "num_cpus": self.settings.replica_num_cpus,
                         "gpu_fraction": self.settings.replica_gpu_fraction,
                         "pipeline_depth": self.settings.pipeline_depth, "runtime": runtime,
                         "fault_delay_s": self._fault_delay_s(name),
-                        "autoscaling": self.autoscaling_config(name, v.name),
+                        "autoscaling": self.autoscaling_config(name, v),
+                        **({"variants": ranked} if shared else {}),
                     }), name=app, route_prefix=None, blocking=False)
-                self._apps[(name, v.name)] = app
-                self._handles[(name, v.name)] = self._handle(serve.get_deployment_handle(dep, app_name=app))
-                self._replicas[(name, v.name)] = self.replicas_of(name)
+                handle = self._handle(serve.get_deployment_handle(dep, app_name=app))
+                for served in ranked if shared else [v]:
+                    self._apps[(name, served)] = app
+                    self._handles[(name, served)] = handle
+                    self._replicas[(name, served)] = self.replicas_of(name)
 
     def _handle(self, handle):
         """``ray_transport`` grpc: the handle sends each batch straight to the replica's inter-deployment
@@ -348,7 +371,7 @@ class RayServeBackend:
         ours = descendants(os.getpid()) if self._started_ray else set()
         try:
             if self.settings.ray_deploy:
-                for app in self._apps.values():
+                for app in dict.fromkeys(self._apps.values()):
                     serve.delete(app, _blocking=False)
             if self._started_ray:
                 serve.shutdown()
@@ -363,8 +386,13 @@ class RayServeBackend:
         return self._ready
 
     def applications(self) -> dict[tuple[str, str], str]:
-        """(model, variant) -> the Serve application serving it."""
-        return dict(self._apps)
+        """(model, variant) -> the Serve application serving it; a shared deployment (every variant on
+        the same replicas) once, under the model's best variant."""
+        out: dict[tuple[str, str], str] = {}
+        for key, app in self._apps.items():
+            if app not in out.values():
+                out[key] = app
+        return out
 
     # ---- batches --------------------------------------------------------------------------
     def slots(self, model: str, variant: str) -> int:
@@ -385,7 +413,11 @@ class RayServeBackend:
 
         limit = self.settings.batch_timeout_s if timeout_s is None else min(timeout_s, self.settings.batch_timeout_s)
         self._served[(model, variant)].add(next(iter(inputs.values())).shape[0])
-        call = self._handles[(model, variant)].run_batch.remote(inputs, self._stamp(model, variant))
+        handle = self._handles[(model, variant)]
+        if self.shared(model):
+            call = handle.run_batch.remote(inputs, self._stamp(model, variant), variant)
+        else:
+            call = handle.run_batch.remote(inputs, self._stamp(model, variant))
         try:
             outputs, compute_s, device = await asyncio.wait_for(call, limit)
         except asyncio.TimeoutError:

@@ -28,6 +28,7 @@ from models.repository import ModelRepository, check_name
 from models.runtime import Replica, RuntimeOptions, device_type
 
 STAMP_TTL_S = 5.0
+SHARED = "shared"  # the deployment name's variant part for a replica that holds every variant
 
 
 class OnnxReplica:
@@ -35,12 +36,18 @@ class OnnxReplica:
     replica (``max_ongoing_requests`` = pipeline depth) so Ray's hand-off overlaps compute."""
 
     def __init__(self, repo: str, model: str, variant: str, device: str = "cpu",
-                 runtime: dict[str, Any] | None = None, fault_delay_s: float = 0.0):
+                 runtime: dict[str, Any] | None = None, fault_delay_s: float = 0.0,
+                 variants: list[str] | None = None):
+        """``variants``: a shared replica (``models.<name>.shared_replicas``) loads each of them and
+        runs the one a batch names; ``variant`` is then the first (the default)."""
         check_name("model", model)
-        check_name("variant", variant)
+        for v in variants or [variant]:
+            check_name("variant", v)
         loaded = ModelRepository(repo).load().models[model]
         opts = RuntimeOptions(**(runtime or {}))
-        self.replica = Replica(loaded.onnx_path(variant), opts, [o.name for o in loaded.config.outputs])
+        outs = [o.name for o in loaded.config.outputs]
+        self.replicas = {v: Replica(loaded.onnx_path(v), opts, outs) for v in (variants or [variant])}
+        self.replica = self.replicas[variant]
         self.device_type = device_type(opts.device) if device == "cpu" else device.lower()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
         self.batches = 0
@@ -49,15 +56,20 @@ class OnnxReplica:
         self._stamps: dict[str, tuple[float, float, float]] = {}
 
     async def run_batch(self, inputs: dict[str, np.ndarray],
-                        stamp: tuple[str, float, float] | None = None) -> tuple[dict[str, np.ndarray], float, str]:
+                        stamp: tuple[str, float, float] | None = None,
+                        variant: str | None = None) -> tuple[dict[str, np.ndarray], float, str]:
         """``stamp`` = (gateway id, that gateway's arrival rate for this model in rows/s, its share of
-        the traffic): kept for :meth:`record_autoscaling_stats`, the autoscaler's input."""
+        the traffic): kept for :meth:`record_autoscaling_stats`, the autoscaler's input. ``variant``:
+        which of a shared replica's variants runs the batch (None: its default)."""
         if stamp is not None:
             self._keep(stamp)
+        rep = self.replica if variant is None else self.replicas.get(variant)
+        if rep is None:
+            raise ValueError(f"this replica of '{self.model}' holds variants {sorted(self.replicas)}, not '{variant}'")
         if self.fault_delay_s:
             await asyncio.sleep(self.fault_delay_s)  # chaos drill: a batch that takes long
         t0 = time.perf_counter()
-        outputs = await asyncio.get_running_loop().run_in_executor(self.pool, self.replica.run, inputs)
+        outputs = await asyncio.get_running_loop().run_in_executor(self.pool, rep.run, inputs)
         self.batches += 1
         return outputs, time.perf_counter() - t0, self.device_type
 
@@ -105,14 +117,16 @@ def actor_options(device: str, num_cpus: float, gpu_fraction: float) -> dict[str
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:
-    """Serve application builder: ``{repo, model, variant, device, num_replicas, num_cpus, ...}``."""
+    """Serve application builder: ``{repo, model, variant, device, num_replicas, num_cpus, ...}``;
+    with ``variants`` (a list), one deployment whose replicas hold all of them (``variant`` is ignored)."""
     device = str(args.get("device", "cpu"))
+    variants = list(args["variants"]) if args.get("variants") else None
     autoscaling = args.get("autoscaling")
     replicas: dict[str, Any] = {"num_replicas": int(args.get("num_replicas", 1))}
     if autoscaling:
         replicas = {"num_replicas": "auto", "autoscaling_config": autoscaling}
     dep = serve.deployment(OnnxReplica).options(
-        name=deployment_name(args["model"], args["variant"], device),
+        name=deployment_name(args["model"], SHARED if variants else args["variant"], device),
         **replicas,
         max_ongoing_requests=int(args.get("pipeline_depth", 2)),
         ray_actor_options=actor_options(device, float(args.get("num_cpus", 0.25)),
@@ -123,5 +137,5 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         # the replica's hot path; the gateway keeps its own per-request metrics.
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
-    return dep.bind(str(args["repo"]), args["model"], args["variant"], device, args.get("runtime"),
-                    float(args.get("fault_delay_s", 0.0)))
+    return dep.bind(str(args["repo"]), args["model"], variants[0] if variants else args["variant"], device,
+                    args.get("runtime"), float(args.get("fault_delay_s", 0.0)), variants)

@@ -32,11 +32,19 @@ def scaling_server(model_repo, tmp_path_factory):
     prof.parent.mkdir(parents=True)
     prof.write_text(json.dumps({"model": "digits", "variant": "small", "device_type": device_type("cpu"),
                                 "batch_sizes": [1, 2, 4], "p50_ms": [21, 22, 24], "p99_ms": [24, 25, 27]}))
+    # a second model whose replicas hold all three variants (shared_replicas): one Serve deployment
+    shutil.copytree(model_repo / "digits", repo / "trio", ignore=shutil.ignore_patterns("profiles", ".built"))
+    trio = json.loads((repo / "trio" / "config.json").read_text())
+    trio["name"] = "trio"
+    (repo / "trio" / "config.json").write_text(json.dumps(trio))
     settings = repo / "settings.json"
     settings.write_text(json.dumps({"models": {"digits": {
         "fault_delay_ms": 20, "slo_ms": 200,
         "autoscaling": {"min_replicas": 1, "max_replicas": 3, "startup_s": 2, "keep_alive_s": 6,
-                        "interval_s": 1, "predictor": "last"}}}}))
+                        "interval_s": 1, "predictor": "last"}},
+        "trio": {"shared_replicas": True, "slo_ms": 500,
+                 "autoscaling": {"min_replicas": 1, "max_replicas": 2, "startup_s": 2, "keep_alive_s": 6,
+                                 "interval_s": 1}}}}))
     s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
     yield s
     s.stop()
@@ -93,3 +101,26 @@ def test_load_step_scales_up_then_back_in(scaling_server):
     assert counts["ok"] > 0
     # No traffic: after the 6 s keep-alive the swayam policy scales back to min_replicas.
     assert wait_for(lambda: running_replicas(s) == 1, 60), f"no scale-in:\n{s.output()}"
+
+
+def infer(server, model: str, variant: str | None) -> dict:
+    headers = {"content-type": "application/json", **({"x-variant": variant} if variant else {})}
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/infer", data=BODY, headers=headers,
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_shared_replicas_serve_every_variant_from_one_deployment(scaling_server):
+    """trio's replicas hold small, medium and large: each pinned variant is answered by that variant, from
+    the one deployment the gateway made for the model (its replicas gauge counts it under each variant)."""
+    s = scaling_server
+    for v in ("large", "medium", "small"):
+        out = infer(s, "trio", v)
+        assert out["parameters"]["variant"] == v, out
+        assert len(out["outputs"][0]["data"]) == 10
+    assert infer(s, "trio", None)["parameters"]["variant"] == "large"  # the best, at this load
+    with urllib.request.urlopen(f"http://{s.http_url}/metrics", timeout=10) as r:
+        gauge = [line for line in r.read().decode().splitlines()
+                 if line.startswith("sloserve_replicas{") and 'model="trio"' in line and 'state="running"' in line]
+    assert len(gauge) == 3 and all(line.endswith(" 1.0") for line in gauge), gauge

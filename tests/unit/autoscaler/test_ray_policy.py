@@ -104,3 +104,40 @@ def test_up_check_between_rounds_on_fast_rate_metrics():
     # the next round comes interval_s after the last one
     n2, state = policy(make_ctx(cfg, now=110.0, rate_by_gw={"gw0": (400.0, 0.5)}, current=n, target=n, state=state))
     assert state["sloserve_round_s"] == 110.0 and n2 >= n
+
+
+def test_a_fallback_profile_shrinks_the_keep_alive_buffer():
+    """Replicas that also hold a cheaper variant (shared_replicas): after a peak, the keep-alive keeps only
+    what the cheaper variant needs to serve the peak again; without one it keeps the peak's replicas."""
+    fb = {**KWARGS, "fallback_batch_sizes": [1, 16], "fallback_p99_ms": [3, 12]}
+    assert SwayamRayPolicy(**fb).service.fallback is not None and SwayamRayPolicy(**KWARGS).service.fallback is None
+    kept = {}
+    for name, kw in (("plain", KWARGS), ("fallback", fb)):
+        cfg = AutoscalingConfig(min_replicas=1, max_replicas=50, upscale_delay_s=0, downscale_delay_s=0,
+                                policy=AutoscalingPolicy(policy_function=SwayamRayPolicy, policy_kwargs=kw))
+        policy = _apply_autoscaling_config(_resolve_policy_callable(cfg.policy))
+        peak, state = policy(make_ctx(cfg, now=0.0, rate_by_gw={"gw0": (900.0, 1.0)}))
+        n = peak
+        for t in range(1, 10):  # the load falls; within the keep-alive
+            n, state = policy(make_ctx(cfg, now=float(t), rate_by_gw={"gw0": (100.0, 1.0)}, current=n,
+                                       target=n, state=state))
+        kept[name] = (peak, n)
+    assert kept["plain"][1] == kept["plain"][0] >= 3
+    assert kept["fallback"][0] == kept["plain"][0]  # the peak itself is sized on the best variant
+    assert kept["fallback"][1] < kept["plain"][1]
+
+
+def test_the_gateway_passes_the_next_variant_down_as_the_fallback_of_a_shared_model(model_repo):
+    from gateway.config import load_settings
+    from gateway.ray_backend import RayServeBackend
+    from models.repository import ModelRepository
+
+    repo = ModelRepository(model_repo).load()
+    auto = {"min_replicas": 1, "max_replicas": 2}
+    for shared in (True, False):
+        s = load_settings(backend="ray", models={"digits": {"shared_replicas": shared, "autoscaling": auto}})
+        b = RayServeBackend(repo, None, s)
+        kw = b.autoscaling_config("digits", "large")["policy"]["policy_kwargs"]
+        assert ("fallback_p99_ms" in kw) is shared
+        assert b.shared("digits") is shared
+        assert "fallback_p99_ms" not in b.autoscaling_config("digits", "small")["policy"]["policy_kwargs"]

@@ -277,10 +277,10 @@ def test_shared_replicas_one_set_of_slots_under_every_variant():
     assert not own._view().shared and own._view().idle == {"big": 1, "small": 2}
 
 
-def test_shared_replicas_setting_is_refused_where_a_replica_holds_one_variant():
+def test_shared_replicas_setting_is_refused_with_worker_processes():
     from gateway.config import ConfigError, load_settings
 
-    assert load_settings(backend="inprocess", models={"m": {"shared_replicas": True}}).models["m"].shared_replicas
-    for bad in ({"backend": "ray"}, {"backend": "inprocess", "replica_processes": True}):
-        with pytest.raises(ConfigError, match="models.m.shared_replicas needs backend inprocess"):
-            load_settings(models={"m": {"shared_replicas": True}}, **bad)
+    for ok in ("inprocess", "ray"):
+        assert load_settings(backend=ok, models={"m": {"shared_replicas": True}}).models["m"].shared_replicas
+    with pytest.raises(ConfigError, match="models.m.shared_replicas does not work with replica_processes"):
+        load_settings(models={"m": {"shared_replicas": True}}, backend="inprocess", replica_processes=True)
