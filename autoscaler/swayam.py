@@ -445,13 +445,16 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
         held = max(need, min(held, size(max(fall_to, 0.0))))
         needs = ((now, held),)  # the keep-alive restarts from the lowered target
     fb = snap.service.fallback
+    cut = False
     if fb is not None and config.fallback_buffer and held > need:
+        buffered = held
         held = max(need, replicas_needed(fb, capacity_of(snap.service, held), snap.max_replicas))
+        cut = held < buffered
     target = clamp(held, snap)
     if target > snap.target_replicas:
         reason = "scale-up"
     elif target < snap.target_replicas:
-        reason = "scale-in-after-keep-alive"
+        reason = "scale-in-to-fallback-buffer" if cut else "scale-in-after-keep-alive"
     else:
         reason = "hold" if need < target else "steady"
     return (_with_recheck(ScaleDecision(target, reason, planned), snap, config),

@@ -151,19 +151,35 @@ class LatenessMonitor:
     restore rule, and the evidence is cleared at each step, so a further step needs new late answers.
     """
 
-    __slots__ = ("_last_s", "_q", "level", "min_rows", "target", "window_s")
+    __slots__ = ("_last_s", "_q", "_recent", "level", "min_rows", "target", "window_s")
 
     def __init__(self, target: float = 0.01, window_s: float = 1.0, min_rows: int = 32):
         self.target = target
         self.window_s = window_s
         self.min_rows = min_rows
         self._q: deque = deque()  # (finished_s, rank, rows, late rows)
+        self._recent: deque = deque()  # the same, never cleared by a step: for late_now
         self.level = 0
         self._last_s = -math.inf  # the last batch result seen
 
     def observe(self, finished_s: float, rank: int, rows: int, late_rows: int) -> None:
         self._q.append((finished_s, rank, rows, late_rows))
+        self._recent.append((finished_s, rank, rows, late_rows))
         self._last_s = max(self._last_s, finished_s)
+
+    def late_now(self, now: float, rank: int) -> bool:
+        """Whether more than ``target`` of the rows variants of rank <= ``rank`` answered over the last
+        ``window_s`` were late (at least ``min_rows`` answered): the evidence itself, with no level
+        kept (shared replicas decide batch by batch)."""
+        q = self._recent
+        while q and q[0][0] < now - self.window_s:
+            q.popleft()
+        rows = late = 0
+        for _, r, n, k in q:
+            if r <= rank:
+                rows += n
+                late += k
+        return rows >= self.min_rows and late > self.target * rows
 
     def need(self, now: float, level: int, max_level: int) -> int:
         """The level observed lateness asks for, given the current ``level``."""

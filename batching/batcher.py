@@ -214,13 +214,16 @@ class Batcher:
         return await fut
 
     # ---- the loop -------------------------------------------------------------------------
-    def _view(self) -> QueueView:
-        if self._shared:  # one set of replicas under every variant: a batch of any occupies a slot
+    def _idle(self) -> dict[str, int]:
+        """Free slots per variant; a shared model's are one set, so a batch of any variant takes one from all."""
+        if self._shared:
             busy = sum(self._busy.values())
-            idle = {v: self.runner.slots(self.model, v) - busy for v in self.variants}
-        else:
-            idle = {v: self.runner.slots(self.model, v) - self._busy[v] for v in self.variants}
-        return QueueView(self.model, self._items, idle, self.max_batch_size, depth=self._depth, shared=self._shared)
+            return {v: self.runner.slots(self.model, v) - busy for v in self.variants}
+        return {v: self.runner.slots(self.model, v) - self._busy[v] for v in self.variants}
+
+    def _view(self) -> QueueView:
+        return QueueView(self.model, self._items, self._idle(), self.max_batch_size, depth=self._depth,
+                         shared=self._shared)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -254,9 +257,7 @@ class Batcher:
             return True
         if self._due_s is not None and self.clock.now() >= self._due_s:
             return True
-        if self._shared:
-            return any(self.runner.slots(self.model, v) > sum(self._busy.values()) for v in self.variants)
-        return any(self.runner.slots(self.model, v) > self._busy[v] for v in self.variants)
+        return any(n > 0 for n in self._idle().values())
 
     def _arm(self, loop, until_s: float | None, now: float) -> None:
         if self._timer is not None:

@@ -163,11 +163,20 @@ class SLOPolicy:
     def _pools(self, view: QueueView, now: float) -> dict[str, _Pool]:
         pools = {}
         busy_all = view.busy_until_s
+        merged = None
+        if view.shared and busy_all is None:  # one set of replicas: every variant's batches in flight
+            for v in view.idle:  # occupy them, whichever variant each one runs
+                pred = self._busy_pred.get(v, ())
+                while pred and pred[0] < now - 1.0:
+                    heapq.heappop(pred)
+            merged = sorted(t for v in view.idle for t in self._busy_pred.get(v, ()))
         for v, idle in view.idle.items():
             idle = max(0, idle)
             pred = self._busy_pred.get(v, ())
             while pred and pred[0] < now - 1.0:  # a completion we never heard of: forget it
                 heapq.heappop(pred)
+            if merged is not None:
+                pred = merged
             if busy_all is not None and v in busy_all:
                 busy = [max(now, t) for t in busy_all[v]]
                 known = True
@@ -244,8 +253,12 @@ class SLOPolicy:
         reserved: set[int] = set()
         order = self._variants
         shared = view.shared and max_level > 0
-        if shared and overloaded(0, self.spill_derate):  # one set of replicas: a freed replica serves
-            order = sorted(order, key=lambda v: (self._rank[v] == 0, self._rank[v]))  # a cheaper one first
+        late_now = shared and self.lateness.late_now(now, 0)  # the best variant answered late just now
+        # one set of replicas: under overload a freed replica serves a cheaper variant first (ranks 1, 2,
+        # ..., the best last), unless the earliest deadline may only go to the best (pinned, min_accuracy)
+        head_flexible = shared and any(self._rank.get(v, 0) > 0 for v in self._allowed(ents[0][4]))
+        if head_flexible and (late_now or overloaded(0, self.spill_derate)):
+            order = sorted(order, key=lambda v: (self._rank[v] == 0, self._rank[v]))
         for v in order:
             p = pools.get(v)
             if p is None or p.idle <= 0:
@@ -253,7 +266,7 @@ class SLOPolicy:
             r = self._rank[v]
             if shared:  # by the queue alone, at each freed replica: the same replicas serve either
                 # variant, so there is no level to hold (held, it spilled ~3/4 of a load near capacity)
-                spill = r > 0 and (need >= r or overloaded(r - 1, self.spill_derate))
+                spill = r > 0 and (need >= r or (late_now and r == 1) or overloaded(r - 1, self.spill_derate))
             elif not 0 < r <= level:
                 spill = False
             elif need >= r:  # a near-deadline request only a cheaper variant can still make
@@ -521,10 +534,12 @@ class SLOPolicy:
         pools = self._pools(view, now)
         B = min(self.max_batch_size, view.max_batch_size)
         free: list[tuple[float, int, str]] = []
-        for v in self._allowed(item):
-            p = pools.get(v)
-            if p is not None:  # a busy replica whose batch this policy did not see: free now
-                free.extend((t, self._rank.get(v, 0), v) for t in (p.free_s[:p.replicas] or [now]))
+        allowed = [v for v in self._allowed(item) if v in pools]
+        if view.shared and allowed:  # the same replicas under every variant: once, as the cheapest allowed
+            allowed = [max(allowed, key=lambda v: self._rank.get(v, 0))]
+        for v in allowed:
+            p = pools[v]  # a busy replica whose batch this policy did not see: free now
+            free.extend((t, self._rank.get(v, 0), v) for t in (p.free_s[:p.replicas] or [now]))
         if not free:
             return Shed((item.id,), "admission", (item.deadline_s - item.arrival_s,))
         ahead = q.rows_before(item)

@@ -120,11 +120,6 @@ class InProcessBackend:
             return
         for name, model in self.repo.models.items():
             outs = [o.name for o in model.config.outputs]
-            shared_q: queue.SimpleQueue | None = None
-            if name in self._shared:  # one queue of replica indices for every variant of the model
-                shared_q = queue.SimpleQueue()
-                for i in range(self.instances):
-                    shared_q.put(i)
             for v in model.config.variants:
                 reps = []
                 for _ in range(self.instances):
@@ -134,15 +129,26 @@ class InProcessBackend:
                     except Exception as e:  # noqa: BLE001 - ORT's message names what is wrong
                         raise ModelLoadError(f"model '{name}' variant '{v.name}': {model.onnx_path(v.name)} "
                                              f"cannot be loaded: {e}") from None
-                self._replicas[(name, v.name)] = reps
-                q = shared_q
-                if q is None:
-                    q = queue.SimpleQueue()
-                    for i in range(len(reps)):
-                        q.put(i)
-                self._free_q[(name, v.name)] = q
-                self._fast[(name, v.name)] = self._probe_fast(reps[0], model)
+                self._install(name, v.name, reps)
+                # a shared replica's batches all go through its free queue (none inline on the loop)
+                self._fast[(name, v.name)] = name not in self._shared and self._probe_fast(reps[0], model)
         self._ready = True
+
+    def _install(self, model: str, variant: str, reps: list, free_q=None) -> None:
+        """Make ``reps`` the replicas of (model, variant), free. A shared model's variants share one queue
+        of replica indices (made with its first variant), so a batch of any variant takes the replica."""
+        self._replicas[(model, variant)] = reps
+        if model in self._shared:
+            q = next((q for (m, _), q in self._free_q.items() if m == model), None)
+            if q is not None:
+                if len(reps) != len(self._replicas[next(k for k in self._free_q if k[0] == model)]):
+                    raise ValueError(f"shared model '{model}': every variant needs the same number of replicas")
+                self._free_q[(model, variant)] = q
+                return
+        q = free_q if free_q is not None else queue.SimpleQueue()
+        for i in range(len(reps)):
+            q.put(i)
+        self._free_q[(model, variant)] = q
 
     async def _start_workers(self) -> None:
         from gateway.procreplica import ProcessReplica

@@ -65,7 +65,9 @@ class ModelOverride(BaseModel):
         description="Every replica holds all of the model's variants and runs whichever a batch asks for, so a "
                     "cheaper variant absorbs an overload on the same replicas instead of idling on replicas of its "
                     "own (docs/batching.md, 'Variants on shared replicas'); with autoscaling, swayam sizes its warm "
-                    "buffer with the next variant down. Ray: one deployment per model. Not with replica_processes.",
+                    "buffer with the next variant down. Ray: one deployment per model, '<model>-shared-<device>' "
+                    "(with ray_deploy false, deploy models.ray_replica:build_app with args.variants, best first). "
+                    "The replicas gauge counts them once, under the best variant. Not with replica_processes.",
     )
 
 

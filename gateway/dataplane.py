@@ -162,8 +162,10 @@ class DataPlane:
         await self.backend.start()
         if not hasattr(self.backend, "on_replicas"):
             count = getattr(self.backend, "replica_count", self.backend.slots)  # slots count pipelined batches too
+            shared = getattr(self.backend, "shared", None)
             for name, m in self.models.items():
-                for v in m.by_accuracy:
+                # a shared model's replicas hold every variant: counted once, under its best variant
+                for v in m.by_accuracy[:1] if shared is not None and shared(name) else m.by_accuracy:
                     self.metrics.replicas.labels(name, v, _device_type(self.backend, name), "running").set(count(name, v))
         for m in self.models.values():
             m.batcher.start()

@@ -144,7 +144,7 @@ class RayServeBackend:
 
         sizes, p99 = points(variant)
         fallback = {}
-        ranked = [v.name for v in sorted(cfg.variants, key=lambda v: -v.accuracy)]
+        ranked = [v.name for v in cfg.variants_by_accuracy]
         if self.shared(model) and variant in ranked and ranked.index(variant) + 1 < len(ranked):
             # the next variant down is the shared replicas' fallback: swayam sizes its warm buffer with it
             fb_sizes, fb_p99 = points(ranked[ranked.index(variant) + 1])
@@ -247,7 +247,7 @@ class RayServeBackend:
         for name, model in self.repo.models.items():
             device = self.device_of(name)
             shared = self.shared(name)
-            ranked = [v.name for v in sorted(model.config.variants, key=lambda v: -v.accuracy)]
+            ranked = [v.name for v in model.config.variants_by_accuracy]
             # a shared model: one deployment, its replicas holding every variant (best first, the default)
             for v in ranked[:1] if shared else [v.name for v in model.config.variants]:
                 if self._cancel_deploy:
@@ -318,7 +318,7 @@ class RayServeBackend:
                 continue
             for dep in st.deployments.values():
                 out[key] = int(dep.replica_states.get("RUNNING", 0))
-                if self.on_replicas is not None:
+                if self.on_replicas is not None and (not self.shared(key[0]) or key[1] == self._best[key[0]]):
                     device = self.device_of(key[0]).lower()
                     for state in ("STARTING", "RUNNING", "STOPPING"):
                         self.on_replicas(key[0], key[1], device, state.lower(),
@@ -388,11 +388,7 @@ class RayServeBackend:
     def applications(self) -> dict[tuple[str, str], str]:
         """(model, variant) -> the Serve application serving it; a shared deployment (every variant on
         the same replicas) once, under the model's best variant."""
-        out: dict[tuple[str, str], str] = {}
-        for key, app in self._apps.items():
-            if app not in out.values():
-                out[key] = app
-        return out
+        return {key: app for key, app in self._apps.items() if not self.shared(key[0]) or key[1] == self._best[key[0]]}
 
     # ---- batches --------------------------------------------------------------------------
     def slots(self, model: str, variant: str) -> int:

@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="t4", help="simulated GPU type of the profile")
     p.add_argument("--fallback-class", default="",
                    help="a cheaper variant every replica also holds (e.g. distilgpt2-gen for gpt2-gen): the "
-                        "batcher serves it while the primary is short, and swayam sizes its warm buffer with it")
+                        "batcher serves it while the primary is short, and swayam sizes its warm buffer with it; "
+                        "a comma list pairs with --model-class by position (an empty entry: no fallback)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--autoscaler", default="swayam,ray-default,kpa,oracle", help="NAME[,NAME...]")
     p.add_argument("--mode", choices=["auto", "request", "fluid"], default="auto")
@@ -121,14 +122,19 @@ def main(a: argparse.Namespace) -> int:
     table = default_profiles()
     classes = a.model_class.split(",")
     devices = a.device.split(",")  # a comma list assigns devices round robin (typed GPUs, issue 6)
+    fallbacks = a.fallback_class.split(",") if a.fallback_class else []
+    if len(fallbacks) > len(classes):
+        raise SystemExit(f"sloserve sim: --fallback-class lists {len(fallbacks)} classes for "
+                         f"{len(classes)} --model-class entries; pair them by position")
     specs = []
     for i, s in enumerate(series):
         dev = devices[i % len(devices)]
+        k = i % len(classes)
+        fb = fallbacks[k] if k < len(fallbacks) and fallbacks[k] else None
         try:
-            svc = service_for(table, classes[i % len(classes)], dev, a.slo_ms, a.max_batch,
-                              fallback=a.fallback_class or None)
+            svc = service_for(table, classes[k], dev, a.slo_ms, a.max_batch, fallback=fb)
         except KeyError as e:
-            raise SystemExit(f"sloserve sim: {e.args[0]} (--model-class, --device)") from None
+            raise SystemExit(f"sloserve sim: {e.args[0]} (--model-class, --fallback-class, --device)") from None
         specs.append(make_spec(s.name or f"m{i}", s, svc, dev, peak_replicas=a.peak_replicas, scale=a.scale))
     cfg = SimConfig(startup_s=a.startup_s, tick_s=a.tick_s, gateways=a.gateways, batching=a.batching, seed=a.seed,
                     autoscaler_kwargs={"swayam": {"startup_s": a.startup_s, "interval_s": a.tick_s,

@@ -46,6 +46,7 @@ def scaling_server(model_repo, tmp_path_factory):
                  "autoscaling": {"min_replicas": 1, "max_replicas": 2, "startup_s": 2, "keep_alive_s": 6,
                                  "interval_s": 1}}}}))
     s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
+    s.repo_dir = repo
     yield s
     s.stop()
 
@@ -112,15 +113,25 @@ def infer(server, model: str, variant: str | None) -> dict:
 
 
 def test_shared_replicas_serve_every_variant_from_one_deployment(scaling_server):
-    """trio's replicas hold small, medium and large: each pinned variant is answered by that variant, from
-    the one deployment the gateway made for the model (its replicas gauge counts it under each variant)."""
+    """trio's replicas hold small, medium and large: each pinned variant is answered by that variant's own
+    session (its outputs), from the one deployment the gateway made for the model."""
+    import numpy as np
+
+    from models.runtime import Replica, RuntimeOptions
+
     s = scaling_server
+    x = {"input": np.array([json.loads(BODY)["inputs"][0]["data"]], np.float32)}
+    expected = {v: Replica(s.repo_dir / "trio" / v / "model.onnx", RuntimeOptions(device="cpu"), ["probs"]).run(x)["probs"][0]
+                for v in ("large", "medium", "small")}
+    assert not np.allclose(expected["large"], expected["small"], atol=1e-4)  # the variants answer differently
     for v in ("large", "medium", "small"):
         out = infer(s, "trio", v)
         assert out["parameters"]["variant"] == v, out
-        assert len(out["outputs"][0]["data"]) == 10
+        probs = next(o for o in out["outputs"] if o["name"] == "probs")["data"]
+        assert np.allclose(probs, expected[v], atol=1e-4), (v, probs)  # the replica ran that variant's session
     assert infer(s, "trio", None)["parameters"]["variant"] == "large"  # the best, at this load
     with urllib.request.urlopen(f"http://{s.http_url}/metrics", timeout=10) as r:
         gauge = [line for line in r.read().decode().splitlines()
                  if line.startswith("sloserve_replicas{") and 'model="trio"' in line and 'state="running"' in line]
-    assert len(gauge) == 3 and all(line.endswith(" 1.0") for line in gauge), gauge
+    # one deployment: its replicas are counted once, under the best variant (dashboards sum by model)
+    assert len(gauge) == 1 and 'variant="large"' in gauge[0] and gauge[0].endswith(" 1.0"), gauge

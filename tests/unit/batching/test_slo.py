@@ -154,3 +154,38 @@ def test_shared_replicas_serve_the_cheaper_variant_only_for_a_queue_the_better_o
     sep = QueueView("m", items(40, slo_s=0.012, variants=both), {"big": 1, "small": 1}, 32,
                     {"big": [0.004], "small": [0.004]})
     assert p.plan(sep, 0.0).variant == "big"
+
+
+def test_shared_replicas_without_driver_busy_times_see_every_variants_batch_in_flight():
+    """The live batcher gives no busy_until_s: the policy's own predictions stand in, and on shared replicas a
+    batch of one variant occupies the replica for the others too (and admission counts it once)."""
+    from batching.types import QueueView
+
+    p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
+    both = ("big", "small")
+    d = p.plan(QueueView("m", items(32, slo_s=0.05, variants=both), {"big": 1, "small": 1}, 32, shared=True), 0.0)
+    assert isinstance(d, Dispatch) and d.variant == "big" and len(d.ids) == 32  # 4 + 16 ms on the one replica
+    busy = QueueView("m", items(8, slo_s=0.05, variants=both, start_s=0.001), {"big": 0, "small": 0}, 32,
+                     shared=True)
+    pools = p._pools(busy, 0.001)
+    assert pools["small"].free_s == pools["big"].free_s == [pytest.approx(0.020)]
+    own = QueueView("m", busy.items, {"big": 0, "small": 0}, 32)  # separate replicas: big's batch is not small's
+    assert p._pools(own, 0.001)["small"].free_s == [] and p._pools(own, 0.001)["big"].free_s == [pytest.approx(0.020)]
+
+
+def test_shared_replicas_serve_a_head_pinned_to_the_best_variant_first():
+    """Under overload a freed shared replica goes to the cheaper variant first, except when the earliest
+    deadline belongs to a request only the best may serve: it would otherwise wait until it is shed."""
+    from batching.types import QueueView
+
+    both = ("big", "small")
+    its = [QueuedItem(0, 0.0, 0.010, variants=("big",))] + [
+        QueuedItem(i, 0.0, 0.012, variants=both) for i in range(1, 41)]
+    p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
+    d = p.plan(QueueView("m", its, {"big": 1, "small": 1}, 32, {"big": [0.004], "small": [0.004]}, shared=True), 0.0)
+    assert isinstance(d, Dispatch) and d.variant == "big" and 0 in d.ids
+    flexible = [QueuedItem(0, 0.0, 0.010, variants=both)] + its[1:]
+    p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
+    d = p.plan(QueueView("m", flexible, {"big": 1, "small": 1}, 32, {"big": [0.004], "small": [0.004]},
+                         shared=True), 0.0)
+    assert isinstance(d, Dispatch) and d.variant == "small"

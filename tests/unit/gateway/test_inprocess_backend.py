@@ -38,13 +38,8 @@ class Gated:
 def backend(replicas, depth: int = 1) -> InProcessBackend:
     b = InProcessBackend.__new__(InProcessBackend)
     InProcessBackend.__init__(b, repo=None, opts=RuntimeOptions(device="cpu"), pipeline_depth=depth)
-    key = ("m", "v")
-    b._replicas[key] = replicas
-    q = queue.SimpleQueue()
-    for i in range(len(replicas)):
-        q.put(i)
-    b._free_q[key] = q
-    b._fast[key] = False
+    b._install("m", "v", replicas)
+    b._fast[("m", "v")] = False
     b._pool = ThreadPoolExecutor(max_workers=8)
     b._ready = True
     return b
@@ -117,22 +112,37 @@ async def test_a_batch_abandoned_before_it_reached_a_replica_is_never_run():
 
 
 async def test_shared_replicas_run_one_batch_at_a_time_whatever_its_variant():
-    """A shared model's replica holds both variants: a batch of 'b' waits for the batch of 'a' on it."""
+    """A shared model's replica holds both variants: a batch of 'w' waits for the batch of 'v' on it."""
+
+    class Watched(queue.Queue):  # the free queue, telling when a batch is blocked waiting on it
+        waiting = 0
+
+        def get(self, *a, **k):
+            self.waiting += 1
+            return super().get(*a, **k)
+
     log: list = []
     big, small = Gated("big#0", log), Gated("small#0", log)
-    b = backend([big])
-    b._shared = {"m"}
-    b._replicas[("m", "w")] = [small]
-    b._free_q[("m", "w")] = b._free_q[("m", "v")]  # one queue of replica indices, as start() builds it
-    b._fast[("m", "w")] = False
-    assert b.shared("m") and not b.shared("other") and b.slots("m", "w") == b.slots("m", "v") == 1
+    b = InProcessBackend.__new__(InProcessBackend)
+    InProcessBackend.__init__(b, repo=None, opts=RuntimeOptions(device="cpu"), shared={"m"})
+    free = Watched()
+    b._install("m", "v", [big], free_q=free)
+    b._install("m", "w", [small])  # joins the model's queue, as start() does for every variant
+    b._fast = {("m", "v"): False, ("m", "w"): False}
+    b._pool = ThreadPoolExecutor(max_workers=4)
+    b._ready = True
+    assert b._free_q[("m", "w")] is free and b.shared("m") and not b.shared("other")
+    assert b.slots("m", "w") == b.slots("m", "v") == 1
     first = asyncio.ensure_future(b.run("m", "v", x(1.0)))
     await until(lambda: ("start", "big#0", 1.0) in log, "the first batch to start")
-    assert b._free_q[("m", "w")].empty()  # the one replica is taken, for either variant
     second = asyncio.ensure_future(b.run("m", "w", x(2.0)))
+    await until(lambda: free.waiting == 2, "the second batch to wait for the replica")
+    assert ("start", "small#0", 2.0) not in log  # blocked: the one replica runs the other variant
     big.gate(1.0).set()
     small.gate(2.0).set()
     r1, r2 = await first, await second
     assert r1.outputs["y"][0, 0] == 2.0 and r2.outputs["y"][0, 0] == 4.0
     assert log.index(("end", "big#0", 1.0)) < log.index(("start", "small#0", 2.0))
+    with pytest.raises(ValueError, match="same number of replicas"):
+        b._install("m", "u", [small, small])
     b._pool.shutdown(wait=True)
