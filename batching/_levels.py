@@ -164,7 +164,10 @@ class LatenessMonitor:
 
     def observe(self, finished_s: float, rank: int, rows: int, late_rows: int) -> None:
         self._q.append((finished_s, rank, rows, late_rows))
-        self._recent.append((finished_s, rank, rows, late_rows))
+        r = self._recent
+        r.append((finished_s, rank, rows, late_rows))
+        while r and r[0][0] < finished_s - self.window_s:  # bounded by the window even if never asked
+            r.popleft()
         self._last_s = max(self._last_s, finished_s)
 
     def late_now(self, now: float, rank: int) -> bool:

@@ -253,3 +253,19 @@ def test_the_new_settings_refuse_bad_values_with_their_own_names():
         with pytest.raises(ValueError, match=name):
             make_policy("slo", **kwargs)
     make_policy("slo", overload_memory_ms=0, calibration_recent=0, proportional_spill=True)  # all valid
+
+
+def test_late_now_reads_the_last_window_and_keeps_no_more_than_it():
+    from batching._levels import LatenessMonitor
+
+    m = LatenessMonitor(target=0.01, window_s=1.0, min_rows=32)
+    for i in range(10_000):  # a long-running gateway whose model never asks (not shared): bounded anyway
+        m.observe(i * 0.01, 0, 8, 0)
+    assert len(m._recent) <= 102
+    assert not m.late_now(100.0, 0)
+    m.observe(100.0, 0, 32, 1)  # 1 of 32 + 800 recent rows: under 1 %
+    assert not m.late_now(100.0, 0)
+    m.observe(100.01, 0, 32, 30)
+    assert m.late_now(100.01, 0) and not m.late_now(102.0, 0)  # the window moved on: no evidence left
+    m.observe(103.0, 1, 64, 64)  # lateness of a cheaper variant is not the best one's
+    assert not m.late_now(103.0, 0) and m.late_now(103.0, 1)
