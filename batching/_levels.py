@@ -178,8 +178,8 @@ class LatenessMonitor:
         while q and q[0][0] < now - self.window_s:
             q.popleft()
         rows = late = 0
-        for _, r, n, k in q:
-            if r <= rank:
+        for t, r, n, k in q:
+            if r <= rank and t >= now - self.window_s:  # (a result that came in out of order: by its time)
                 rows += n
                 late += k
         return rows >= self.min_rows and late > self.target * rows

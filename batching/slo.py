@@ -535,8 +535,10 @@ class SLOPolicy:
         B = min(self.max_batch_size, view.max_batch_size)
         free: list[tuple[float, int, str]] = []
         allowed = [v for v in self._allowed(item) if v in pools]
-        if view.shared and allowed:  # the same replicas under every variant: once, as the cheapest allowed
-            allowed = [max(allowed, key=lambda v: self._rank.get(v, 0))]
+        if view.shared and allowed:  # the same replicas under every variant: once, as the variant an
+            # overload turns to first (the next down from the best allowed), or the only one allowed
+            down = [v for v in allowed if self._rank.get(v, 0) > 0]
+            allowed = [min(down, key=lambda v: self._rank.get(v, 0))] if down else allowed[:1]
         for v in allowed:
             p = pools[v]  # a busy replica whose batch this policy did not see: free now
             free.extend((t, self._rank.get(v, 0), v) for t in (p.free_s[:p.replicas] or [now]))

@@ -137,15 +137,16 @@ class InProcessBackend:
     def _install(self, model: str, variant: str, reps: list, free_q=None) -> None:
         """Make ``reps`` the replicas of (model, variant), free. A shared model's variants share one queue
         of replica indices (made with its first variant), so a batch of any variant takes the replica."""
-        self._replicas[(model, variant)] = reps
         if model in self._shared:
-            q = next((q for (m, _), q in self._free_q.items() if m == model), None)
-            if q is not None:
-                if len(reps) != len(self._replicas[next(k for k in self._free_q if k[0] == model)]):
+            first = next((k for k in self._free_q if k[0] == model), None)
+            if first is not None:
+                if len(reps) != len(self._replicas[first]):
                     raise ValueError(f"shared model '{model}': every variant needs the same number of replicas")
-                self._free_q[(model, variant)] = q
+                self._replicas[(model, variant)] = reps
+                self._free_q[(model, variant)] = self._free_q[first]
                 return
-        q = free_q if free_q is not None else queue.SimpleQueue()
+        self._replicas[(model, variant)] = reps
+        q = free_q if free_q is not None else queue.SimpleQueue()  # (free_q: a test's own queue)
         for i in range(len(reps)):
             q.put(i)
         self._free_q[(model, variant)] = q

@@ -94,6 +94,8 @@ class RayServeBackend:
         self._arrivals = {m: RateMeter(clock) for m in repo.models}
         self._served = {(m, v.name): RateMeter(clock) for m, lm in repo.models.items() for v in lm.config.variants}
         self._best = {m: lm.config.best_variant for m, lm in repo.models.items()}
+        # a shared deployment's label: its replicas' default variant, the most accurate (as deployed)
+        self._top = {m: lm.config.variants_by_accuracy[0].name for m, lm in repo.models.items()}
         self._autoscaled = {m: bool(settings.models.get(m) and settings.models[m].autoscaling) for m in repo.models}
         # (model, variant, device, state, count) -> None: the DataPlane points it at the replicas gauge.
         self.on_replicas = None
@@ -123,7 +125,7 @@ class RayServeBackend:
         """Stamps also go out on their own, once a poll: when admission refuses nearly everything no
         batch carries them, and that is exactly when the autoscaler must see the demand."""
         for (model, variant), handle in self._handles.items():
-            if self._autoscaled.get(model) and (variant == self._best[model] or not self.shared(model)):
+            if self._autoscaled.get(model) and (variant == self._top[model] or not self.shared(model)):
                 handle.note_rate.remote(self._stamp(model, variant))  # (a shared deployment: once)
 
     def autoscaling_config(self, model: str, variant: str) -> dict[str, Any] | None:
@@ -318,7 +320,7 @@ class RayServeBackend:
                 continue
             for dep in st.deployments.values():
                 out[key] = int(dep.replica_states.get("RUNNING", 0))
-                if self.on_replicas is not None and (not self.shared(key[0]) or key[1] == self._best[key[0]]):
+                if self.on_replicas is not None and (not self.shared(key[0]) or key[1] == self._top[key[0]]):
                     device = self.device_of(key[0]).lower()
                     for state in ("STARTING", "RUNNING", "STOPPING"):
                         self.on_replicas(key[0], key[1], device, state.lower(),
@@ -387,8 +389,8 @@ class RayServeBackend:
 
     def applications(self) -> dict[tuple[str, str], str]:
         """(model, variant) -> the Serve application serving it; a shared deployment (every variant on
-        the same replicas) once, under the model's best variant."""
-        return {key: app for key, app in self._apps.items() if not self.shared(key[0]) or key[1] == self._best[key[0]]}
+        the same replicas) once, under its most accurate variant (its replicas' default)."""
+        return {key: app for key, app in self._apps.items() if not self.shared(key[0]) or key[1] == self._top[key[0]]}
 
     # ---- batches --------------------------------------------------------------------------
     def slots(self, model: str, variant: str) -> int:

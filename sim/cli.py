@@ -123,9 +123,9 @@ def main(a: argparse.Namespace) -> int:
     classes = a.model_class.split(",")
     devices = a.device.split(",")  # a comma list assigns devices round robin (typed GPUs, issue 6)
     fallbacks = a.fallback_class.split(",") if a.fallback_class else []
-    if len(fallbacks) > len(classes):
-        raise SystemExit(f"sloserve sim: --fallback-class lists {len(fallbacks)} classes for "
-                         f"{len(classes)} --model-class entries; pair them by position")
+    if fallbacks and len(fallbacks) != len(classes):
+        raise SystemExit(f"sloserve sim: --fallback-class lists {len(fallbacks)} classes for {len(classes)} "
+                         f"--model-class entries; give one per model class, by position (empty: no fallback)")
     specs = []
     for i, s in enumerate(series):
         dev = devices[i % len(devices)]

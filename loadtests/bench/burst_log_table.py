@@ -20,6 +20,8 @@ keys = sorted({k for v in rows.values() for k in v})
 for s, v in rows.items():
     e = [v[k][1] for k in keys if k in v]
     print(f"{s:28s} effacc " + " ".join(f"{x:.3f}" for x in e) + f"  median {st.median(e):.4f}")
+if not any(s.endswith(('@large', '@medium')) for s in rows):
+    raise SystemExit("no @large or @medium rounds in these logs: nothing to compare @any with")
 best = {k: max(rows[s][k][1] for s in rows if s.endswith(('@large', '@medium')) and k in rows[s]) for k in keys}
 # (a round's best single variant: the better of the pinned ones in that round)
 singles = {s: st.median(x[1] for x in rows[s].values()) for s in rows if s.endswith(('@large', '@medium'))}

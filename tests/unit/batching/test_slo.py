@@ -189,3 +189,39 @@ def test_shared_replicas_serve_a_head_pinned_to_the_best_variant_first():
     d = p.plan(QueueView("m", flexible, {"big": 1, "small": 1}, 32, {"big": [0.004], "small": [0.004]},
                          shared=True), 0.0)
     assert isinstance(d, Dispatch) and d.variant == "small"
+
+
+def test_shared_replicas_turn_to_the_cheaper_variant_when_the_best_answers_late():
+    """A queue the best variant can serve in time, but it has just answered more than late_target late
+    (a profile that under-predicts it): a freed shared replica serves the cheaper one until that passes."""
+    from batching.types import BatchResult, QueueView
+
+    def shared_view(its):
+        return QueueView("m", its, {"big": 1, "small": 1}, 32, {"big": [], "small": []}, shared=True)
+
+    both = ("big", "small")
+    p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
+    d = p.plan(shared_view(items(32, slo_s=0.05, variants=both, start_s=1.0)), 1.0)
+    assert isinstance(d, Dispatch) and d.variant == "big"
+    p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
+    p.observe(BatchResult("m", "big", 32, 0.02, 0.99, late_rows=4))  # 12 % of big's rows late just now
+    d = p.plan(shared_view(items(32, slo_s=0.05, variants=both, start_s=1.0)), 1.0)
+    assert isinstance(d, Dispatch) and d.variant == "small"
+    d = p.plan(shared_view(items(32, slo_s=0.05, variants=both, start_s=3.0)), 3.0)  # a window later
+    assert isinstance(d, Dispatch) and d.variant == "big"
+
+
+def test_shared_replicas_admission_counts_each_replica_once():
+    """Two shared replicas, both busy until 30 ms, 60 rows ahead: admission prices them as two replicas of
+    the variant an overload turns to (small: 1 + 0.1 n ms), each listed once, not once per variant."""
+    from batching.types import QueueView
+
+    both = ("big", "small")
+    its = items(60, slo_s=0.02, variants=both)
+    busy = {"big": [0.03, 0.03], "small": [0.03, 0.03]}
+    view = QueueView("m", its, {"big": 0, "small": 0}, 32, busy, shared=True)
+    p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
+    # 32 rows on one replica, 28 + this one on the other: done at 30 + 1 + 2.9 = 33.9 ms
+    refused = p.admit(view, QueuedItem(98, 0.0, 0.033, variants=both), 0.0)
+    assert refused is not None and refused.late_by_s[0] == pytest.approx(0.0009, abs=1e-5)
+    assert p.admit(view, QueuedItem(99, 0.0, 0.034, variants=both), 0.0) is None

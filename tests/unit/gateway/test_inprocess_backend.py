@@ -146,3 +146,23 @@ async def test_shared_replicas_run_one_batch_at_a_time_whatever_its_variant():
     with pytest.raises(ValueError, match="same number of replicas"):
         b._install("m", "u", [small, small])
     b._pool.shutdown(wait=True)
+
+
+async def test_start_shares_one_queue_per_shared_model_and_runs_nothing_inline(model_repo):
+    """start() on the real repository: digits shared (one queue of replica indices for its three variants,
+    never inline even where a batch is tiny), heavy not (a queue per variant, tiny batches inline)."""
+    from models.repository import ModelRepository
+
+    repo = ModelRepository(model_repo).load()
+    b = InProcessBackend(repo, RuntimeOptions(device="cpu"), instances=2, inline_below_s=1.0, shared={"digits"})
+    await b.start()
+    try:
+        qs = {v: b._free_q[("digits", v)] for v in ("small", "medium", "large")}
+        assert qs["small"] is qs["medium"] is qs["large"] and qs["small"].qsize() == 2
+        assert not any(b._fast[("digits", v)] for v in qs)
+        assert b._free_q[("heavy", "small")] is not b._free_q[("heavy", "large")]
+        assert b._fast[("heavy", "small")]  # not shared: a tiny batch still runs on the loop
+        out = await b.run("digits", "medium", {"input": np.zeros((2, 64), np.float32)})
+        assert out.outputs["probs"].shape == (2, 10) and qs["small"].qsize() == 2
+    finally:
+        await b.stop()

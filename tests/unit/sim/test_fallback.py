@@ -86,6 +86,15 @@ def test_swayam_sizes_the_warm_buffer_with_the_fallback():
             d, st = decide(_snap(svc, target, rate, 10.0 * k, 10.0 * (k + 1)), cfg, st, now=10.0 * (k + 1))
             target = d.target_replicas
         targets[name] = target
+    reasons = []
+    st, target = SwayamState(), 8
+    for k in range(12):  # the same, recording why the target moved
+        rate = high if k < 6 else low
+        d, st = decide(_snap(WITH_FB, target, rate, 10.0 * k, 10.0 * (k + 1)), cfg, st, now=10.0 * (k + 1))
+        if d.target_replicas < target:
+            reasons.append(d.reason)
+        target = d.target_replicas
+    assert reasons and set(reasons) == {"scale-in-to-fallback-buffer"}  # within the keep-alive: the cut
     need = replicas_needed(PRIMARY, low * 1.05)
     assert targets["primary"] >= 8  # the keep-alive and the hold keep the high level warm
     # with the fallback the buffer is what the fallback needs to cover the high level: fewer replicas
@@ -98,3 +107,18 @@ def test_swayam_sizes_the_warm_buffer_with_the_fallback():
         d, st = decide(_snap(WITH_FB, target, rate, 10.0 * k, 10.0 * (k + 1)), off, st, now=10.0 * (k + 1))
         target = d.target_replicas
     assert target == targets["primary"]  # fallback_buffer off: as without a fallback
+
+
+def test_cli_pairs_fallback_classes_with_model_classes(tmp_path, capsys):
+    from gateway.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("minute,a\n0,60\n1,60\n")
+    base = ["sim", "--trace", str(trace), "--column", "a", "--mode", "fluid", "--autoscaler", "oracle",
+            "--no-progress", "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit, match="one per model class"):
+        main(base + ["--model-class", "gpt2-gen,bert-base", "--fallback-class", "distilgpt2-gen"])
+    with pytest.raises(SystemExit, match="not faster"):
+        main(base + ["--model-class", "distilgpt2-gen", "--fallback-class", "gpt2-gen"])
+    assert main(base + ["--fallback-class", "distilgpt2-gen"]) == 0
+    assert "fallback_share=" in capsys.readouterr().out
