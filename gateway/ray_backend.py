@@ -27,7 +27,7 @@ from batching.batcher import RunResult
 from batching.profile import ProfileTable
 from gateway.config import Settings
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
-from gateway.proctree import describe, descendants, reap
+from gateway.proctree import descendants, describe, reap
 from gateway.rates import RateMeter, gateway_id
 from models.ray_replica import SHARED, build_app, deployment_name
 from models.repository import ModelRepository
