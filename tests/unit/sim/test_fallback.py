@@ -33,7 +33,7 @@ def _late(res) -> np.ndarray:
 def test_fallback_must_be_cheaper():
     with pytest.raises(KeyError, match="not faster"):
         service_for(TABLE, "distilgpt2-gen", "t4", slo_ms=1000, fallback="gpt2-gen")
-    assert WITH_FB.fallback is not None and capacity_rps(WITH_FB.fallback, 4) > 1.8 * capacity_rps(PRIMARY, 4)
+    assert WITH_FB.fallback is not None and capacity_rps(WITH_FB.fallback, 4) > 1.45 * capacity_rps(PRIMARY, 4)
 
 
 def test_request_level_the_real_batcher_serves_a_step_with_the_fallback_and_lets_go_after_it():
@@ -45,8 +45,8 @@ def test_request_level_the_real_batcher_serves_a_step_with_the_fallback_and_lets
     assert late[1] < 0.01 and late[2] < 0.01  # on time through the step, and recovered after it
     r = res["records"][0]
     step_requests = r.minute_total[1]
-    # the least share that fits is (1/1 - 1/1.3) / (1 - cap_primary / cap_fallback), about 0.44
-    assert 0.25 * step_requests < r.fallback < 0.6 * step_requests
+    # the least share that fits is (1/1 - 1/1.3) / (1 - cap_primary / cap_fallback), about 0.68
+    assert 0.4 * step_requests < r.fallback < 0.8 * step_requests
     assert res["summary"]["fallback_share"] == pytest.approx(r.fallback / r.minute_total.sum())
 
 
