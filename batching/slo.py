@@ -127,7 +127,7 @@ class SLOPolicy:
             variants = sorted(acc, key=lambda v: -acc[v]) or None
         self._variants: list[str] = list(variants or ([default_variant] if default_variant else []))
         self._rank = {v: i for i, v in enumerate(self._variants)}
-        self._shared = False  # the last view's QueueView.shared: one set of replicas for every variant
+        self._shared = False  # the last view's QueueView.shared (set by _pools): one set of replicas for every variant
         self.min_gain = min_gain
         self.max_wait_s = None if max_wait_ms is None else max_wait_ms / 1e3
         self.min_wait_s = min_wait_ms / 1e3
@@ -163,20 +163,17 @@ class SLOPolicy:
     def _pools(self, view: QueueView, now: float) -> dict[str, _Pool]:
         pools = {}
         busy_all = view.busy_until_s
-        merged = None
-        if view.shared and busy_all is None:  # one set of replicas: every variant's batches in flight
-            for v in view.idle:  # occupy them, whichever variant each one runs
-                pred = self._busy_pred.get(v, ())
-                while pred and pred[0] < now - 1.0:
-                    heapq.heappop(pred)
-            merged = sorted(t for v in view.idle for t in self._busy_pred.get(v, ()))
-        for v, idle in view.idle.items():
-            idle = max(0, idle)
+        self._shared = view.shared
+        for v in view.idle:
             pred = self._busy_pred.get(v, ())
             while pred and pred[0] < now - 1.0:  # a completion we never heard of: forget it
                 heapq.heappop(pred)
-            if merged is not None:
-                pred = merged
+        merged = None
+        if view.shared and busy_all is None:  # one set of replicas: every variant's batches in flight
+            merged = sorted(t for v in view.idle for t in self._busy_pred.get(v, ()))  # occupy them all
+        for v, idle in view.idle.items():
+            idle = max(0, idle)
+            pred = merged if merged is not None else self._busy_pred.get(v, ())
             if busy_all is not None and v in busy_all:
                 busy = [max(now, t) for t in busy_all[v]]
                 known = True
@@ -226,7 +223,6 @@ class SLOPolicy:
         if not self.lat.model:
             self.lat.model = self.lat_shed.model = view.model
         self._learn_variants(view.idle)
-        self._shared = view.shared
         pools = self._pools(view, now)
         shed, lates, wake_s, need = self._scan(ents, pools, now, q.max_size)
         if shed:

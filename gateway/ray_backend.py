@@ -96,6 +96,9 @@ class RayServeBackend:
         self._best = {m: lm.config.best_variant for m, lm in repo.models.items()}
         # a shared deployment's label: its replicas' default variant, the most accurate (as deployed)
         self._top = {m: lm.config.variants_by_accuracy[0].name for m, lm in repo.models.items()}
+        # models whose replicas hold every variant (fixed for the gateway's life: read on every batch)
+        self._shared = {m for m, lm in repo.models.items() if len(lm.config.variants) > 1
+                        and settings.models.get(m) is not None and settings.models[m].shared_replicas}
         self._autoscaled = {m: bool(settings.models.get(m) and settings.models[m].autoscaling) for m in repo.models}
         # (model, variant, device, state, count) -> None: the DataPlane points it at the replicas gauge.
         self.on_replicas = None
@@ -107,8 +110,7 @@ class RayServeBackend:
 
     def shared(self, model: str) -> bool:
         """Whether ``model``'s replicas hold all its variants (``shared_replicas``: one deployment)."""
-        over = self.settings.models.get(model)
-        return bool(over and over.shared_replicas) and len(self.repo.models[model].config.variants) > 1
+        return model in self._shared
 
     def note_arrival(self, model: str, rows: int) -> None:
         meter = self._arrivals.get(model)
