@@ -291,5 +291,8 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         lines = []
         for err in e.errors():
             key = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {key}={err.get('input')!r:.80}: {err['msg']}")
+            if key:
+                lines.append(f"  {key}={err.get('input')!r:.80}: {err['msg']}")
+            else:  # a check across settings: its message names the keys (the input is all of them)
+                lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
         raise ConfigError("invalid settings:\n" + "\n".join(lines)) from None
