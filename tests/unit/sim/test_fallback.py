@@ -122,3 +122,14 @@ def test_cli_pairs_fallback_classes_with_model_classes(tmp_path, capsys):
         main(base + ["--model-class", "distilgpt2-gen", "--fallback-class", "gpt2-gen"])
     assert main(base + ["--fallback-class", "distilgpt2-gen"]) == 0
     assert "fallback_share=" in capsys.readouterr().out
+
+
+def test_the_sweeps_ratio_0_66_is_the_profiles_fallback():
+    from sim.fallback_sweep import with_fallback
+
+    base, svc = with_fallback(0.66)
+    assert base.fallback is None and base.curve == PRIMARY.curve
+    for n in (1, 8, 64):
+        assert svc.fallback.curve.at(n, "p50") == pytest.approx(WITH_FB.fallback.curve.at(n, "p50"))
+        assert svc.fallback.curve.at(n, "p99") == pytest.approx(WITH_FB.fallback.curve.at(n, "p99"))
+    assert with_fallback(0.5)[1].fallback.curve.at(8, "p50") < svc.fallback.curve.at(8, "p50")
