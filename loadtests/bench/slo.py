@@ -517,7 +517,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     tmp = default_tmp()
     (tmp / "logs").mkdir(parents=True, exist_ok=True)
-    body = request_body(repo, args.model)
+    body = request_body(repo, args.model, rows=args.rows_per_request)
     body_path = tmp / "body.json"
     args._body_headers = {}
     if args.binary:  # the generator sends the binary form; readiness probes keep the JSON one
@@ -628,6 +628,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="timeout/fixed/MLServer/@serve.batch wait")
+    p.add_argument("--rows-per-request", type=int, default=1,
+                   help="rows in every request (a client that batches its own inputs); rates stay in requests/s, "
+                        "and effective accuracy counts requests")
     p.add_argument("--timeout", type=float, default=3.0, help="client timeout per request (s)")
     p.add_argument("--max-conns", type=int, default=512)
     p.add_argument("--sloserve-batching", default="",
@@ -648,6 +651,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main_args(args: argparse.Namespace) -> int:
     if args.duration > 120 or args.rounds > 10:
         raise SystemExit("--duration <= 120 s and --rounds <= 10")
+    if not 1 <= args.rows_per_request <= args.max_batch_size:
+        raise SystemExit(f"sloserve bench slo: --rows-per-request {args.rows_per_request} must be 1 to "
+                         f"--max-batch-size ({args.max_batch_size}): a request is never split across batches")
     if args.min_requests < 0:
         raise SystemExit(f"--min-requests must be >= 0 (got {args.min_requests}; 0 never stretches a step)")
     unknown = [s for s in (x.strip() for x in args.systems.split(","))

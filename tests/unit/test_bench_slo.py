@@ -49,6 +49,10 @@ def test_bad_arguments_stop_before_anything_starts():
         main_args(p.parse_args(["--systems", "sloserve@any,nope"]))
     with pytest.raises(SystemExit, match="--min-requests must be >= 0"):
         main_args(p.parse_args(["--min-requests", "-5"]))
+    with pytest.raises(SystemExit, match="--rows-per-request 64 must be 1 to --max-batch-size"):
+        main_args(p.parse_args(["--rows-per-request", "64"]))
+    with pytest.raises(SystemExit, match="--rows-per-request 0 must be 1"):
+        main_args(p.parse_args(["--rows-per-request", "0"]))
 
 
 def test_step_metrics_count_late_answers_per_variant():
