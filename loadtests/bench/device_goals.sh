@@ -11,7 +11,8 @@ OUT=${1:?usage: device_goals.sh OUT PARTS}
 PARTS=${2:-setup,sat,burst}
 PY=${PY:-python3}
 if [ -d .whl ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    $(ls .whl2/*.whl 2>/dev/null) || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PATH=$PWD/.wrk:$PATH LD_LIBRARY_PATH=$PWD/.wrk${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
