@@ -31,25 +31,25 @@ fi
 # saturation: worker processes, binary 8-row requests, max batch 16, the bound measured alone around each round
 if has sat; then
   SLOSERVE_REPLICA_PROCESSES=1 $SL bench closed --model heavy --variant large --binary --rows-per-request 8 \
-    --max-batch-size 16 --concurrency 16 --duration 10 --rounds "${SAT_ROUNDS:-3}" --nice -10 --bound-each-round \
-    --systems sloserve --sloserve-policy timeout --out "$OUT/sat-rows8-procs.json" > "$OUT/sat-rows8-procs.log" 2>&1
-  tail -25 "$OUT/sat-rows8-procs.log"
+    --max-batch-size "${SAT_MAXB:-16}" --concurrency "${SAT_CONC:-16}" --duration 10 --rounds "${SAT_ROUNDS:-3}" --nice -10 --bound-each-round \
+    --systems sloserve --sloserve-policy timeout --out "$OUT/sat-rows8-procs-b${SAT_MAXB:-16}.json" > "$OUT/sat-rows8-procs-b${SAT_MAXB:-16}.log" 2>&1
+  tail -25 "$OUT/sat-rows8-procs-b${SAT_MAXB:-16}.log"
 fi
 # the same with single-row requests (where the gateway's one event loop is the limit)
 if has sat1; then
   SLOSERVE_REPLICA_PROCESSES=1 $SL bench closed --model heavy --variant large --binary --rows-per-request 1 \
-    --max-batch-size 16 --concurrency 64 --duration 10 --rounds "${SAT_ROUNDS:-2}" --nice -10 --bound-each-round \
-    --systems sloserve --sloserve-policy timeout --out "$OUT/sat-rows1-procs.json" > "$OUT/sat-rows1-procs.log" 2>&1
-  tail -12 "$OUT/sat-rows1-procs.log"
+    --max-batch-size "${SAT_MAXB:-16}" --concurrency "${SAT1_CONC:-64}" --duration 10 --rounds "${SAT_ROUNDS:-2}" --nice -10 --bound-each-round \
+    --systems sloserve --sloserve-policy timeout --out "$OUT/sat-rows1-procs-b${SAT_MAXB:-16}.json" > "$OUT/sat-rows1-procs-b${SAT_MAXB:-16}.log" 2>&1
+  tail -12 "$OUT/sat-rows1-procs-b${SAT_MAXB:-16}.log"
 fi
 # the 3x burst: 8-row requests, so that large's compute (not the event loop) is what the peak exceeds
 if has burst; then
-  env ${BURST_ENV:-SLOSERVE_REPLICA_PROCESSES=1} $SL bench slo --model heavy --slo-ms 20 --binary --rows-per-request 8 \
+  env ${BURST_ENV:-SLOSERVE_REPLICA_PROCESSES=1} $SL bench slo --model heavy --slo-ms 20 --binary --rows-per-request "${BURST_ROWS:-8}" \
     --arrival burst --burst-factor 3 --rates "${BURST_RATES:-300,450}" --duration 9 --rounds "${BURST_ROUNDS:-3}" \
     --floor 0 --stop-after 9 --skip-below 0 --nice -10 \
     --systems "${BURST_SYSTEMS:-sloserve-slo@any,sloserve-slo@large,sloserve-slo@medium}" \
-    --out "$OUT/burst8.json" > "$OUT/burst8.log" 2>&1
-  grep -E '\] +[0-9]+/s' "$OUT/burst8.log" | cut -c1-230
-  $PY loadtests/bench/burst_log_table.py "$OUT/burst8.log"
+    --out "$OUT/burst${BURST_ROWS:-8}.json" > "$OUT/burst${BURST_ROWS:-8}.log" 2>&1
+  grep -E '\] +[0-9]+/s' "$OUT/burst${BURST_ROWS:-8}.log" | cut -c1-230
+  $PY loadtests/bench/burst_log_table.py "$OUT/burst${BURST_ROWS:-8}.log"
 fi
 date -u
