@@ -152,12 +152,28 @@ class InProcessBackend:
         self._free_q[(model, variant)] = q
 
     async def _start_workers(self) -> None:
+        """A worker process per replica, except for a variant whose batches are tiny (under
+        ``inline_below_s``): it stays an ORT session on the loop, as without workers, since a trip
+        through a worker's socket costs the loop more than computing such a batch does."""
         from gateway.procreplica import ProcessReplica
 
         started = []
+        loop = asyncio.get_running_loop()
         for name, model in self.repo.models.items():
             outs = [o.name for o in model.config.outputs]
             for v in model.config.variants:
+                if self.inline_below_s > 0 and name not in self.fault_delay_s:  # (no worker is started yet)
+                    try:
+                        reps = [await loop.run_in_executor(self._pool, Replica, model.onnx_path(v.name), self.opts,
+                                                           outs)]
+                    except Exception as e:  # noqa: BLE001 - ORT's message names what is wrong
+                        raise ModelLoadError(f"model '{name}' variant '{v.name}': {model.onnx_path(v.name)} "
+                                             f"cannot be loaded: {e}") from None
+                    if self._probe_fast(reps[0], model):  # as many sessions as without workers (one computes)
+                        reps += [Replica(model.onnx_path(v.name), self.opts, outs) for _ in range(self.instances - 1)]
+                        self._install(name, v.name, reps)
+                        self._fast[(name, v.name)] = True
+                        continue
                 self._workers[(name, v.name)] = [
                     ProcessReplica(model.onnx_path(v.name), self.opts, outs, f"{name}/{v.name}#{i}",
                                    self.fault_delay_s.get(name)) for i in range(self.instances)]

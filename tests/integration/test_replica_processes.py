@@ -87,6 +87,30 @@ async def test_workers_answer_like_ort_and_stop_cleanly(model_repo, tmp_path):
     assert workers() == before
 
 
+async def test_tiny_variants_stay_on_the_loop_and_only_the_rest_get_workers(model_repo, tmp_path):
+    """A variant whose batch is under ``inline_below_s`` computes inline, as without workers (a trip
+    through a worker's socket costs the loop more than such a batch): it gets no worker process. Measured
+    on a 16-core host before this rule: a 3x burst of single-row requests drove `heavy/medium`, all of
+    whose batches then went through a worker, to 0 on time for the whole peak (docs/benchmarks.md)."""
+    before = workers()
+    b = await started(model_repo, tmp_path, inline_below_s=1.0)  # every digits variant is "tiny" at 1 s
+    try:
+        assert workers() == before and not b._workers
+        assert all(b._fast[("digits", v)] for v in ("small", "medium", "large"))
+        x = np.random.default_rng(1).random((5, 64), dtype=np.float32)
+        r = await b.run("digits", "large", {"input": x})
+        np.testing.assert_allclose(r.outputs["probs"], reference(model_repo, "large", x), rtol=1e-5, atol=1e-6)
+        assert b.replica_count("digits", "large") == 1
+    finally:
+        await b.stop()
+    b = await started(model_repo, tmp_path / "2", inline_below_s=1e-9)  # nothing is that fast: all on workers
+    try:
+        assert len(workers() - before) == 3 and not any(b._fast.values())
+    finally:
+        await b.stop()
+    assert workers() == before
+
+
 async def test_a_killed_worker_fails_its_batch_explicitly_and_comes_back(model_repo, tmp_path):
     b = await started(model_repo, tmp_path, fault_delay_s={"digits": 0.5})
     try:
