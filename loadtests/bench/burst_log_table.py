@@ -1,6 +1,6 @@
-"""Per-round effective accuracy of a burst run, from `sloserve bench slo`'s log lines: each system's rounds and
-median, and each `@any` system against the best single variant (`@large`, `@medium`), on medians and paired per
-round.
+"""Per-round effective accuracy of a burst run, from `sloserve bench slo`'s log lines: for each offered rate,
+each system's rounds and median, and each `@any` system against the best single variant (`@large`, `@medium`),
+on medians and paired per round.
 
     python loadtests/bench/burst_log_table.py docs/data/s10/burst-shared2.log [more logs: rounds pooled]
 """
@@ -8,26 +8,34 @@ import re
 import statistics as st
 import sys
 
-rows = {}
+by_rate: dict[float, dict] = {}
 for path in sys.argv[1:]:
     with open(path) as f:
         lines = f.readlines()
     for line in lines:
-        m = re.search(r"\[(\S+) r(\d+)\]\s+\S+ att ([\d.]+) .* effacc ([\d.]+)", line)
+        m = re.search(r"\[(\S+) r(\d+)\]\s+([\d.]+)/s att ([\d.]+) .* effacc ([\d.]+)", line)
         if m:
-            rows.setdefault(m.group(1), {})[(path, int(m.group(2)))] = (float(m.group(3)), float(m.group(4)))
-keys = sorted({k for v in rows.values() for k in v})
-for s, v in rows.items():
-    e = [v[k][1] for k in keys if k in v]
-    print(f"{s:28s} effacc " + " ".join(f"{x:.3f}" for x in e) + f"  median {st.median(e):.4f}")
-if not any(s.endswith(('@large', '@medium')) for s in rows):
-    raise SystemExit("no @large or @medium rounds in these logs: nothing to compare @any with")
-best = {k: max(rows[s][k][1] for s in rows if s.endswith(('@large', '@medium')) and k in rows[s]) for k in keys}
-# (a round's best single variant: the better of the pinned ones in that round)
-singles = {s: st.median(x[1] for x in rows[s].values()) for s in rows if s.endswith(('@large', '@medium'))}
-bs = max(singles.values())
-for s, v in rows.items():
-    if s.endswith('@any'):
-        paired = [v[k][1] - best[k] for k in keys if k in v]
-        print(f"{s}: median - best single median = {100*(st.median(x[1] for x in v.values()) - bs):+.2f} points; "
-              f"paired per round " + " ".join(f"{100*p:+.1f}" for p in paired) + f" (median {100*st.median(paired):+.2f})")
+            rows = by_rate.setdefault(float(m.group(3)), {})
+            rows.setdefault(m.group(1), {})[(path, int(m.group(2)))] = (float(m.group(4)), float(m.group(5)))
+if not by_rate:
+    raise SystemExit("no step lines ('[system rN] RATE/s att ... effacc ...') in these logs")
+for rate, rows in sorted(by_rate.items()):
+    if len(by_rate) > 1:
+        print(f"-- base rate {rate:g}/s")
+    keys = sorted({k for v in rows.values() for k in v})
+    for s, v in rows.items():
+        e = [v[k][1] for k in keys if k in v]
+        print(f"{s:28s} effacc " + " ".join(f"{x:.3f}" for x in e) + f"  median {st.median(e):.4f}")
+    singles_in = [s for s in rows if s.endswith(('@large', '@medium'))]
+    if not singles_in:
+        print("no @large or @medium rounds at this rate: nothing to compare @any with")
+        continue
+    # a round's best single variant: the better of the pinned ones in that round
+    best = {k: max(rows[s][k][1] for s in singles_in if k in rows[s]) for k in keys
+            if any(k in rows[s] for s in singles_in)}
+    bs = max(st.median(x[1] for x in rows[s].values()) for s in singles_in)
+    for s, v in rows.items():
+        if s.endswith('@any'):
+            paired = [v[k][1] - best[k] for k in keys if k in v and k in best]
+            print(f"{s}: median - best single median = {100*(st.median(x[1] for x in v.values()) - bs):+.2f} points; "
+                  f"paired per round " + " ".join(f"{100*p:+.1f}" for p in paired) + f" (median {100*st.median(paired):+.2f})")
