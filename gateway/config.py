@@ -126,7 +126,10 @@ class Settings(BaseSettings):
     replica_processes: bool = Field(
         default=False,
         description="In-process backend: each replica computes in a worker process of its own (batches cross a "
-                    "socket, pickled), so ONNX Runtime never waits for the gateway's GIL (gateway/procreplica.py).",
+                    "socket, pickled), so ONNX Runtime never waits for the gateway's GIL (gateway/procreplica.py). "
+                    "A variant whose batches run under inline_below_us gets no worker: it computes on the loop, "
+                    "as without workers. Pays on hosts with a core per worker beside the loop's; on 2 cores "
+                    "it costs attainment under a burst (docs/benchmarks.md).",
     )
     ray_transport: Literal["grpc", "object_ref"] = Field(
         default="grpc",
