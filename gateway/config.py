@@ -164,6 +164,13 @@ class Settings(BaseSettings):
         description="Stamp each request's arrival earlier by the event loop's current lag (sloserve_event_loop_lag_seconds), "
                     "the time its bytes waited in the socket. Off by default: no measured gain yet (docs/benchmarks.md).",
     )
+    loop_lag_shed_ms: float = Field(
+        default=0.0, ge=0, le=1000,
+        description="Refuse requests at the door (503 + Retry-After, before decoding) while the event loop runs "
+                    "more than this far behind (sloserve_event_loop_lag_seconds): a share rising from 0 at this "
+                    "lag to all at twice it. The front end, not the replicas, is then the bottleneck, and a refusal "
+                    "costs it a fraction of an answer. 0: off.",
+    )
     max_request_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
     )

@@ -8,6 +8,7 @@ transport a request came from is never part of the request.
 from __future__ import annotations
 
 import inspect
+import random
 import time
 from typing import Any
 
@@ -144,6 +145,8 @@ class DataPlane:
         # the event loop's lag (gateway/looplag.py): a metric, and optionally counted against deadlines
         self.loop_lag = LoopLag() if isinstance(self.clock, MonotonicClock) else None
         self._lag_in_arrival = settings.arrival_lag_compensation
+        self._lag_shed_s = settings.loop_lag_shed_ms / 1e3 if self.loop_lag is not None else 0.0
+        self._door_rng = random.Random(0)
         if self.loop_lag is not None:
             self.metrics.loop_lag.set_function(lambda: self.loop_lag.estimate_s)
         if hasattr(backend, "on_replicas"):
@@ -155,6 +158,22 @@ class DataPlane:
         lag (the time its bytes are estimated to have waited for the event loop)."""
         lag = self.loop_lag.touch() if self.loop_lag is not None else 0.0  # touch: keep the probe running
         return self.clock.now() - (lag if self._lag_in_arrival else 0.0)
+
+    def door(self, model: str) -> None:
+        """Refuse a request before it is decoded while the event loop lags past ``loop_lag_shed_ms``:
+        a share ``(lag - t) / t`` of them between ``t`` and ``2t``, every one above. Raises
+        :class:`DeadlineUnreachable` (reason ``overload``); a no-op when the setting is 0."""
+        t = self._lag_shed_s
+        if not t:
+            return
+        lag = self.loop_lag.estimate_s
+        if lag <= t or (lag < 2 * t and self._door_rng.random() >= (lag - t) / t):
+            return
+        self.metrics.observe_request(model if model in self.models else "unknown", "none", "shed", 0.0, False)
+        raise DeadlineUnreachable(
+            f"the gateway is overloaded: its event loop runs {lag * 1e3:.1f} ms behind (loop_lag_shed_ms "
+            f"{t * 1e3:g}); retry after Retry-After, or spread the load over more gateway processes",
+            retry_after_s=max(0.05, 4 * lag), reason="overload")
 
     async def start(self) -> None:
         if self.loop_lag is not None:

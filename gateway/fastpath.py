@@ -74,6 +74,7 @@ class InferFastPath:
                                           f"limit (max_request_bytes); send smaller batches")
                 held = dp.inflight.take(declared, model)
             body = await self._read(receive)
+            dp.door(model)  # (read first: a keep-alive connection must not be left with an unread body)
             if len(body) > held:
                 held += dp.inflight.take(len(body) - held, model)
             payload, json_len = await _infer(dp, self.limits, model, version, arrival, body, headers, early)

@@ -146,6 +146,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         held = 0
         try:
             arrival = self.dp.arrival_now()
+            self.dp.door(request.model_name)
             held = self.dp.inflight.take(request.ByteSize(), request.model_name)
             req = decode_grpc(request)
             self.limits.check(req)

@@ -105,3 +105,33 @@ async def test_queue_sheds_answered_within_1ms_on_a_saturated_loop(model_repo, t
     # the loop was not saturated and the check above proved nothing.
     n_off, fast_off, _ = await sheds_on_a_saturated_loop(repo, early=False)
     assert n_off >= 5 and fast_off < 0.5 * n_off, (n_off, fast_off)
+
+
+async def test_a_lagging_loop_refuses_at_the_door_and_serves_again_once_it_recovers(model_repo, tmp_path):
+    """``loop_lag_shed_ms``: while the event loop runs behind by more than twice the setting, every
+    request is refused before it is decoded (503, Retry-After, a message naming the cause); once the
+    loop is quiet again, requests are served."""
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repo / "digits", repo / "digits")
+    gw = Gateway(Settings(repo=repo, backend="inprocess", http_port=0, grpc_port=0, loop_lag_shed_ms=1.0))
+    await gw.start()
+    hog = LoopHog(width=20)  # ~8 ms of ready work per iteration: a timer runs ~4 ms late on average
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10) as http:
+            body = v2_body("input", [1.0] * 64, {"slo_ms": 5000})
+            assert (await http.post("/v2/models/digits/infer", content=body)).status_code == 200
+            hog.start()
+            await asyncio.sleep(0.2)  # the probe (kept running by the request above) sees the lag
+            assert gw.dataplane.loop_lag.estimate_s > 0.002
+            rs = [await http.post("/v2/models/digits/infer", content=body) for _ in range(5)]
+            hog.stop()
+            assert [r.status_code for r in rs] == [503] * 5
+            assert all(r.headers["retry-after"] and "event loop runs" in r.json()["error"] for r in rs)
+            await asyncio.sleep(0.3)
+            assert gw.dataplane.loop_lag.estimate_s < 0.001
+            assert (await http.post("/v2/models/digits/infer", content=body)).status_code == 200
+        n, _ = shed_histogram(gw.dataplane.metrics.registry, "overload")
+        assert n == 5
+    finally:
+        hog.stop()
+        await gw.stop()
