@@ -169,7 +169,9 @@ class DataPlane:
         lag = self.loop_lag.estimate_s
         if lag <= t or (lag < 2 * t and self._door_rng.random() >= (lag - t) / t):
             return
-        self.metrics.observe_request(model if model in self.models else "unknown", "none", "shed", 0.0, False)
+        name = model if model in self.models else "unknown"
+        self.metrics.observe_request(name, "none", "shed", 0.0, False)
+        self.metrics.shed.labels(name, "overload").inc()
         raise DeadlineUnreachable(
             f"the gateway is overloaded: its event loop runs {lag * 1e3:.1f} ms behind (loop_lag_shed_ms "
             f"{t * 1e3:g}); retry after Retry-After, or spread the load over more gateway processes",

@@ -132,6 +132,7 @@ async def test_a_lagging_loop_refuses_at_the_door_and_serves_again_once_it_recov
             assert (await http.post("/v2/models/digits/infer", content=body)).status_code == 200
         n, _ = shed_histogram(gw.dataplane.metrics.registry, "overload")
         assert n == 5
+        assert gw.dataplane.metrics.shed.labels("digits", "overload")._value.get() == 5
     finally:
         hog.stop()
         await gw.stop()
