@@ -58,6 +58,8 @@ QUIET_ALERTS = {
     "SloserveAvailabilityBudgetBurnSlow": "needs server-side failures (shed/429/5xx)",
     "SloserveGatewayDown": "the gateway is up",
     "SloserveQueueBacklog": "needs 4096 queued rows for 5 minutes",
+    "SloserveFrontEndOverloaded": "needs an event loop lagging past loop_lag_shed_ms for 10 minutes "
+                                  "(the door itself: tests/integration/test_shed_answer.py)",
     "SloserveProfileDrift": "profile drift is exported by the online profiler (later issue)",
     "SloservePreemptionStorm": "preemptions are exported by placement (later issue)",
 }
