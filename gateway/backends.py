@@ -154,15 +154,23 @@ class InProcessBackend:
     async def _start_workers(self) -> None:
         """A worker process per replica, except for a variant whose batches are tiny (under
         ``inline_below_s``): it stays an ORT session on the loop, as without workers, since a trip
-        through a worker's socket costs the loop more than computing such a batch does."""
+        through a worker's socket costs the loop more than computing such a batch does. A variant
+        whose profile for this device says it is not tiny (p50 at one row) goes to workers without
+        being loaded here; one without such a profile is loaded and probed, as without workers."""
         from gateway.procreplica import ProcessReplica
+
+        from batching.profile import ProfileTable
 
         started = []
         loop = asyncio.get_running_loop()
+        profiles = ProfileTable.load(self.repo.root) if self.inline_below_s > 0 else None
         for name, model in self.repo.models.items():
             outs = [o.name for o in model.config.outputs]
             for v in model.config.variants:
-                if self.inline_below_s > 0 and name not in self.fault_delay_s:  # (no worker is started yet)
+                curve = profiles.curves.get((name, v.name, self.device_type)) if profiles is not None else None
+                if curve is not None and curve.at(1, "p50") >= self.inline_below_s:
+                    pass  # this device's profile says it is not tiny: a worker, without loading it here first
+                elif self.inline_below_s > 0 and name not in self.fault_delay_s:  # (no worker is started yet)
                     try:
                         reps = [await loop.run_in_executor(self._pool, Replica, model.onnx_path(v.name), self.opts,
                                                            outs)]
@@ -170,7 +178,9 @@ class InProcessBackend:
                         raise ModelLoadError(f"model '{name}' variant '{v.name}': {model.onnx_path(v.name)} "
                                              f"cannot be loaded: {e}") from None
                     if self._probe_fast(reps[0], model):  # as many sessions as without workers (one computes)
-                        reps += [Replica(model.onnx_path(v.name), self.opts, outs) for _ in range(self.instances - 1)]
+                        for _ in range(self.instances - 1):
+                            reps.append(await loop.run_in_executor(self._pool, Replica, model.onnx_path(v.name),
+                                                                   self.opts, outs))
                         self._install(name, v.name, reps)
                         self._fast[(name, v.name)] = True
                         continue

@@ -164,13 +164,14 @@ class Settings(BaseSettings):
         description="Stamp each request's arrival earlier by the event loop's current lag (sloserve_event_loop_lag_seconds), "
                     "the time its bytes waited in the socket. Off by default: no measured gain yet (docs/benchmarks.md).",
     )
-    loop_lag_shed_ms: float = Field(
-        default=5.0, ge=0, le=1000,
+    loop_lag_shed_ms: float | None = Field(
+        default=None, ge=0, le=25,
         description="Refuse requests at the door (503 + Retry-After, before decoding) while the event loop runs "
-                    "more than this far behind (sloserve_event_loop_lag_seconds): a share rising from 0 at this "
-                    "lag to all at twice it. The front end, not the replicas, is then the bottleneck, and a refusal "
-                    "costs it a fraction of an answer (heavy/medium at 6,000/s on 2 cores: 3,500-5,600 on-time answers/s "
-                    "instead of 190-1,500, docs/benchmarks.md). An idle loop lags ~0.2 ms. 0: off.",
+                    "more than this far behind in each of its last three lag probes (gateway/looplag.py): a share "
+                    "rising from 0 at this lag to all at twice it (at most 25: a probe counts at most 50 ms). "
+                    "The front end, not the replicas, is then the bottleneck, and a refusal costs it a fraction of an "
+                    "answer (heavy/medium at 6,000/s on 2 cores, docs/benchmarks.md). An idle loop lags ~0.2 ms. "
+                    "Default: 5 with the inprocess backend; off (0) with ray, where it is not measured.",
     )
     max_request_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."

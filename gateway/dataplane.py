@@ -145,7 +145,7 @@ class DataPlane:
         # the event loop's lag (gateway/looplag.py): a metric, and optionally counted against deadlines
         self.loop_lag = LoopLag() if isinstance(self.clock, MonotonicClock) else None
         self._lag_in_arrival = settings.arrival_lag_compensation
-        self._lag_shed_s = settings.loop_lag_shed_ms / 1e3 if self.loop_lag is not None else 0.0
+        self._lag_shed_s = door_ms(settings) / 1e3 if self.loop_lag is not None else 0.0
         self._door_rng = random.Random(0)
         if self.loop_lag is not None:
             self.metrics.loop_lag.set_function(lambda: self.loop_lag.estimate_s)
@@ -160,18 +160,18 @@ class DataPlane:
         return self.clock.now() - (lag if self._lag_in_arrival else 0.0)
 
     def door(self, model: str) -> None:
-        """Refuse a request before it is decoded while the event loop lags past ``loop_lag_shed_ms``:
-        a share ``(lag - t) / t`` of them between ``t`` and ``2t``, every one above. Raises
+        """Refuse a request before it is decoded while the event loop lags past ``loop_lag_shed_ms``
+        (:attr:`LoopLag.sustained_s`): a share ``(lag - t) / t`` of them between ``t`` and ``2t``, every
+        one above. Raises
         :class:`DeadlineUnreachable` (reason ``overload``); a no-op when the setting is 0."""
         t = self._lag_shed_s
-        if not t:
+        if not t or model not in self.models:  # an unknown model goes on to its 404 (and adds no series)
             return
-        lag = self.loop_lag.estimate_s
+        lag = self.loop_lag.sustained_s  # a lag the last few probes all saw: one stall does not shut the door
         if lag <= t or (lag < 2 * t and self._door_rng.random() >= (lag - t) / t):
             return
-        name = model if model in self.models else "unknown"
-        self.metrics.observe_request(name, "none", "shed", 0.0, False)
-        self.metrics.shed.labels(name, "overload").inc()
+        self.metrics.observe_request(model, "none", "shed", 0.0, False)
+        self.metrics.shed.labels(model, "overload").inc()
         raise DeadlineUnreachable(
             f"the gateway is overloaded: its event loop runs {lag * 1e3:.1f} ms behind (loop_lag_shed_ms "
             f"{t * 1e3:g}); retry after Retry-After, or spread the load over more gateway processes",
@@ -357,6 +357,14 @@ def _accepted(policy: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 def _device_type(backend: Backend, model: str) -> str:
     fn = getattr(backend, "device_type_of", None)
     return fn(model) if fn is not None else "cpu"
+
+
+def door_ms(settings: Settings) -> float:
+    """``loop_lag_shed_ms`` as set, else its default: 5 ms in-process; off on Ray, where it is not measured
+    (the gateway's loop shares its GIL with Ray's client threads there)."""
+    if settings.loop_lag_shed_ms is not None:
+        return settings.loop_lag_shed_ms
+    return 5.0 if settings.backend == "inprocess" else 0.0
 
 
 def _outcome(e: ServingError) -> str:

@@ -189,6 +189,7 @@ def create_app(dp: DataPlane, auth: bool = True) -> FastAPI:
         held = dp.inflight.take(int(cl) if cl.isdigit() and int(cl) <= limit else 0, model)
         try:
             body = await read_body(request, limit)
+            dp.door(model)  # a lagging event loop refuses it here, undecoded (gateway/dataplane.py)
             if len(body) > held:  # chunked, or longer than declared: counted once read
                 held += dp.inflight.take(len(body) - held, model)
             payload, json_len = await infer_body(dp, limits, model, version, arrival, body, request.headers)

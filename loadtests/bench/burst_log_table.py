@@ -37,5 +37,8 @@ for rate, rows in sorted(by_rate.items()):
     for s, v in rows.items():
         if s.endswith('@any'):
             paired = [v[k][1] - best[k] for k in keys if k in v and k in best]
+            if not paired:
+                print(f"{s}: no round in common with a pinned variant's")
+                continue
             print(f"{s}: median - best single median = {100*(st.median(x[1] for x in v.values()) - bs):+.2f} points; "
                   f"paired per round " + " ".join(f"{100*p:+.1f}" for p in paired) + f" (median {100*st.median(paired):+.2f})")

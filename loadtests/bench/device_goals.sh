@@ -5,7 +5,7 @@
 # wrk as .wrk/. Each part writes its JSON and log to OUT as soon as it ends, so a part cut short loses only itself.
 #
 #   bash loadtests/bench/device_goals.sh OUT PARTS        PARTS: comma list of setup, sat, sat1, burst
-#   BURST_RATES=300,450 BURST_ROUNDS=3 BURST_SYSTEMS=... SAT_ROUNDS=3 bash loadtests/bench/device_goals.sh $OUT setup,sat,burst
+#   BURST_ENV (default SLOSERVE_REPLICA_PROCESSES=1; empty: threads) BURST_RATES=300,450 BURST_ROUNDS=3 BURST_SYSTEMS=... SAT_ROUNDS=3 bash loadtests/bench/device_goals.sh $OUT setup,sat,burst
 set -uo pipefail
 OUT=${1:?usage: device_goals.sh OUT PARTS}
 PARTS=${2:-setup,sat,burst}
@@ -44,7 +44,7 @@ if has sat1; then
 fi
 # the 3x burst: 8-row requests, so that large's compute (not the event loop) is what the peak exceeds
 if has burst; then
-  env ${BURST_ENV:-SLOSERVE_REPLICA_PROCESSES=1} $SL bench slo --model heavy --slo-ms 20 --binary --rows-per-request "${BURST_ROWS:-8}" \
+  env ${BURST_ENV-SLOSERVE_REPLICA_PROCESSES=1} $SL bench slo --model heavy --slo-ms 20 --binary --rows-per-request "${BURST_ROWS:-8}" \
     --arrival burst --burst-factor 3 --rates "${BURST_RATES:-300,450}" --duration 9 --rounds "${BURST_ROUNDS:-3}" \
     --floor 0 --stop-after 9 --skip-below 0 --nice -10 \
     --systems "${BURST_SYSTEMS:-sloserve-slo@any,sloserve-slo@large,sloserve-slo@medium}" \

@@ -348,13 +348,15 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
                 after = launch.scrape()
                 m.update(shed_server_side(shed_histogram(before), shed_histogram(after)))
                 m.update(server_on_time(slo_counts(before), slo_counts(after)))
+                m["shed_by_reason"] = shed_by_reason(before, after)
                 m["batches"] = batch_stats(before, after)
             steps.append(m)
             print(f"  [{system} r{round_no}] {rate:>6.0f}/s att {m['attainment']:.4f} good {m['goodput_rps']:.0f}/s "
                   f"p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} effacc {m['effective_accuracy']:.4f} "
                   f"srv {m['server_cores']:.2f} gen {m['gen_cores']:.2f} other {m['other_cores']:.2f}"
                   + (f" {m['variants']} late {m['late_by_variant']}" if 'variants' in m else "")
-                  + (f" server-on-time {m['server_on_time']}" if m.get('server_on_time') is not None else ""),
+                  + (f" server-on-time {m['server_on_time']}" if m.get('server_on_time') is not None else "")
+                  + (f" sheds {m['shed_by_reason']}" if m.get('shed_by_reason') else ""),
                   file=sys.stderr, flush=True)
             fails = fails + 1 if (m["attainment"] or 0) < args.target else 0
             if fails >= args.stop_after or (m["attainment"] or 0) < args.floor:
@@ -365,6 +367,24 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
         launch.stop()
     return {"system": system, "round": round_no, "ready_s": round(ready, 2), "steps": steps,
             "max_rate_at_target": max_rate(steps, args.target, start_rate, rates), "memory": mem}
+
+
+def shed_by_reason(before: str | None, after: str | None) -> dict[str, int]:
+    r"""Requests the server shed over one step, by ``reason`` (``sloserve_shed_total``: ``admission``,
+    ``deadline``, ``overload`` for the lagging loop's door, ...), summed over models.
+
+    >>> shed_by_reason('sloserve_shed_total{model="m",reason="deadline"} 2.0',
+    ...                'sloserve_shed_total{model="m",reason="deadline"} 5.0\nsloserve_shed_total{model="m",reason="overload"} 4.0')
+    {'deadline': 3, 'overload': 4}
+    """
+    def counts(text: str | None) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r, v in re.findall(r'^sloserve_shed_total\{[^}]*reason="([^"]+)"[^}]*\} (\S+)$', text or "", re.MULTILINE):
+            out[r] = out.get(r, 0.0) + float(v)
+        return out
+
+    b, a = counts(before), counts(after)
+    return {r: int(a[r] - b.get(r, 0.0)) for r in sorted(a) if a[r] - b.get(r, 0.0) > 0}
 
 
 def shed_histogram(text: str | None) -> dict[float, float]:

@@ -106,6 +106,7 @@ async def test_tiny_variants_stay_on_the_loop_and_only_the_rest_get_workers(mode
     b = await started(model_repo, tmp_path / "2", inline_below_s=1e-9)  # nothing is that fast: all on workers
     try:
         assert len(workers() - before) == 3 and not any(b._fast.values())
+        assert not b._replicas  # the profile said "not tiny": no session was loaded in the gateway to probe
     finally:
         await b.stop()
     assert workers() == before

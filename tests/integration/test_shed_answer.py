@@ -15,10 +15,14 @@ import asyncio
 import shutil
 import time
 
+import grpc
 import httpx
 import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as grpc_pb
 
 from gateway.config import Settings
+from gateway.dataplane import door_ms
 from gateway.server import Gateway
 from loadtests.openloop import v2_body
 
@@ -116,6 +120,9 @@ async def test_a_lagging_loop_refuses_at_the_door_and_serves_again_once_it_recov
     repo = tmp_path / "repo"
     shutil.copytree(model_repo / "digits", repo / "digits")
     gw = Gateway(Settings(repo=repo, backend="inprocess", http_port=0, grpc_port=0, loop_lag_shed_ms=1.0))
+    assert door_ms(Settings(repo=repo, backend="inprocess")) == 5.0  # the defaults
+    assert door_ms(Settings(repo=repo, backend="ray")) == 0.0 and door_ms(Settings(repo=repo, backend="ray",
+                                                                                  loop_lag_shed_ms=3)) == 3.0
     await gw.start()
     hog = LoopHog(width=20)  # ~8 ms of ready work per iteration: a timer runs ~4 ms late on average
     try:
@@ -124,17 +131,27 @@ async def test_a_lagging_loop_refuses_at_the_door_and_serves_again_once_it_recov
             assert (await http.post("/v2/models/digits/infer", content=body)).status_code == 200
             hog.start()
             await asyncio.sleep(0.2)  # the probe (kept running by the request above) sees the lag
-            assert gw.dataplane.loop_lag.estimate_s > 0.002
+            assert gw.dataplane.loop_lag.sustained_s > 0.002
             rs = [await http.post("/v2/models/digits/infer", content=body) for _ in range(5)]
+            stub = grpc_pb.GRPCInferenceServiceStub(grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}"))
+            req = pb.ModelInferRequest(model_name="digits")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.ModelInfer(req, timeout=10)
+            # an unknown model is not refused at the door: it goes on to its 404
+            assert (await http.post("/v2/models/nope/infer", content=body)).status_code == 404
             hog.stop()
             assert [r.status_code for r in rs] == [503] * 5
             assert all(r.headers["retry-after"] and "event loop runs" in r.json()["error"] for r in rs)
-            await asyncio.sleep(0.3)
-            assert gw.dataplane.loop_lag.estimate_s < 0.001
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "event loop runs" in refused.value.details()
+            assert gw.dataplane.inflight.held == 0  # the refused requests' bytes were given back
+            for _ in range(100):  # the loop is quiet again: the last probes see no lag
+                await asyncio.sleep(0.01)
+                if gw.dataplane.loop_lag.sustained_s < 0.0005:
+                    break
             assert (await http.post("/v2/models/digits/infer", content=body)).status_code == 200
         n, _ = shed_histogram(gw.dataplane.metrics.registry, "overload")
-        assert n == 5
-        assert gw.dataplane.metrics.shed.labels("digits", "overload")._value.get() == 5
+        assert n == 6
+        assert gw.dataplane.metrics.shed.labels("digits", "overload")._value.get() == 6
     finally:
         hog.stop()
         await gw.stop()

@@ -144,3 +144,12 @@ def test_gil_probe_runs_and_reports_both_timings(model_repo, capsys):
         sys.setswitchinterval(before)  # the probe sets it for its process; not for the rest of the suite
     out = capsys.readouterr().out
     assert "switch interval 1 ms, batch of 2: alone p50" in out and "next to a GIL-holding thread" in out
+
+
+def test_the_bench_module_examples_hold():
+    """The doctests of loadtests/bench/slo.py (generator headers, sheds by reason from two scrapes)."""
+    import doctest
+
+    import loadtests.bench.slo as slo
+
+    assert doctest.testmod(slo).failed == 0
