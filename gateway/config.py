@@ -167,7 +167,8 @@ class Settings(BaseSettings):
     loop_lag_shed_ms: float | None = Field(
         default=None, ge=0, le=25,
         description="Refuse requests at the door (503 + Retry-After, before decoding) while the event loop runs "
-                    "more than this far behind in each of its last three lag probes (gateway/looplag.py): a share "
+                    "more than this far behind (the lag probes' mean, while the latest probe is late too; "
+                    "gateway/looplag.py): a share "
                     "rising from 0 at this lag to all at twice it (at most 25: a probe counts at most 50 ms). "
                     "The front end, not the replicas, is then the bottleneck, and a refusal costs it a fraction of an "
                     "answer (heavy/medium at 6,000/s on 2 cores, docs/benchmarks.md). An idle loop lags ~0.2 ms. "

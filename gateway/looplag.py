@@ -9,8 +9,8 @@ wait is lateness the batching policy never sees (measured under a 3x burst on he
 :class:`LoopLag` probes the loop with a timer every ``period_s`` and keeps an exponentially
 weighted mean of how late the timer ran: a ready callback waits as long as a freshly readable
 socket does, for the rest of the iteration in progress (idle, ~0.15 ms under uvloop). It is
-exported as ``sloserve_event_loop_lag_seconds``. :attr:`LoopLag.sustained_s`, the least lateness of the
-last three probes, drives the door (``loop_lag_shed_ms``, gateway/dataplane.py). With ``arrival_lag_compensation`` (off by
+exported as ``sloserve_event_loop_lag_seconds``. The estimate, while the latest probe is late too, drives
+the door (``loop_lag_shed_ms``, gateway/dataplane.py). With ``arrival_lag_compensation`` (off by
 default: it measured no gain, docs/benchmarks.md) the data plane stamps an arrival that much
 earlier, so deadlines, admission, shedding and the on-time count start nearer the client's send.
 
@@ -26,15 +26,14 @@ import time
 
 class LoopLag:
     def __init__(self, period_s: float = 0.005, alpha: float = 0.2, cap_s: float = 0.05, idle_s: float = 1.0,
-                 clock=time.monotonic, sustain: int = 3):
+                 clock=time.monotonic):
         self.period_s = period_s
         self.alpha = alpha
         self.cap_s = cap_s  # one stall (a collection, a slow scrape) must not eat a whole budget
         self.idle_s = idle_s
         self.clock = clock  # time.monotonic, not loop.time(): uvloop's is a cached millisecond clock
         self.estimate_s = 0.0
-        self._last = [0.0] * sustain  # the last ``sustain`` probes' lateness (capped), oldest overwritten
-        self._k = 0
+        self.last_s = 0.0  # the latest probe's lateness (capped)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0
@@ -71,17 +70,10 @@ class LoopLag:
             self._arm()
         else:  # idle: no lag to count; the next arrival starts the probe again
             self.estimate_s = 0.0
-            self._last = [0.0] * len(self._last)
+            self.last_s = 0.0
 
     def observe(self, lag_s: float) -> None:
         """One probe's lateness (seconds); exposed for tests and other drivers."""
         lag = min(max(lag_s, 0.0), self.cap_s)
         self.estimate_s += self.alpha * (lag - self.estimate_s)
-        self._last[self._k] = lag
-        self._k = (self._k + 1) % len(self._last)
-
-    @property
-    def sustained_s(self) -> float:
-        """The least lateness of the last ``sustain`` probes: a lag every one of them saw, so one stall
-        (a collection, a large body's decode) does not count, only a loop that stays behind."""
-        return min(self._last)
+        self.last_s = lag
