@@ -111,7 +111,6 @@ class InProcessBackend:
         self._fast: dict[tuple[str, str], bool] = {}
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         total = sum(len(m.config.variants) for m in self.repo.models.values()) * self.instances
         self._pool = ThreadPoolExecutor(max_workers=max(2, total * self.pipeline_depth), thread_name_prefix="ort")
         if self.processes:
@@ -121,14 +120,7 @@ class InProcessBackend:
         for name, model in self.repo.models.items():
             outs = [o.name for o in model.config.outputs]
             for v in model.config.variants:
-                reps = []
-                for _ in range(self.instances):
-                    try:
-                        reps.append(await loop.run_in_executor(
-                            self._pool, Replica, model.onnx_path(v.name), self.opts, outs))
-                    except Exception as e:  # noqa: BLE001 - ORT's message names what is wrong
-                        raise ModelLoadError(f"model '{name}' variant '{v.name}': {model.onnx_path(v.name)} "
-                                             f"cannot be loaded: {e}") from None
+                reps = await self._sessions(name, model, v.name, outs, self.instances)
                 self._install(name, v.name, reps)
                 # a shared replica's batches all go through its free queue (none inline on the loop)
                 self._fast[(name, v.name)] = name not in self._shared and self._probe_fast(reps[0], model)
@@ -157,30 +149,21 @@ class InProcessBackend:
         through a worker's socket costs the loop more than computing such a batch does. A variant
         whose profile for this device says it is not tiny (p50 at one row) goes to workers without
         being loaded here; one without such a profile is loaded and probed, as without workers."""
+        from batching.profile import ProfileTable
         from gateway.procreplica import ProcessReplica
 
-        from batching.profile import ProfileTable
-
         started = []
-        loop = asyncio.get_running_loop()
         profiles = ProfileTable.load(self.repo.root) if self.inline_below_s > 0 else None
         for name, model in self.repo.models.items():
             outs = [o.name for o in model.config.outputs]
             for v in model.config.variants:
                 curve = profiles.curves.get((name, v.name, self.device_type)) if profiles is not None else None
-                if curve is not None and curve.at(1, "p50") >= self.inline_below_s:
-                    pass  # this device's profile says it is not tiny: a worker, without loading it here first
-                elif self.inline_below_s > 0 and name not in self.fault_delay_s:  # (no worker is started yet)
-                    try:
-                        reps = [await loop.run_in_executor(self._pool, Replica, model.onnx_path(v.name), self.opts,
-                                                           outs)]
-                    except Exception as e:  # noqa: BLE001 - ORT's message names what is wrong
-                        raise ModelLoadError(f"model '{name}' variant '{v.name}': {model.onnx_path(v.name)} "
-                                             f"cannot be loaded: {e}") from None
-                    if self._probe_fast(reps[0], model):  # as many sessions as without workers (one computes)
-                        for _ in range(self.instances - 1):
-                            reps.append(await loop.run_in_executor(self._pool, Replica, model.onnx_path(v.name),
-                                                                   self.opts, outs))
+                maybe_tiny = (profiles is not None and name not in self.fault_delay_s
+                              and (curve is None or curve.at(1, "p50") < self.inline_below_s))
+                if maybe_tiny:  # probe it here (no worker is started yet); as many sessions as without workers
+                    reps = await self._sessions(name, model, v.name, outs, 1)
+                    if self._probe_fast(reps[0], model):
+                        reps += await self._sessions(name, model, v.name, outs, self.instances - 1)
                         self._install(name, v.name, reps)
                         self._fast[(name, v.name)] = True
                         continue
@@ -207,6 +190,19 @@ class InProcessBackend:
         worker = min(live, key=lambda w: w.in_flight)
         deadline = time.monotonic() + limit if limit is not None else None
         return await worker.run(inputs, deadline)
+
+    async def _sessions(self, name: str, model, variant: str, outs: list[str], n: int) -> list[Replica]:
+        """``n`` ORT sessions of (``name``, ``variant``), built in the pool; a file ORT cannot load is a
+        :class:`ModelLoadError` naming it."""
+        loop = asyncio.get_running_loop()
+        reps = []
+        for _ in range(n):
+            try:
+                reps.append(await loop.run_in_executor(self._pool, Replica, model.onnx_path(variant), self.opts, outs))
+            except Exception as e:  # noqa: BLE001 - ORT's message names what is wrong
+                raise ModelLoadError(f"model '{name}' variant '{variant}': {model.onnx_path(variant)} "
+                                     f"cannot be loaded: {e}") from None
+        return reps
 
     def _probe_fast(self, rep: Replica, model) -> bool:
         if self.inline_below_s <= 0:

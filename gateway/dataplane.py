@@ -161,15 +161,15 @@ class DataPlane:
 
     def door(self, model: str) -> None:
         """Refuse a request before it is decoded while the event loop lags past ``loop_lag_shed_ms``
-        (the probes' mean, while the latest probe is late too): a share ``(lag - t) / t`` of them between ``t`` and ``2t``, every
-        one above. Raises
-        :class:`DeadlineUnreachable` (reason ``overload``); a no-op when the setting is 0."""
+        (the probes' mean, counted while the latest probe is late too): a share ``(lag - t) / t`` of
+        them between ``t`` and ``2t``, every one above. Raises :class:`DeadlineUnreachable` (reason
+        ``overload``); a no-op when the setting is 0 and for a model that does not exist (its 404)."""
         t = self._lag_shed_s
-        if not t or model not in self.models:  # an unknown model goes on to its 404 (and adds no series)
+        if not t or model not in self.models:  # (an unknown model adds no series)
             return
         ll = self.loop_lag
-        lag = ll.estimate_s if ll.last_s > t else 0.0  # the mean, while the latest probe too is late: a stall
-        if lag <= t or (lag < 2 * t and self._door_rng.random() >= (lag - t) / t):  # that is over lets it go
+        lag = ll.estimate_s if ll.last_s > t else 0.0  # a stall that is over lets the door go
+        if lag <= t or (lag < 2 * t and self._door_rng.random() >= (lag - t) / t):
             return
         self.metrics.observe_request(model, "none", "shed", 0.0, False)
         self.metrics.shed.labels(model, "overload").inc()

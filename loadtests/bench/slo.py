@@ -377,14 +377,13 @@ def shed_by_reason(before: str | None, after: str | None) -> dict[str, int]:
     ...                'sloserve_shed_total{model="m",reason="deadline"} 5.0\nsloserve_shed_total{model="m",reason="overload"} 4.0')
     {'deadline': 3, 'overload': 4}
     """
-    def counts(text: str | None) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for r, v in re.findall(r'^sloserve_shed_total\{[^}]*reason="([^"]+)"[^}]*\} (\S+)$', text or "", re.MULTILINE):
-            out[r] = out.get(r, 0.0) + float(v)
-        return out
-
-    b, a = counts(before), counts(after)
-    return {r: int(a[r] - b.get(r, 0.0)) for r in sorted(a) if a[r] - b.get(r, 0.0) > 0}
+    before, after = before or "", after or ""
+    out = {}
+    for r in sorted(set(re.findall(r'^sloserve_shed_total\{[^}]*reason="([^"]+)"', after, re.MULTILINE))):
+        n = int(prom_sum(after, "sloserve_shed_total", reason=r) - prom_sum(before, "sloserve_shed_total", reason=r))
+        if n > 0:
+            out[r] = n
+    return out
 
 
 def shed_histogram(text: str | None) -> dict[float, float]:
