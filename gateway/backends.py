@@ -188,8 +188,7 @@ class InProcessBackend:
             raise WorkerGone(f"no worker of '{key[0]}/{key[1]}' is up (being started again); retry shortly",
                              retry_after_s=1.0)
         worker = min(live, key=lambda w: w.in_flight)
-        deadline = time.monotonic() + limit if limit is not None else None
-        return await worker.run(inputs, deadline)
+        return await worker.run(inputs, limit)
 
     async def _sessions(self, name: str, model, variant: str, outs: list[str], n: int) -> list[Replica]:
         """``n`` ORT sessions of (``name``, ``variant``), built in the pool; a file ORT cannot load is a

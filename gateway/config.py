@@ -131,12 +131,15 @@ class Settings(BaseSettings):
                     "as without workers. Pays on hosts with a core per worker beside the loop's; on 2 cores "
                     "it costs attainment under a burst (docs/benchmarks.md).",
     )
-    ray_transport: Literal["grpc", "object_ref"] = Field(
-        default="grpc",
-        description="How a batch reaches its Ray Serve replica: grpc (the handle calls the replica's own "
-                    "inter-deployment gRPC server, as Ray Serve's throughput-optimized mode does) or object_ref "
-                    "(a Ray actor task through Ray core, with object references). grpc costs less CPU per batch "
-                    "(docs/benchmarks.md, Ray path); the gateway must reach the replicas' nodes directly.",
+    ray_transport: Literal["direct", "grpc", "object_ref"] = Field(
+        default="direct",
+        description="How a batch reaches its Ray Serve replica: direct (the gateway keeps a socket to each "
+                    "running replica's batch channel and routes batches itself; gateway/ray_channels.py), "
+                    "grpc (through a DeploymentHandle, whose router calls the replica's inter-deployment gRPC "
+                    "server, as Ray Serve's throughput-optimized mode does) or object_ref (a DeploymentHandle "
+                    "call as a Ray actor task). direct keeps a 20 ms SLO's tail that the handle's path misses "
+                    "(docs/architecture.md, 'The Ray hand-off'); direct and grpc need the gateway to reach the "
+                    "replicas' nodes.",
     )
     batch_timeout_s: float = Field(default=30.0, gt=0, description="A batch not back by then fails (504).")
     late_grace_s: float | None = Field(

@@ -7,20 +7,11 @@ load that wait is paid on every batch (``python -m loadtests.bench.gil_probe``: 
 next to a thread that holds the GIL; docs/benchmarks.md). A worker process has its own interpreter,
 so ORT never waits for the gateway's GIL; the gateway only pickles a batch onto a socket.
 
-The protocol, over one ``socketpair`` per worker (``multiprocessing.connection`` framing, pickle 5):
-
-- worker -> gateway, once: ``("ready", input_names)`` or ``("error", message)``;
-- gateway -> worker: ``(batch_id, inputs, deadline)``; ``deadline`` is a ``time.monotonic()`` value
-  (CLOCK_MONOTONIC, the same clock in every process) after which the gateway no longer waits, so a
-  batch still queued then is skipped, never run late; ``None`` means no limit;
-- worker -> gateway: ``(batch_id, outputs, compute_s)``, or ``(batch_id, None, 0.0)`` for a skipped
-  one, or ``(batch_id, "error", message)`` when ORT refused the batch.
-
-The worker reads the socket in a thread of its own, so a second batch (``pipeline_depth`` 2) is
-taken off the socket while the first computes and the gateway's send never blocks on a busy worker.
-It computes batches in order, one at a time, and exits when the gateway's end of the socket closes
-(the gateway stopped or died). A worker that dies fails its batches in flight explicitly
-(503 + Retry-After) and is started again.
+The worker speaks the batch channel (``models/channel.py``) over one ``socketpair``: it reads the
+socket in a thread of its own, so a second batch (``pipeline_depth`` 2) is taken off the socket while
+the first computes, computes batches in order, one at a time, and exits when the gateway's end of the
+socket closes (the gateway stopped or died). A worker that dies fails its batches in flight
+explicitly (503 + Retry-After) and is started again.
 
 Workers are started with ``subprocess`` (fork + exec with no Python in between), never a bare fork
 of the multi-threaded gateway (docs/operations.md, "Start-up and stop").
@@ -29,15 +20,12 @@ of the multi-threaded gateway (docs/operations.md, "Start-up and stop").
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import os
 import pickle
-import queue
 import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict
 from multiprocessing.connection import Connection
@@ -45,14 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.errors import ReplicaFailed
+from gateway.channel import BatchChannel, ReplicaGone
 from models.runtime import RuntimeOptions
 
 log = logging.getLogger("sloserve.procreplica")
-_IDS = itertools.count(1)
 
 
-class WorkerGone(ReplicaFailed):
+class WorkerGone(ReplicaGone):
     """The replica's worker process exited with batches in flight, or is being started again (503,
     Retry-After). A ``ReplicaFailed``: the batcher retries the batch once, on a live worker if there is
     one, when its deadline still allows."""
@@ -70,23 +57,21 @@ class ProcessReplica:
                  delay_s: float | None = None):
         self.path, self.opts, self.output_names, self.label = str(path), opts, list(output_names), label
         self.delay_s = delay_s or 0.0
-        self._pending: dict[int, asyncio.Future] = {}
         self._proc: subprocess.Popen | None = None
-        self._sock: socket.socket | None = None  # non-blocking: the event loop never waits on a worker
-        self._rbuf = bytearray()
-        self._send_lock: asyncio.Lock | None = None
-        self._sending: set[asyncio.Task] = set()
+        self._channel: BatchChannel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready: asyncio.Future | None = None
         self._stopping = False
         self._restarting: asyncio.Task | None = None
-        self.available = False
         self.restarts = 0
+
+    @property
+    def available(self) -> bool:
+        return self._channel is not None and self._channel.available
 
     @property
     def in_flight(self) -> int:
         """Batches sent and not yet answered."""
-        return len(self._pending)
+        return self._channel.in_flight if self._channel is not None else 0
 
     # ---- life cycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -102,23 +87,18 @@ class ProcessReplica:
             self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
-        ours.setblocking(False)
-        self._sock, self._rbuf, self._send_lock = ours, bytearray(), asyncio.Lock()
-        self._ready = self._loop.create_future()
-        self._loop.add_reader(ours.fileno(), self._on_readable)
+        self._channel = BatchChannel(ours, self.label, on_gone=self._worker_gone)
         try:
-            await self._ready
+            await self._channel.ready()
         except BaseException:
             self._close(kill=True)
             raise
-        self.available = True
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping = True
         if self._restarting is not None:
             self._restarting.cancel()
         self._close(kill=False)
-        self._fail_pending(f"replica {self.label} is stopping (the server is shutting down)")
         proc = self._proc
         if proc is not None:
             deadline = time.monotonic() + timeout_s
@@ -127,145 +107,42 @@ class ProcessReplica:
             self._close(kill=True)  # still there after timeout_s (a stopped worker): SIGKILL
 
     def _close(self, kill: bool) -> None:
-        self.available = False
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            if self._loop is not None:
-                self._loop.remove_reader(sock.fileno())
-                self._loop.remove_writer(sock.fileno())
-            for task in list(self._sending):  # frames still going out: the socket goes with them
-                task.cancel()
-            sock.close()  # the worker sees EOF and exits
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(RuntimeError(f"replica {self.label}'s worker went away while loading"))
-            self._ready.exception()  # retrieved: start() may not be the one awaiting it any more
+        channel, self._channel = self._channel, None
+        if channel is not None:  # the worker sees EOF and exits
+            channel.close(why="is stopping (the server is shutting down)" if self._stopping
+                          else "its worker is being started again")
         if kill and self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()  # SIGKILLed: reaped in microseconds
 
-    def _fail_pending(self, why: str) -> None:
-        for fut in list(self._pending.values()):
-            if not fut.done():
-                fut.set_exception(WorkerGone(why, retry_after_s=1.0))
-
     # ---- batches ----------------------------------------------------------------------------
-    async def run(self, inputs: dict[str, np.ndarray], deadline: float | None) -> tuple[dict | None, float]:
-        """``(outputs, compute_s)``; ``(None, 0.0)`` when the worker skipped it past ``deadline``."""
-        if not self.available:
+    async def run(self, inputs: dict[str, np.ndarray], budget_s: float | None) -> tuple[dict | None, float]:
+        """``(outputs, compute_s)``; ``(None, 0.0)`` when the worker skipped it past ``budget_s``."""
+        channel = self._channel
+        if channel is None or not channel.available:
             raise WorkerGone(f"replica {self.label}'s worker is being started again; retry shortly",
                              retry_after_s=1.0)
-        bid = next(_IDS)
-        fut = self._loop.create_future()
-        self._pending[bid] = fut
         try:
-            try:
-                await self._send(pickle.dumps((bid, inputs, deadline), protocol=5))
-            except OSError:  # the worker died (its EOF not read yet), or the replica is stopping
-                self._worker_gone()
-                if fut.done() and not fut.cancelled():
-                    fut.exception()  # _fail_pending's answer: this one is raised instead
-                why = (f"replica {self.label} is stopping (the server is shutting down)" if self._stopping
-                       else f"replica {self.label}'s worker process exited")
-                raise WorkerGone(f"{why}; retry shortly", retry_after_s=1.0) from None
-            out = await fut
-        finally:
-            self._pending.pop(bid, None)
-        return out
+            return await channel.run(inputs, budget_s)
+        except ReplicaGone as e:
+            if isinstance(e, WorkerGone):
+                raise
+            why = (f"replica {self.label} is stopping (the server is shutting down)" if self._stopping
+                   else f"replica {self.label}'s worker process exited (code {self._returncode()}) with this "
+                        f"batch in flight")
+            raise WorkerGone(f"{why}; retry shortly", retry_after_s=1.0) from None
 
-    async def _send(self, payload: bytes) -> None:
-        """One frame in ``multiprocessing.connection``'s format (what the worker reads): a 4-byte
-        big-endian length, then the bytes. ``sock_sendall`` writes at once what the socket takes and
-        waits on the loop for the rest, so a worker that stops reading never blocks the loop; the
-        lock keeps two frames from interleaving then."""
-        sock = self._sock
-        if sock is None:
-            raise OSError("the worker's socket is closed")
-        if len(payload) > 0x7FFFFFFF:
-            raise ValueError(f"a batch of {len(payload)} bytes is over the worker protocol's 2 GiB frame limit")
-        frame = struct.pack("!i", len(payload)) + payload
-        if not self._sending:  # nothing queued ahead: write what the socket takes now, no task
-            try:
-                sent = sock.send(frame)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            if sent == len(frame):
-                return
-            frame = memoryview(frame)[sent:]
-        # Shielded: a caller that gives up (its timeout) must not cut a frame in half, or every later
-        # frame on this socket would be misread. The frame finishes, or the socket closes under it.
-        task = self._loop.create_task(self._send_frame(sock, frame))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled() and self._sock is not sock:  # the socket closed under the frame (stop, death)
-                raise OSError("the worker's socket closed while the batch was going out") from None
-            raise
+    def _returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
 
-    async def _send_frame(self, sock: socket.socket, frame: bytes | memoryview) -> None:
-        async with self._send_lock:
-            await self._loop.sock_sendall(sock, frame)
-
-    def _on_readable(self) -> None:
-        sock = self._sock
-        if sock is None:
+    def _worker_gone(self, channel: BatchChannel) -> None:
+        if channel is not self._channel:
             return
-        try:
-            while True:
-                chunk = sock.recv(1 << 20)
-                if not chunk:
-                    raise EOFError
-                self._rbuf += chunk
-                if len(chunk) < 1 << 20:
-                    break
-        except (BlockingIOError, InterruptedError):
-            pass
-        except (EOFError, OSError):
-            self._take_frames()  # what arrived before the end still counts
-            self._worker_gone()
-            return
-        self._take_frames()
-
-    def _take_frames(self) -> None:
-        buf = self._rbuf
-        while len(buf) >= 4:
-            (n,) = struct.unpack_from("!i", buf)
-            if len(buf) < 4 + n:
-                break
-            msg = pickle.loads(buf[4:4 + n])  # a copy: buf is resized right after
-            del buf[:4 + n]
-            self._deliver(msg)
-
-    def _deliver(self, msg) -> None:
-        if msg[0] == "ready":
-            if not self._ready.done():
-                self._ready.set_result(None)
-            return
-        if msg[0] == "error":  # the model did not load: start() raises it
-            if not self._ready.done():
-                self._ready.set_exception(RuntimeError(msg[1]))
-            return
-        bid, outputs, extra = msg
-        fut = self._pending.get(bid)
-        if fut is None or fut.done():
-            return
-        if isinstance(outputs, str):  # "error": ORT refused the batch
-            fut.set_exception(RuntimeError(extra))
-        else:
-            fut.set_result((outputs, extra))
-
-    def _worker_gone(self) -> None:
-        if self._sock is None:  # already handled (a failed send, then the reader's EOF)
-            return
-        was_serving = self.available
-        proc = self._proc
-        rc = proc.poll() if proc is not None else None
+        self._channel = None
         self._close(kill=True)
-        why = f"replica {self.label}'s worker process exited (code {rc}) with this batch in flight"
-        self._fail_pending(why)
-        if was_serving and not self._stopping:  # a worker that fails to load: start() raises, its caller decides
-            log.error("%s; starting it again", why.replace(" with this batch in flight", ""))
+        if not self._stopping:
+            log.error("replica %s's worker process exited (code %s); starting it again", self.label,
+                      self._returncode())
             self._restarting = self._loop.create_task(self._restart())
 
     async def _restart(self) -> None:
@@ -283,6 +160,7 @@ class ProcessReplica:
 
 # ---- the worker process ---------------------------------------------------------------------
 def _worker(fd: int, path: str, opts: dict, output_names: list[str], delay_s: float) -> None:
+    from models.channel import BatchServer
     from models.runtime import Replica
 
     conn = Connection(fd)
@@ -291,33 +169,8 @@ def _worker(fd: int, path: str, opts: dict, output_names: list[str], delay_s: fl
     except Exception as e:  # noqa: BLE001 - the gateway reports ORT's own message
         conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}"), protocol=5))
         return
-    conn.send_bytes(pickle.dumps(("ready", rep.input_names), protocol=5))
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-
-    def read() -> None:  # takes batches off the socket (and unpickles them) while one computes
-        try:
-            while True:
-                inbox.put(pickle.loads(conn.recv_bytes()))
-        except (EOFError, OSError):
-            inbox.put(None)
-
-    threading.Thread(target=read, name="inbox", daemon=True).start()
-    while (msg := inbox.get()) is not None:
-        bid, inputs, deadline = msg
-        if deadline is not None and time.monotonic() > deadline:
-            reply = (bid, None, 0.0)
-        else:
-            t0 = time.perf_counter()
-            try:
-                if delay_s:
-                    time.sleep(delay_s)  # chaos drill: busy this long, as the in-thread replicas are
-                reply = (bid, rep.run(inputs), time.perf_counter() - t0)
-            except Exception as e:  # noqa: BLE001 - a batch ORT refuses fails alone
-                reply = (bid, "error", f"{type(e).__name__}: {e}")
-        try:
-            conn.send_bytes(pickle.dumps(reply, protocol=5))
-        except OSError:
-            return
+    server = BatchServer(lambda inputs, variant: rep.run(inputs), delay_s=delay_s)
+    server.serve(conn, {"pid": os.getpid(), "input_names": rep.input_names})  # until the gateway closes it
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from gateway.config import Settings
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
 from gateway.proctree import descendants, describe, reap
 from gateway.rates import RateMeter, gateway_id
+from gateway.ray_channels import ReplicaChannels, read_endpoints
 from models.ray_replica import SHARED, build_app, deployment_name
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
@@ -36,7 +37,6 @@ from models.runtime import RuntimeOptions
 log = logging.getLogger("sloserve.ray")
 APP_PREFIX = "sloserve-"
 METRICS_PUSH_S = 0.5
-STATUS_POLL_S = 5.0
 
 
 # gRPC codes that mean the replica (or its connection) went away, not that the call itself is wrong.
@@ -82,6 +82,13 @@ class RayServeBackend:
         self._handles: dict[tuple[str, str], Any] = {}
         self._replicas: dict[tuple[str, str], int] = {}
         self._apps: dict[tuple[str, str], str] = {}
+        self._details: dict[str, Any] | None = None  # the controller's latest serve details
+        # ray_transport direct: the gateway routes each batch to a replica's own channel (gateway/ray_channels.py)
+        self.direct = settings.ray_transport == "direct"
+        self.channels = ReplicaChannels(self._channels_changed) if self.direct else None
+        # direct channels report the replica's compute time, and the policy models depth (as in-process)
+        self.round_trip_latency = not self.direct
+        self.pipeline_depth = settings.pipeline_depth
         self._started_ray = False
         self._ready = False
         self._poller: asyncio.Task | None = None
@@ -128,7 +135,12 @@ class RayServeBackend:
         batch carries them, and that is exactly when the autoscaler must see the demand."""
         for (model, variant), handle in self._handles.items():
             if self._autoscaled.get(model) and (variant == self._top[model] or not self.shared(model)):
-                handle.note_rate.remote(self._stamp(model, variant))  # (a shared deployment: once)
+                stamp = self._stamp(model, variant)  # (a shared deployment: once)
+                if self.direct:  # every replica keeps the latest stamp of every gateway
+                    for chan in self.channels.channels(self._apps[(model, variant)]):
+                        chan.stamp(stamp)
+                else:
+                    handle.note_rate.remote(stamp)
 
     def autoscaling_config(self, model: str, variant: str) -> dict[str, Any] | None:
         """Ray Serve autoscaling config running the swayam policy on this variant's profile."""
@@ -266,6 +278,7 @@ class RayServeBackend:
                         "pipeline_depth": self.settings.pipeline_depth, "runtime": runtime,
                         "fault_delay_s": self._fault_delay_s(name),
                         "autoscaling": self.autoscaling_config(name, v),
+                        "channel_host": self._channel_host(),
                         **({"variants": ranked} if shared else {}),
                     }), name=app, route_prefix=None, blocking=False)
                 handle = self._handle(serve.get_deployment_handle(dep, app_name=app))
@@ -273,6 +286,13 @@ class RayServeBackend:
                     self._apps[(name, served)] = app
                     self._handles[(name, served)] = handle
                     self._replicas[(name, served)] = self.replicas_of(name)
+
+    def _channel_host(self) -> str | None:
+        """Where each replica's batch channel listens: loopback under the gateway's own embedded Ray,
+        the node's IP on a cluster (""), none when batches go through Serve's handle."""
+        if not self.direct:
+            return None
+        return "127.0.0.1" if self._started_ray else ""
 
     def _handle(self, handle):
         """``ray_transport`` grpc: the handle sends each batch straight to the replica's inter-deployment
@@ -304,56 +324,81 @@ class RayServeBackend:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
-            counts = await loop.run_in_executor(None, self._running_counts)
-            if all(counts.get(k, 0) >= 1 for k in self._handles):
-                self._replicas.update(counts)
+            await self._refresh()
+            if all(self._replicas.get(k, 0) >= 1 for k in self._handles):
                 return
             await asyncio.sleep(0.25)
         raise TimeoutError("Ray Serve replicas did not start in time; see `ray status` / Serve logs")
 
-    def _running_counts(self) -> dict[tuple[str, str], int]:
-        from ray import serve
+    async def _refresh(self) -> None:
+        """Read the controller's view of the replicas (and, for the direct transport, where the new
+        ones listen), then update the replica counts and the channels."""
+        loop = asyncio.get_running_loop()
+        apps = set(self._apps.values())
+        known = {app: self.channels.known(app) for app in apps} if self.direct else {}
+        endpoints = await loop.run_in_executor(None, self._read_details, apps, known)
+        if self.direct:
+            for app, running in endpoints.items():
+                self.channels.sync(app, running)
+        self._count_replicas()
 
-        status = serve.status()
-        out = {}
+    def _read_details(self, apps: set[str], known: dict[str, set[str]]) -> dict[str, dict]:
+        """In a thread: the controller's serve details as a plain dict. Not ``serve.status()``: that
+        builds a pydantic model of every deployment's config, which cloudpickles its request router
+        class, 25-45 ms of the gateway's GIL per call on this box (0.4 ms this way); while it ran,
+        every request in the gateway waited (docs/architecture.md, "The Ray hand-off")."""
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client(raise_if_no_controller_running=False)
+        self._details = client.get_serve_details() if client is not None else None
+        if not self.direct or self._details is None:
+            return {}
+        return read_endpoints(self._details, apps, known)
+
+    def _replica_states(self, app: str) -> dict[str, int]:
+        """Replicas of ``app``'s deployment by state, from the latest details."""
+        counts: dict[str, int] = {}
+        st = (self._details or {}).get("applications", {}).get(app) or {}
+        for dep in st.get("deployments", {}).values():
+            for r in dep.get("replicas", ()):
+                state = str(getattr(r.get("state"), "value", r.get("state")))
+                counts[state] = counts.get(state, 0) + 1
+        return counts
+
+    def _count_replicas(self) -> None:
+        """Replicas that take batches: RUNNING in Serve's view, and with the direct transport, connected."""
         for key, app in self._apps.items():
-            st = status.applications.get(app)
-            if st is None:
-                continue
-            for dep in st.deployments.values():
-                out[key] = int(dep.replica_states.get("RUNNING", 0))
-                if self.on_replicas is not None and (not self.shared(key[0]) or key[1] == self._top[key[0]]):
-                    device = self.device_of(key[0]).lower()
-                    for state in ("STARTING", "RUNNING", "STOPPING"):
-                        self.on_replicas(key[0], key[1], device, state.lower(),
-                                         int(dep.replica_states.get(state, 0)))
-        return out
+            states = self._replica_states(app)
+            self._replicas[key] = self.channels.count(app) if self.direct else states.get("RUNNING", 0)
+            if self.on_replicas is not None and (not self.shared(key[0]) or key[1] == self._top[key[0]]):
+                device = self.device_of(key[0]).lower()
+                for state in ("STARTING", "RUNNING", "STOPPING"):
+                    self.on_replicas(key[0], key[1], device, state.lower(), states.get(state, 0))
+
+    def _channels_changed(self, app: str) -> None:
+        """A channel opened or closed: the slots follow at once (a dead replica's are gone now)."""
+        for key, a in self._apps.items():
+            if a == app:
+                self._replicas[key] = self.channels.count(app)
 
     async def _poll_replicas(self) -> None:
-        """Rates go out every second; replica counts come from ``serve.status()``, which costs the
-        gateway ~8% of a core per call per second (it rebuilds every deployment's config, pickling
-        its request router) plus the controller's time. So it is polled every second only while a
-        model autoscales or a replica is missing, else every ``STATUS_POLL_S``. A replica that dies
-        in between is still handled per batch (retry / explicit error); only the slot count lags."""
-        loop = asyncio.get_running_loop()
-        last = loop.time()
+        """Once a second: the rates go out, and the replica counts (and channels) follow Serve's view.
+        A replica that dies in between is handled per batch (retried once, or failed explicitly); with
+        the direct transport its slots are also gone the moment its socket closes."""
         while True:
             await asyncio.sleep(1.0)
             try:
                 self._push_rates()
-                steady = not any(self._autoscaled.values()) and all(
-                    self._replicas.get(k, 0) >= self.replicas_of(k[0]) for k in self._handles)
-                if steady and loop.time() - last < STATUS_POLL_S:
-                    continue
-                last = loop.time()
-                self._replicas.update(await loop.run_in_executor(None, self._running_counts))
+                await self._refresh()
             except Exception:  # the controller may be restarting; keep the last view
-                log.debug("serve.status failed", exc_info=True)
+                log.debug("reading the replicas from the Serve controller failed", exc_info=True)
 
     async def stop(self) -> None:
         self._ready = False
         if self._poller is not None:
             self._poller.cancel()
+        if self.channels is not None:
+            await self.channels.close()
         await self._stop_deploying()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._shutdown)
@@ -401,6 +446,37 @@ class RayServeBackend:
     def handle(self, model: str, variant: str):
         return self._handles[(model, variant)]
 
+    async def _run_direct(self, model: str, variant: str, inputs: dict[str, np.ndarray], limit: float,
+                          timeout_s: float | None) -> RunResult:
+        """The batch on the connected replica with the fewest batches in flight, over its channel; with
+        none connected (the only one died and Serve is replacing it), it waits for one while ``limit``
+        allows, as Serve's own router would."""
+        t0 = time.monotonic()
+        chan = await self.channels.wait_for(self._apps[(model, variant)], limit)
+        if chan is None:
+            raise ReplicaFailed(f"no replica of '{model}/{variant}' is connected (Serve is starting or "
+                                f"replacing it); retry shortly", retry_after_s=1.0)
+        limit = max(limit - (time.monotonic() - t0), 1e-3)
+        try:
+            outputs, compute_s = await asyncio.wait_for(
+                chan.run(inputs, limit, variant if self.shared(model) else None), limit)
+        except asyncio.TimeoutError:
+            raise self._late(model, variant, limit, timeout_s) from None
+        except RuntimeError as e:  # the replica refused the batch (ONNX Runtime's message)
+            raise InternalError(f"replica for '{model}/{variant}' failed on this batch: {e!s:.300}") from None
+        if outputs is None:  # skipped by the replica: already past the time the gateway waits
+            raise self._late(model, variant, limit, timeout_s)
+        return RunResult(outputs, compute_s, chan.info.get("device_type", "cpu"))
+
+    def _late(self, model: str, variant: str, limit: float, timeout_s: float | None) -> DeadlineExceeded:
+        if timeout_s is not None and timeout_s <= self.settings.batch_timeout_s:
+            return DeadlineExceeded(
+                f"the batch on '{model}/{variant}' was not back {limit:.2f} s after dispatch, past its "
+                f"requests' deadlines plus late_grace_s (its replica may have died and been replaced); "
+                f"retry, or raise slo_ms")
+        return DeadlineExceeded(f"replica for '{model}/{variant}' did not return a batch within batch_timeout_s="
+                                f"{self.settings.batch_timeout_s}")
+
     async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
                   timeout_s: float | None = None) -> RunResult:
         """One Ray call for the whole batch, bounded by the batch's deadline (``timeout_s``, from the
@@ -413,6 +489,8 @@ class RayServeBackend:
 
         limit = self.settings.batch_timeout_s if timeout_s is None else min(timeout_s, self.settings.batch_timeout_s)
         self._served[(model, variant)].add(next(iter(inputs.values())).shape[0])
+        if self.direct:
+            return await self._run_direct(model, variant, inputs, limit, timeout_s)
         handle = self._handles[(model, variant)]
         if self.shared(model):
             call = handle.run_batch.remote(inputs, self._stamp(model, variant), variant)
@@ -422,14 +500,7 @@ class RayServeBackend:
             outputs, compute_s, device = await asyncio.wait_for(call, limit)
         except asyncio.TimeoutError:
             call.cancel()
-            if timeout_s is not None and timeout_s <= self.settings.batch_timeout_s:
-                raise DeadlineExceeded(
-                    f"the batch on '{model}/{variant}' was not back {limit:.2f} s after dispatch, past its "
-                    f"requests' deadlines plus late_grace_s (its replica may have died and been replaced); "
-                    f"retry, or raise slo_ms") from None
-            raise DeadlineExceeded(
-                f"replica for '{model}/{variant}' did not return a batch within batch_timeout_s="
-                f"{self.settings.batch_timeout_s}") from None
+            raise self._late(model, variant, limit, timeout_s) from None
         except (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError,
                 rex.ObjectLostError) as e:
             raise ReplicaFailed(f"replica for '{model}/{variant}' died while running this batch "

@@ -9,6 +9,7 @@ gateway's own deployment both use (``models.ray_replica:build_app``), so both de
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,12 @@ from models.runtime import Replica, RuntimeOptions, device_type
 
 STAMP_TTL_S = 5.0
 SHARED = "shared"  # the deployment name's variant part for a replica that holds every variant
+KV_NAMESPACE = "sloserve-channels"  # where replicas publish their batch channels (Ray internal KV)
+DRAIN_S = 2.0  # a replica Serve stops finishes the batches it holds for up to this long
+
+
+def channel_key(app: str, replica_id: str) -> str:
+    return f"{app}/{replica_id}"
 
 
 class OnnxReplica:
@@ -37,9 +44,11 @@ class OnnxReplica:
 
     def __init__(self, repo: str, model: str, variant: str, device: str = "cpu",
                  runtime: dict[str, Any] | None = None, fault_delay_s: float = 0.0,
-                 variants: list[str] | None = None):
+                 variants: list[str] | None = None, channel_host: str | None = ""):
         """``variants``: a shared replica (``models.<name>.shared_replicas``) loads each of them and
-        runs the one a batch names; ``variant`` is then the first (the default)."""
+        runs the one a batch names; ``variant`` is then the first (the default). ``channel_host``: the
+        address its batch channel listens on ("" : this node's IP as Ray knows it; the embedded Ray of
+        one gateway passes 127.0.0.1); None opens no channel (batches come through Serve's handle)."""
         check_name("model", model)
         for v in variants or [variant]:
             check_name("variant", v)
@@ -47,6 +56,8 @@ class OnnxReplica:
         opts = RuntimeOptions(**(runtime or {}))
         outs = [o.name for o in loaded.config.outputs]
         self.replicas = {v: Replica(loaded.onnx_path(v), opts, outs) for v in (variants or [variant])}
+        for rep in self.replicas.values():
+            rep.warm_up()
         self.replica = self.replicas[variant]
         self.device_type = device_type(opts.device) if device == "cpu" else device.lower()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
@@ -54,6 +65,49 @@ class OnnxReplica:
         self.model, self.variant = model, variant
         self.fault_delay_s = fault_delay_s
         self._stamps: dict[str, tuple[float, float, float]] = {}
+        self._listener = None
+        self._kv_key: str | None = None
+        if channel_host is not None:
+            self._open_channel(channel_host)
+
+    # ---- the batch channel (the gateway's direct transport) ---------------------------------
+    def _open_channel(self, host: str) -> None:
+        """Listen for gateways (models/channel.py) and publish where, with the handshake's key, in
+        Ray's internal KV (gateway/ray_channels.py reads it)."""
+        import ray
+        from ray.experimental import internal_kv
+
+        from models.channel import BatchServer, ChannelListener
+
+        self._server = BatchServer(self._compute, on_stamp=self._keep, delay_s=self.fault_delay_s)
+        info = {"device_type": self.device_type, "variants": sorted(self.replicas), "pid": os.getpid()}
+        self._listener = ChannelListener(self._server, host or ray.util.get_node_ip_address(), info)
+        rid = serve.get_replica_context().replica_id
+        self._kv_key = channel_key(rid.deployment_id.app_name, rid.unique_id)
+        entry = {"host": self._listener.host, "port": self._listener.port, "key": self._listener.key.hex(),
+                 "pid": os.getpid()}
+        internal_kv._internal_kv_put(self._kv_key, json.dumps(entry), overwrite=True, namespace=KV_NAMESPACE)
+
+    def _compute(self, inputs: dict[str, np.ndarray], variant: str | None) -> dict[str, np.ndarray]:
+        rep = self.replica if variant is None else self.replicas.get(variant)
+        if rep is None:
+            raise ValueError(f"this replica of '{self.model}' holds variants {sorted(self.replicas)}, not '{variant}'")
+        self.batches += 1
+        return rep.run(inputs)
+
+    def __del__(self) -> None:
+        """Serve stops this replica: take no new gateway, finish what is queued (up to ``DRAIN_S``)."""
+        listener, self._listener = getattr(self, "_listener", None), None
+        if listener is None:
+            return
+        listener.close()
+        try:
+            from ray.experimental import internal_kv
+
+            internal_kv._internal_kv_del(self._kv_key, namespace=KV_NAMESPACE)
+        except Exception:  # noqa: BLE001, S110 - the gateways drop a stale entry themselves
+            pass
+        self._server.drain(DRAIN_S)
 
     async def run_batch(self, inputs: dict[str, np.ndarray],
                         stamp: tuple[str, float, float] | None = None,
@@ -138,4 +192,5 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
     return dep.bind(str(args["repo"]), args["model"], variants[0] if variants else args["variant"], device,
-                    args.get("runtime"), float(args.get("fault_delay_s", 0.0)), variants)
+                    args.get("runtime"), float(args.get("fault_delay_s", 0.0)), variants,
+                    args.get("channel_host", ""))

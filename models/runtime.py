@@ -136,3 +136,22 @@ class Replica:
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self.session.run(self.output_names, inputs)
         return dict(zip(self.output_names, results))
+
+    def warm_up(self, rows: int = 1) -> None:
+        """Run one batch of zeros, so the first request does not pay the session's first run (its
+        allocations and kernel choices: tens of milliseconds, past a tight SLO)."""
+        feeds = {}
+        for i in self.session.get_inputs():
+            dtype = _ORT_TYPES.get(i.type)
+            if dtype is None:  # an input type this warm-up does not know: the first request warms it
+                return
+            dims = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+            if dims:
+                dims[0] = rows
+            feeds[i.name] = np.zeros(dims, dtype)
+        self.session.run(self.output_names, feeds)
+
+
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}

@@ -61,6 +61,8 @@ from loadtests.bench.systems import (
 )
 
 POLICIES = ("slo", "timeout", "fixed", "aimd", "nexus")
+PEERS_TUNED = ("triton", "rayserve", "mlserver")
+PEER_CONFIG = re.compile(r"(triton|mlserver)-\d+(\.\d+)?x\d+|rayserve-\d+(\.\d+)?x\d+(-opt)?")
 DEFAULT_SYSTEMS = ",".join([f"sloserve-{p}" for p in POLICIES] + ["triton", "rayserve", "mlserver"])
 DEFAULT_RATES = ("20,30,40,50,65,80,100,125,150,200,250,300,350,400,450,500,600,700,800,900,1000,1200,"
                  "1400,1600,1800,2000,2400,2800")
@@ -156,35 +158,56 @@ def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> 
     """(launch, generator headers, variant served by a peer or pinned)."""
     if system.startswith("sloserve"):
         name, _, pin = system.partition("@")
-        parts = name.split("-")
-        backend = "ray" if "ray" in parts[1:] else "inprocess"
-        policy = parts[-1] if parts[-1] in POLICIES else "slo"
-        cfg = tmp / f"{system.replace('@', '_')}.json"
-        model_cfg = {"slo_ms": args.slo_ms, "batching": policy_batching(policy, args)}
-        if "shared" in parts[1:]:  # sloserve-shared-<policy>: every replica holds every variant
-            model_cfg["shared_replicas"] = True
-        cfg.write_text(json.dumps({"models": {args.model: model_cfg}}))
-        knobs = BatchingKnobs(sloserve_config=str(cfg), sloserve_backend=backend)
-        launch = make_launch("sloserve", repo, args.model, args.variant, knobs, tmp)
-        launch.system = system
         hdrs = {"x-slo-ms": f"{args.slo_ms:g}"}
         pin = pin or args.variant
+        if name == "sloserve-default":  # exactly what `make run` starts: no config, every default
+            launch = default_launch(repo, args.model, tmp)
+        else:
+            parts = name.split("-")
+            backend = "ray" if "ray" in parts[1:] else "inprocess"
+            policy = parts[-1] if parts[-1] in POLICIES else "slo"
+            cfg = tmp / f"{system.replace('@', '_')}.json"
+            model_cfg = {"slo_ms": args.slo_ms, "batching": policy_batching(policy, args)}
+            if "shared" in parts[1:]:  # sloserve-shared-<policy>: every replica holds every variant
+                model_cfg["shared_replicas"] = True
+            cfg.write_text(json.dumps({"models": {args.model: model_cfg}}))
+            knobs = BatchingKnobs(sloserve_config=str(cfg), sloserve_backend=backend)
+            launch = make_launch("sloserve", repo, args.model, args.variant, knobs, tmp)
+        launch.system = system
         # the readiness probe carries the warm-up budget: at the benchmark's SLO a cold start can be refused
         launch.headers = {"x-slo-ms": f"{args.warmup_slo_ms:g}"}
         if pin != "any":
             launch.headers["x-variant"] = pin
             hdrs["x-variant"] = pin
         return launch, hdrs, pin
-    if system.startswith("triton"):
-        delay, inst = (system.split("-", 1)[1].split("x") if "-" in system else (args.max_wait_ms, 1))
-        knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=float(delay),
-                              triton_instances=int(inst))
-        launch = make_launch("triton", repo, args.model, args.variant, knobs, tmp)
-        launch.system = system
-        return launch, {}, args.variant
-    knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms)
-    launch = make_launch(system, repo, args.model, args.variant, knobs, tmp)
+    peer, _, cfg = system.partition("-")
+    knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                          triton_metrics=args.triton_metrics)
+    if cfg:  # <wait ms>x<instances | replicas | workers>[-opt]
+        head, _, flag = cfg.partition("-")
+        wait, _, count = head.partition("x")
+        knobs.max_wait_ms = float(wait)
+        if peer == "triton":
+            knobs.triton_instances = int(count or 1)
+        elif peer == "rayserve":
+            knobs.rayserve_replicas = int(count or 1)
+            knobs.rayserve_optimized = flag == "opt"
+        elif peer == "mlserver":
+            knobs.mlserver_workers = int(count or 1)
+    launch = make_launch(peer, repo, args.model, args.variant, knobs, tmp)
+    launch.system = system
     return launch, {}, args.variant
+
+
+def default_launch(repo: Path, model: str, tmp: Path) -> Launch:
+    """``sloserve serve --repo REPO`` on free ports: the Makefile's ``make run`` line, nothing else set."""
+    from loadtests.bench.systems import _with_tmp, free_ports
+
+    http, grpc = free_ports(2)
+    exe = Path(sys.executable).with_name("sloserve")
+    argv = [str(exe), "serve", "--repo", str(repo), "--http-port", str(http), "--grpc-port", str(grpc)]
+    return _with_tmp(Launch("sloserve-default", argv, f"http://127.0.0.1:{http}/v2/models/{model}/infer",
+                            f"http://127.0.0.1:{http}/metrics", grace_s=15.0), tmp)
 
 
 def generator_headers(hdrs: dict[str, str], body_headers: dict[str, str] | None) -> dict:
@@ -323,7 +346,7 @@ def timeline(recs: list[tuple], slo: float, dur: float, names: list[str], bin_s:
 
 
 def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: bytes, body_path: Path,
-          rates: list[float], round_no: int, start_rate: float = 0.0) -> dict[str, Any]:
+          rates: list[float], round_no: int, start_rate: float = 0.0, light: bool = True) -> dict[str, Any]:
     launch, hdrs, pinned = launch_for(system, args, repo, tmp)
     peer_acc = None if system.startswith("sloserve") else args._accuracy[pinned]
     acc = {i: args._accuracy[v] for i, v in enumerate(args._variants)}
@@ -362,11 +385,35 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
             if fails >= args.stop_after or (m["attainment"] or 0) < args.floor:
                 break
             time.sleep(args.gap)
+        best = max_rate(steps, args.target, start_rate, rates)
+        light = None
+        if light and args.light_fraction > 0 and best > 0:  # the tail a lightly loaded server shows, same server
+            time.sleep(args.gap)
+            light = light_step(launch, hdrs, body_path, best * args.light_fraction, args, tmp,
+                               f"{system}-r{round_no}-light", acc, peer_acc)
         mem = tree_memory_mb(launch.pid)
     finally:
         launch.stop()
     return {"system": system, "round": round_no, "ready_s": round(ready, 2), "steps": steps,
-            "max_rate_at_target": max_rate(steps, args.target, start_rate, rates), "memory": mem}
+            "max_rate_at_target": best, "light": light, "memory": mem}
+
+
+def light_step(launch: Launch, hdrs: dict[str, str], body_path: Path, rate: float, args: argparse.Namespace,
+               tmp: Path, tag: str, acc: dict[int, float], peer_acc: float | None) -> dict[str, Any]:
+    """Poisson arrivals at ``rate`` (a fraction of the system's highest rate) for at least
+    ``--light-requests`` requests: p50, p99, p99.9 and max of the answers, and what was shed."""
+    dur = max(args.duration, args.light_requests / rate)
+    sched = poisson(rate, dur, random.Random(4242))
+    recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, tag)
+    m = metrics(recs, trailer, args, acc, peer_acc, rate)
+    m.pop("timeline", None)
+    lat = sorted(done - t for t, _sent, done, status, _v in recs if 200 <= status < 300)
+    m.update({"duration_s": round(dur, 1), "max_ms": round(lat[-1] * 1e3, 3) if lat else None,
+              "p999_over_p50": round(m["p999_ms"] / m["p50_ms"], 2) if m.get("p50_ms") else None})
+    print(f"  [{tag}] {rate:.0f}/s x {len(recs)}: p50 {m['p50_ms']} p99 {m['p99_ms']} p99.9 {m['p999_ms']} "
+          f"max {m['max_ms']} shed {m['shed']} errors {m['errors']} (p99.9/p50 {m['p999_over_p50']})",
+          file=sys.stderr, flush=True)
+    return m
 
 
 def shed_by_reason(before: str | None, after: str | None) -> dict[str, int]:
@@ -488,8 +535,17 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
                     row[k] = round(statistics.median(vals), 5)
             curve.append(row)
         at = [c for c in curve if c["rate"] <= statistics.median(rates)]
+        lights = [r["light"] for r in good if r.get("light")]
+        light = None
+        if lights:
+            light = {k: statistics.median(x[k] for x in lights if x.get(k) is not None)
+                     for k in ("rate", "p50_ms", "p99_ms", "p999_ms", "max_ms", "p999_over_p50", "attainment")
+                     if any(x.get(k) is not None for x in lights)}
+            light |= {"sent": sum(x["sent"] for x in lights), "shed": sum(x["shed"] for x in lights),
+                      "errors": sum(x["errors"] for x in lights), "rounds": len(lights)}
         out[system] = {
             "max_rate_at_target_median": statistics.median(rates), "max_rate_at_target_rounds": rates,
+            "light_load": light,
             "at_max_rate": at[-1] if at else None,
             "saturation_ok_rps": max((c.get("ok_rps", 0) for c in curve), default=0),
             "saturation_goodput_rps": max((c.get("goodput_rps", 0) for c in curve), default=0),
@@ -548,32 +604,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, list[dict[str, Any]]] = {}
     tuning: dict[str, Any] = {}
 
-    def one(system: str, r: int, start_rate: float = 0.0) -> dict[str, Any]:
+    def one(system: str, r: int, start_rate: float = 0.0, light: bool = True) -> dict[str, Any]:
         print(f"[round {r}] {system}: starting", file=sys.stderr, flush=True)
         try:
-            return sweep(system, args, repo, tmp, body, body_path, rates, r, start_rate)
+            return sweep(system, args, repo, tmp, body, body_path, rates, r, start_rate, light)
         except Exception as e:  # noqa: BLE001 - a system that fails is recorded, the run goes on
             err = f"{type(e).__name__}: {e}"[:4000]
             print(f"[round {r}] {system}: FAILED {err[:600]}", file=sys.stderr, flush=True)
             return {"system": system, "round": r, "error": err}
 
-    # Triton tuning pass: every configuration once, keep the one with the highest rate at target
-    if "triton" in systems:
-        configs = [c.strip() for c in args.triton_configs.split(",") if c.strip()]
-        tres = {}
-        for c in configs:
-            tres[f"triton-{c}"] = one(f"triton-{c}", 0)
+    # Tuning pass for each peer named without a configuration: every configuration of --<peer>-configs once
+    # (no light-load step), and the one with the highest rate at target goes into the rounds
+    for peer in PEERS_TUNED:
+        if peer not in systems:
+            continue
+        configs = [c.strip() for c in getattr(args, f"{peer}_configs").split(",") if c.strip()]
+        tres = {f"{peer}-{c}": one(f"{peer}-{c}", 0, light=False) for c in configs}
         ok = {k: v for k, v in tres.items() if "error" not in v}
         best = max(ok, key=lambda k: (ok[k]["max_rate_at_target"],
                                       max((s["goodput_rps"] for s in ok[k]["steps"]), default=0))) if ok else None
-        tuning = {"runs": tres, "best": best,
-                  "max_rate_at_target": {k: v.get("max_rate_at_target") for k, v in tres.items()},
-                  "errors": {k: v["error"] for k, v in tres.items() if "error" in v}}
-        print(f"triton tuning: {tuning['max_rate_at_target']} -> {best}", file=sys.stderr, flush=True)
-        systems = [best if s == "triton" else s for s in systems if s != "triton" or best]
+        tuning[peer] = {"runs": tres, "best": best,
+                        "max_rate_at_target": {k: v.get("max_rate_at_target") for k, v in tres.items()},
+                        "errors": {k: v["error"] for k, v in tres.items() if "error" in v}}
+        print(f"{peer} tuning: {tuning[peer]['max_rate_at_target']} -> {best}", file=sys.stderr, flush=True)
+        systems = [best if s == peer else s for s in systems if s != peer or best]
         if best is None:
-            results["triton"] = [{"system": "triton", "error": "every Triton configuration failed: "
-                                  + json.dumps(tuning["errors"])[:3000]}]
+            results[peer] = [{"system": peer, "error": f"every {peer} configuration failed: "
+                              + json.dumps(tuning[peer]["errors"])[:3000]}]
     for s in systems:
         results.setdefault(s, [])
     for r in range(1, args.rounds + 1):
@@ -586,8 +643,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(args.pause)
     summary = summarise(results, args)
     ratios = {}
-    tri = next((s for s in summary if s.startswith("triton")), None)
-    for base in (tri, "rayserve", "mlserver"):
+    bases = [next((s for s in summary if s.startswith(p)), None) for p in PEERS_TUNED]
+    for base in bases:
         if base and summary.get(base, {}).get("max_rate_at_target_median"):
             b = summary[base]["max_rate_at_target_median"]
             ratios[base] = {s: round(v["max_rate_at_target_median"] / b, 3) for s, v in summary.items()
@@ -604,7 +661,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         | ({"trace_column": args._trace_column} if args.arrival == "trace" else {}),
         "accuracy": args._accuracy,
         "compute_bound": compute_bound(repo, args.model, args.variant, args.max_batch_size),
-        "summary": summary, "ratios_of_max_rate": ratios, "triton_tuning": tuning, "runs": results,
+        "summary": summary, "ratios_of_max_rate": ratios, "tuning": tuning, "runs": results,
     }
     if args.keep_tmp or any("error" in x for v in results.values() for x in v):
         print(f"server logs kept in {tmp}", file=sys.stderr)
@@ -621,8 +678,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", default="model_repository")
     p.add_argument("--slo-ms", type=float, default=20.0)
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="comma list (see above)")
-    p.add_argument("--triton-configs", default="0.1x1,1x1,5x1,0.1x2,1x2,5x2",
-                   help="max_queue_delay_ms x instances tried in the tuning pass")
+    p.add_argument("--triton-configs", default="0x1,0.1x1,1x1,5x1,0x2,0.1x2,1x2,5x2",
+                   help="Triton tuning pass: max_queue_delay_ms x model instances (plain callable, metrics off)")
+    p.add_argument("--triton-metrics", action="store_true",
+                   help="turn Triton's metrics on (its batch statistics in the results; they cost it CPU)")
+    p.add_argument("--rayserve-configs", default="1x1,2x1,5x1,1x2,2x2,2x1-opt,2x2-opt",
+                   help="Ray Serve tuning pass: @serve.batch batch_wait_timeout ms x replicas, '-opt' with "
+                        "RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
+    p.add_argument("--mlserver-configs", default="1x0,2x0,5x0,1x1,2x1,5x1,2x2",
+                   help="MLServer tuning pass: max_batch_time ms x parallel_workers (0: inference in the server process)")
+    p.add_argument("--light-fraction", type=float, default=0.1,
+                   help="after each sweep, a light-load step at this fraction of the system's highest rate (0: none)")
+    p.add_argument("--light-requests", type=int, default=2000,
+                   help="requests in the light-load step (its p99.9 is its 2nd-worst answer at 2000)")
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace", "burst"), default="poisson")
     p.add_argument("--cv", type=float, default=4.0, help="gamma arrivals: coefficient of variation (2..8)")
     p.add_argument("--trace-column", help="trace arrivals: column of the CSV (default: the first)")
@@ -676,10 +744,21 @@ def main_args(args: argparse.Namespace) -> int:
     if args.min_requests < 0:
         raise SystemExit(f"--min-requests must be >= 0 (got {args.min_requests}; 0 never stretches a step)")
     unknown = [s for s in (x.strip() for x in args.systems.split(","))
-               if s and s.partition("@")[0] not in SYSTEMS and not s.startswith(("sloserve-", "triton-"))]
+               if s and s.partition("@")[0] not in SYSTEMS and not s.startswith("sloserve-")
+               and not PEER_CONFIG.fullmatch(s)]
     if unknown:
-        raise SystemExit(f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)} "
-                         f"(sloserve-<policy>[@variant], triton-<delay ms>x<instances>)")
+        raise SystemExit(f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)}, "
+                         f"sloserve-default (exactly `make run`), sloserve-<policy>[@variant], or a peer's "
+                         f"configuration: triton-<delay ms>x<instances>, rayserve-<wait ms>x<replicas>[-opt], "
+                         f"mlserver-<batch time ms>x<workers>")
+    for peer in PEERS_TUNED:
+        bad = [c for c in getattr(args, f"{peer}_configs").split(",") if c.strip()
+               and not PEER_CONFIG.fullmatch(f"{peer}-{c.strip()}")]
+        if bad:
+            raise SystemExit(f"--{peer}-configs: {bad} are not <ms>x<count>" + ("[-opt]" if peer == "rayserve" else ""))
+    if not 0 <= args.light_fraction <= 1 or args.light_requests < 100:
+        raise SystemExit(f"--light-fraction must be in [0, 1] (got {args.light_fraction}) and --light-requests "
+                         f">= 100 (got {args.light_requests})")
     try:
         extra = json.loads(args.sloserve_batching or "{}")
     except ValueError as e:

@@ -76,8 +76,11 @@ class BatchingKnobs:
     max_wait_ms: float = 2.0
     triton_instances: int = 1
     triton_preferred: list[int] | None = None
+    triton_metrics: bool = False  # Triton's Prometheus metrics (batch statistics) cost it CPU: off at its best
     mlserver_workers: int = 1
     rayserve_num_cpus: float = 0.5
+    rayserve_replicas: int = 1
+    rayserve_optimized: bool = False  # RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (Ray Serve's high-throughput mode)
     sloserve_policy: str = "timeout"
     sloserve_config: str | None = None  # a full config file instead of the generated one
     sloserve_backend: str = "inprocess"
@@ -272,7 +275,10 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
                 "--instances", str(knobs.triton_instances), "--max-batch-size", str(knobs.max_batch_size)]
         if knobs.triton_preferred:
             argv += ["--preferred-batch-size", *map(str, knobs.triton_preferred)]
-        return _with_tmp(Launch(system, argv, url, f"http://127.0.0.1:{metrics}/metrics", grace_s=2.0), tmp_dir)
+        if knobs.triton_metrics:
+            argv.append("--metrics")
+        return _with_tmp(Launch(system, argv, url, f"http://127.0.0.1:{metrics}/metrics" if knobs.triton_metrics else None,
+                                grace_s=2.0), tmp_dir)
     if system == "mlserver":
         metrics = free_port()
         argv = [peer_python("mlserver"), str(PEERS_DIR / "mlserver_runtime.py"), "--onnx", str(onnx),
@@ -283,7 +289,10 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
     if system == "rayserve":
         argv = [sys.executable, str(PEERS_DIR / "rayserve_server.py"), "--onnx", str(onnx), "--model", model,
                 "--http-port", str(http), "--max-batch-size", str(knobs.max_batch_size),
-                "--batch-wait-ms", str(knobs.max_wait_ms), "--num-cpus", str(knobs.rayserve_num_cpus)]
+                "--batch-wait-ms", str(knobs.max_wait_ms), "--num-cpus", str(knobs.rayserve_num_cpus),
+                "--replicas", str(knobs.rayserve_replicas)]
+        if knobs.rayserve_optimized:
+            argv.append("--throughput-optimized")
         return _with_tmp(Launch(system, argv, url, None, grace_s=15.0), tmp_dir)
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
 

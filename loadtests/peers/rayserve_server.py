@@ -5,6 +5,11 @@ generator drives it as sloserve, Triton and MLServer).
     .venv/bin/python loadtests/peers/rayserve_server.py --onnx model_repository/digits/small/model.onnx \
         --model digits --http-port 8300 --max-batch-size 32 --batch-wait-ms 2
 
+Its best configuration is tuned by ``sloserve bench slo``'s tuning pass: the batch wait, the number of
+replicas, and Ray Serve's documented high-throughput mode (``--throughput-optimized``:
+``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``, which runs user code and the router on the replica's own loop, uses
+gRPC between Serve's processes and freezes the garbage collector at start).
+
 A private local Ray (``address="local"``, num_cpus=2, its own temp dir) so it never joins or
 disturbs another Ray on the machine; the replica asks for a fractional CPU. Stop it with SIGTERM to
 this process (or its process group): the driver shuts Serve and Ray down. Never ``ray stop``.
@@ -25,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def build_app(onnx: str, model: str, max_batch_size: int, batch_wait_s: float, num_cpus: float,
-              intra_op_threads: int):
+              intra_op_threads: int, replicas: int = 1):
     import numpy as np
     from ray import serve
     from starlette.requests import Request
@@ -40,7 +45,8 @@ def build_app(onnx: str, model: str, max_batch_size: int, batch_wait_s: float, n
 
         loads, dumps = json.loads, lambda o: json.dumps(o).encode()
 
-    @serve.deployment(ray_actor_options={"num_cpus": num_cpus}, max_ongoing_requests=256)
+    @serve.deployment(ray_actor_options={"num_cpus": num_cpus}, max_ongoing_requests=256, num_replicas=replicas,
+                      logging_config={"enable_access_log": False})
     class OnnxV2:
         def __init__(self):
             sys.path.insert(0, str(HERE))
@@ -91,7 +97,12 @@ def main() -> int:
     p.add_argument("--num-cpus", type=float, default=0.5, help="CPUs the replica asks Ray for (fractional)")
     p.add_argument("--ray-cpus", type=int, default=2)
     p.add_argument("--intra-op-threads", type=int, default=1)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--throughput-optimized", action="store_true",
+                   help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1: Ray Serve's high-throughput mode")
     args = p.parse_args()
+    if args.throughput_optimized:  # read by Ray Serve at import, in this process and in Ray's workers
+        os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
 
     import ray
     from ray import serve
@@ -111,7 +122,7 @@ def main() -> int:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.http_port})
         app = build_app(args.onnx, args.model, args.max_batch_size, args.batch_wait_ms / 1000.0,
-                        args.num_cpus, args.intra_op_threads)
+                        args.num_cpus, args.intra_op_threads, args.replicas)
         serve.run(app, name=args.model, route_prefix=f"/v2/models/{args.model}")
         print(f"rayserve ready: http 127.0.0.1:{args.http_port} model {args.model} pid {os.getpid()}", flush=True)
         stop.wait()

@@ -4,6 +4,12 @@ dynamic batcher; the model runs in ONNX Runtime inside pytriton's Python callabl
     .peers/triton/bin/python loadtests/peers/triton_server.py --onnx model_repository/digits/small/model.onnx \
         --model digits --http-port 8100 --grpc-port 8101 --max-queue-delay-us 2000 --instances 1
 
+Its best configuration on a 2-core box (each choice measured with ``sloserve bench slo``'s Triton tuning
+pass, docs/benchmarks.md): a plain inference callable that concatenates Triton's batch itself
+(pytriton's ``@batch`` decorator adds a validation pass and per-request spans), Triton's metrics off
+(``--metrics`` turns them on, for batch statistics: their collection costs CPU), 2 model instances
+and a short queue delay (``--instances``, ``--max-queue-delay-us``: tuned per model and SLO).
+
 Pitfalls handled (see ../shared/design/peers.md): the backend stub loads libpython, so the process
 re-executes itself with LD_LIBRARY_PATH=<interpreter's lib dir>; the workspace folder must not exist
 yet (a fresh temp path is used); Triton is stopped with SIGKILL after a short grace (the harness kills
@@ -43,6 +49,9 @@ def main() -> int:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--preferred-batch-size", type=int, nargs="*", default=None)
     p.add_argument("--intra-op-threads", type=int, default=1)
+    p.add_argument("--metrics", action="store_true", help="serve Triton's Prometheus metrics (off: faster)")
+    p.add_argument("--decorator", action="store_true", help="pytriton's @batch decorator, not the plain callable")
+    p.add_argument("--http-threads", type=int, default=0, help="Triton's HTTP threads (0: Triton's default)")
     p.add_argument("--log-level", default="warning")
     args = p.parse_args()
     _ensure_libpython()
@@ -55,20 +64,34 @@ def main() -> int:
     from pytriton.triton import Triton, TritonConfig
 
     def make_infer(m: OrtModel):
-        @batch
-        def infer(**inputs):
-            x = next(iter(inputs.values()))
-            out = m.run(x)
-            # Triton needs a non-empty per-row shape: label goes out as [N, 1].
-            return {"probs": out["probs"], "label": out["label"].reshape(-1, 1).astype(np.int64)}
-        return infer
+        if args.decorator:
+            @batch
+            def infer(**inputs):
+                x = next(iter(inputs.values()))
+                out = m.run(x)
+                # Triton needs a non-empty per-row shape: label goes out as [N, 1].
+                return {"probs": out["probs"], "label": out["label"].reshape(-1, 1).astype(np.int64)}
+            return infer
+
+        def infer_plain(requests):
+            xs = [r["input"] for r in requests]
+            out = m.run(xs[0] if len(xs) == 1 else np.concatenate(xs))
+            probs, label = out["probs"], out["label"].reshape(-1, 1).astype(np.int64)
+            answers, start = [], 0
+            for x in xs:
+                n = x.shape[0]
+                answers.append({"probs": probs[start:start + n], "label": label[start:start + n]})
+                start += n
+            return answers
+        return infer_plain
 
     models = [OrtModel(args.onnx, args.intra_op_threads) for _ in range(args.instances)]
     feats = models[0].features
     metrics_port = args.metrics_port or args.grpc_port + 1
     cfg = TritonConfig(http_address="127.0.0.1", http_port=args.http_port, grpc_address="127.0.0.1",
                        grpc_port=args.grpc_port, metrics_address="127.0.0.1", metrics_port=metrics_port,
-                       log_verbose=0)
+                       log_verbose=0, allow_metrics=args.metrics, allow_cpu_metrics=args.metrics,
+                       allow_gpu_metrics=False, **({"http_thread_count": args.http_threads} if args.http_threads else {}))
     workspace = Path(tempfile.mkdtemp(prefix="sloserve-triton-")) / "ws"  # must not exist yet
     batcher = DynamicBatcher(max_queue_delay_microseconds=args.max_queue_delay_us,
                              preferred_batch_size=args.preferred_batch_size or None)
@@ -83,7 +106,8 @@ def main() -> int:
             strict=False,
         )
         print(f"triton ready: http 127.0.0.1:{args.http_port} grpc {args.grpc_port} model {args.model} "
-              f"delay {args.max_queue_delay_us}us instances {args.instances}", flush=True)
+              f"delay {args.max_queue_delay_us}us instances {args.instances} metrics {args.metrics} "
+              f"{'@batch' if args.decorator else 'plain callable'}", flush=True)
         triton.serve()
     return 0
 

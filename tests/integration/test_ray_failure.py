@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 FAULT_DELAY_MS = 1500
 
 
-@pytest.fixture(scope="module", params=["grpc", "object_ref"])
+@pytest.fixture(scope="module", params=["direct", "grpc", "object_ref"])
 def chaos_server(request, model_repo, tmp_path_factory):
     """Ray Serve with only the digits model, each batch held 1.5 s inside the replica (after Serve
     handed it over), so a kill lands mid-batch every time; once per ``ray_transport`` (the default

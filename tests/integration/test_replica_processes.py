@@ -253,10 +253,11 @@ async def test_stop_with_a_frame_half_sent_to_a_stalled_worker(model_repo, tmp_p
     w = signalled(b, "small", signal.SIGSTOP)
     pending = asyncio.ensure_future(b.run("digits", "small", {"input": np.zeros((40_000, 64), np.float32)}))
     await asyncio.sleep(0.2)
-    assert w._sending  # the frame is still going out
+    channel = w._channel
+    assert channel._sending  # the frame is still going out
     await asyncio.wait_for(b.stop(), 15)
     with pytest.raises(WorkerGone):
         await asyncio.wait_for(pending, 5)
-    assert not w._sending
+    assert not channel._sending
     await asyncio.sleep(0.3)
     assert workers() == before
