@@ -13,17 +13,26 @@ Per system and rate: SLO attainment (on-time 2xx / all sent), goodput (on-time p
 p99 / p99.9 of answered requests, shed share (503/429), effective accuracy (sum of the accuracy of
 on-time answers / all sent: the variant sloserve reports in its response parameters, the served
 variant for peers), shed-answer latency, server CPU, the generator's own CPU. Per system: the
-highest rate with attainment >= ``--target`` (0.99). Triton is tried in every configuration of
-``--triton-configs`` (max_queue_delay x instances) in a tuning pass and the best is kept.
+highest rate with attainment >= ``--target`` (0.99), and the tail at light load: after each sweep,
+on the same server, ``--light-requests`` Poisson arrivals at ``--light-fraction`` (10%) of that
+rate, with their p50, p99, p99.9 and sheds.
 
-    sloserve bench slo --model heavy --variant large --slo-ms 20 --rounds 2 --nice -10 \\
+Every peer named without a configuration is tuned first: each configuration of
+``--triton-configs`` (queue delay x model instances), ``--rayserve-configs`` (batch wait x replicas,
+with or without Ray Serve's high-throughput mode and HAProxy) and ``--mlserver-configs`` (batch time
+x parallel workers) is swept once, and the best goes into the interleaved rounds.
+
+    sloserve bench slo --model heavy --variant large --slo-ms 20 --rounds 2 \\
         --out results/slo-heavy.json --plot docs/img/bench_slo_heavy.png
 
-Systems: ``sloserve-<policy>`` (policy slo|timeout|fixed|aimd|nexus; pinned to ``--variant`` by the
-``x-variant`` header) or ``sloserve-<policy>@<variant>|@any`` (``@any``: no pin, the policy may
-choose a cheaper variant); ``sloserve-shared-<policy>`` runs the model with ``shared_replicas`` (one
-set of replicas holding every variant, in-process backend), ``triton`` (tuned) or ``triton-<delay_ms>x<instances>``, ``rayserve``,
-``mlserver``.
+Systems: ``sloserve-default`` (exactly what ``make run`` starts: ``sloserve serve --repo REPO``, no
+config; ``sloserve-default-inprocess`` adds ``--backend inprocess``), ``sloserve-<policy>`` (policy
+slo|timeout|fixed|aimd|nexus, in-process, the model's batching set by the bench), each pinned to
+``--variant`` by the ``x-variant`` header, or ``sloserve-<policy>@<variant>|@any`` (``@any``: no pin,
+the policy may choose a cheaper variant); ``sloserve-shared-<policy>`` runs the model with
+``shared_replicas`` (one set of replicas holding every variant, in-process backend); ``triton``,
+``rayserve``, ``mlserver`` (tuned), or one configuration: ``triton-<delay ms>x<instances>``,
+``rayserve-<wait ms>x<replicas>[-opt|-ha]``, ``mlserver-<batch time ms>x<workers>``.
 """
 
 from __future__ import annotations
@@ -62,8 +71,8 @@ from loadtests.bench.systems import (
 
 POLICIES = ("slo", "timeout", "fixed", "aimd", "nexus")
 PEERS_TUNED = ("triton", "rayserve", "mlserver")
-PEER_CONFIG = re.compile(r"(triton|mlserver)-\d+(\.\d+)?x\d+|rayserve-\d+(\.\d+)?x\d+(-opt)?")
-DEFAULT_SYSTEMS = ",".join([f"sloserve-{p}" for p in POLICIES] + ["triton", "rayserve", "mlserver"])
+PEER_CONFIG = re.compile(r"(triton|mlserver)-\d+(\.\d+)?x\d+|rayserve-\d+(\.\d+)?x\d+(-opt|-ha)?")
+DEFAULT_SYSTEMS = "sloserve-default,sloserve-default-inprocess,triton,rayserve,mlserver"
 DEFAULT_RATES = ("20,30,40,50,65,80,100,125,150,200,250,300,350,400,450,500,600,700,800,900,1000,1200,"
                  "1400,1600,1800,2000,2400,2800")
 TRACE_CSV = Path(__file__).resolve().parents[1] / "traces" / "azure_functions_2019_selected_per_minute.csv"
@@ -160,8 +169,8 @@ def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> 
         name, _, pin = system.partition("@")
         hdrs = {"x-slo-ms": f"{args.slo_ms:g}"}
         pin = pin or args.variant
-        if name == "sloserve-default":  # exactly what `make run` starts: no config, every default
-            launch = default_launch(repo, args.model, tmp)
+        if name in ("sloserve-default", "sloserve-default-inprocess"):  # `make run`: no config, every default
+            launch = default_launch(repo, args.model, tmp, inprocess=name.endswith("inprocess"))
         else:
             parts = name.split("-")
             backend = "ray" if "ray" in parts[1:] else "inprocess"
@@ -191,7 +200,7 @@ def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> 
             knobs.triton_instances = int(count or 1)
         elif peer == "rayserve":
             knobs.rayserve_replicas = int(count or 1)
-            knobs.rayserve_optimized = flag == "opt"
+            knobs.rayserve_mode = flag
         elif peer == "mlserver":
             knobs.mlserver_workers = int(count or 1)
     launch = make_launch(peer, repo, args.model, args.variant, knobs, tmp)
@@ -199,13 +208,15 @@ def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> 
     return launch, {}, args.variant
 
 
-def default_launch(repo: Path, model: str, tmp: Path) -> Launch:
-    """``sloserve serve --repo REPO`` on free ports: the Makefile's ``make run`` line, nothing else set."""
+def default_launch(repo: Path, model: str, tmp: Path, inprocess: bool = False) -> Launch:
+    """``sloserve serve --repo REPO`` on free ports: the Makefile's ``make run`` line, nothing else set
+    (``inprocess``: with ``--backend inprocess``, replicas in the gateway's process)."""
     from loadtests.bench.systems import _with_tmp, free_ports
 
     http, grpc = free_ports(2)
     exe = Path(sys.executable).with_name("sloserve")
     argv = [str(exe), "serve", "--repo", str(repo), "--http-port", str(http), "--grpc-port", str(grpc)]
+    argv += ["--backend", "inprocess"] if inprocess else []
     return _with_tmp(Launch("sloserve-default", argv, f"http://127.0.0.1:{http}/v2/models/{model}/infer",
                             f"http://127.0.0.1:{http}/metrics", grace_s=15.0), tmp)
 
@@ -386,16 +397,16 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
                 break
             time.sleep(args.gap)
         best = max_rate(steps, args.target, start_rate, rates)
-        light = None
+        light_load = None
         if light and args.light_fraction > 0 and best > 0:  # the tail a lightly loaded server shows, same server
             time.sleep(args.gap)
-            light = light_step(launch, hdrs, body_path, best * args.light_fraction, args, tmp,
+            light_load = light_step(launch, hdrs, body_path, best * args.light_fraction, args, tmp,
                                f"{system}-r{round_no}-light", acc, peer_acc)
         mem = tree_memory_mb(launch.pid)
     finally:
         launch.stop()
     return {"system": system, "round": round_no, "ready_s": round(ready, 2), "steps": steps,
-            "max_rate_at_target": best, "light": light, "memory": mem}
+            "max_rate_at_target": best, "light": light_load, "memory": mem}
 
 
 def light_step(launch: Launch, hdrs: dict[str, str], body_path: Path, rate: float, args: argparse.Namespace,
@@ -682,9 +693,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Triton tuning pass: max_queue_delay_ms x model instances (plain callable, metrics off)")
     p.add_argument("--triton-metrics", action="store_true",
                    help="turn Triton's metrics on (its batch statistics in the results; they cost it CPU)")
-    p.add_argument("--rayserve-configs", default="1x1,2x1,5x1,1x2,2x2,2x1-opt,2x2-opt",
-                   help="Ray Serve tuning pass: @serve.batch batch_wait_timeout ms x replicas, '-opt' with "
-                        "RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
+    p.add_argument("--rayserve-configs", default="1x1-ha,2x1-ha,5x1-ha,1x2-ha,2x2-ha,2x1",
+                   help="Ray Serve tuning pass: @serve.batch batch_wait_timeout ms x replicas; '-opt': "
+                        "RAY_SERVE_THROUGHPUT_OPTIMIZED=1; '-ha': that plus HAProxy in front of the replicas' own "
+                        "HTTP servers (Ray Serve's documented high-throughput mode)")
     p.add_argument("--mlserver-configs", default="1x0,2x0,5x0,1x1,2x1,5x1,2x2",
                    help="MLServer tuning pass: max_batch_time ms x parallel_workers (0: inference in the server process)")
     p.add_argument("--light-fraction", type=float, default=0.1,
@@ -748,14 +760,15 @@ def main_args(args: argparse.Namespace) -> int:
                and not PEER_CONFIG.fullmatch(s)]
     if unknown:
         raise SystemExit(f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)}, "
-                         f"sloserve-default (exactly `make run`), sloserve-<policy>[@variant], or a peer's "
-                         f"configuration: triton-<delay ms>x<instances>, rayserve-<wait ms>x<replicas>[-opt], "
+                         f"sloserve-default (exactly `make run`), sloserve-default-inprocess, "
+                         f"sloserve-<policy>[@variant], or a peer's "
+                         f"configuration: triton-<delay ms>x<instances>, rayserve-<wait ms>x<replicas>[-opt|-ha], "
                          f"mlserver-<batch time ms>x<workers>")
     for peer in PEERS_TUNED:
         bad = [c for c in getattr(args, f"{peer}_configs").split(",") if c.strip()
                and not PEER_CONFIG.fullmatch(f"{peer}-{c.strip()}")]
         if bad:
-            raise SystemExit(f"--{peer}-configs: {bad} are not <ms>x<count>" + ("[-opt]" if peer == "rayserve" else ""))
+            raise SystemExit(f"--{peer}-configs: {bad} are not <ms>x<count>" + ("[-opt|-ha]" if peer == "rayserve" else ""))
     if not 0 <= args.light_fraction <= 1 or args.light_requests < 100:
         raise SystemExit(f"--light-fraction must be in [0, 1] (got {args.light_fraction}) and --light-requests "
                          f">= 100 (got {args.light_requests})")

@@ -80,7 +80,7 @@ class BatchingKnobs:
     mlserver_workers: int = 1
     rayserve_num_cpus: float = 0.5
     rayserve_replicas: int = 1
-    rayserve_optimized: bool = False  # RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (Ray Serve's high-throughput mode)
+    rayserve_mode: str = ""  # "opt": RAY_SERVE_THROUGHPUT_OPTIMIZED=1; "ha": that plus HAProxy (Ray Serve's best)
     sloserve_policy: str = "timeout"
     sloserve_config: str | None = None  # a full config file instead of the generated one
     sloserve_backend: str = "inprocess"
@@ -291,8 +291,10 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
                 "--http-port", str(http), "--max-batch-size", str(knobs.max_batch_size),
                 "--batch-wait-ms", str(knobs.max_wait_ms), "--num-cpus", str(knobs.rayserve_num_cpus),
                 "--replicas", str(knobs.rayserve_replicas)]
-        if knobs.rayserve_optimized:
+        if knobs.rayserve_mode == "opt":
             argv.append("--throughput-optimized")
+        elif knobs.rayserve_mode == "ha":
+            argv.append("--haproxy")
         return _with_tmp(Launch(system, argv, url, None, grace_s=15.0), tmp_dir)
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
 

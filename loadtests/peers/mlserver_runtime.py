@@ -8,10 +8,12 @@ server and model settings into a fresh folder and starts ``mlserver start`` on i
         --model digits --http-port 8200 --grpc-port 8201 --max-batch-size 32 --max-batch-time-ms 2
 
 settings.json:        {"host": "127.0.0.1", "http_port": ..., "grpc_port": ..., "metrics_port": ...,
-                       "parallel_workers": 1, "debug": false}
+                       "parallel_workers": 1, "debug": false, "metrics_endpoint": null}
 model-settings.json:  {"name": "digits", "implementation": "mlserver_runtime.OnnxRuntime",
                        "max_batch_size": 32, "max_batch_time": 0.002,
                        "parameters": {"uri": "<onnx file>", "extra": {"intra_op_threads": 1}}}
+Tuned by ``sloserve bench slo``'s tuning pass: ``max_batch_time`` and ``parallel_workers`` (MLServer's
+docs: match the workers to the cores; 0 runs inference in the server process, with no IPC), metrics off.
 Pitfall: workers crash with uvloop 0.23 (``There is no current event loop``); setup.sh pins uvloop<0.22.
 """
 
@@ -64,6 +66,7 @@ def main() -> int:
     p.add_argument("--max-batch-time-ms", type=float, default=2.0)
     p.add_argument("--parallel-workers", type=int, default=1, help="MLServer's default is 1 worker process")
     p.add_argument("--intra-op-threads", type=int, default=1)
+    p.add_argument("--metrics", action="store_true", help="MLServer's metrics server (off: less CPU per request)")
     args = p.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="sloserve-mlserver-"))
@@ -72,7 +75,7 @@ def main() -> int:
     (root / "settings.json").write_text(json.dumps({
         "host": "127.0.0.1", "http_port": args.http_port, "grpc_port": args.grpc_port,
         "metrics_port": args.metrics_port or args.grpc_port + 1, "parallel_workers": args.parallel_workers,
-        "debug": False,
+        "debug": False, **({} if args.metrics else {"metrics_endpoint": None}),
     }, indent=1))
     (model_dir / "model-settings.json").write_text(json.dumps({
         "name": args.model, "implementation": "mlserver_runtime.OnnxRuntime",

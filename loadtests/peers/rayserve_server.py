@@ -100,9 +100,17 @@ def main() -> int:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--throughput-optimized", action="store_true",
                    help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1: Ray Serve's high-throughput mode")
+    p.add_argument("--haproxy", action="store_true",
+                   help="RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in front of the replicas' own HTTP servers (Debian's "
+                        "haproxy package), with the high-throughput mode")
     args = p.parse_args()
-    if args.throughput_optimized:  # read by Ray Serve at import, in this process and in Ray's workers
+    if args.throughput_optimized or args.haproxy:  # read by Ray Serve at import, here and in Ray's workers
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
+    if args.haproxy:
+        import shutil
+
+        os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+        os.environ.setdefault("RAY_SERVE_HAPROXY_BINARY_PATH", shutil.which("haproxy") or "/usr/sbin/haproxy")
 
     import ray
     from ray import serve

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent: builds one virtual environment per peer under .peers/ (their pins conflict) and
-# installs Debian's wrk. Safe to re-run; each step is skipped when already done.
+# installs Debian's wrk and haproxy. Safe to re-run; each step is skipped when already done.
 #   .peers/triton    nvidia-pytriton (bundles tritonserver 2.51, Python backend; pins numpy 1.26.4) + onnxruntime
 #   .peers/mlserver  mlserver 1.7.1 (uvloop<0.22: workers crash with 0.23) + onnxruntime
 #   Ray Serve 2.60 runs from the project's own .venv (ray[serve]==2.60.0 is a project dependency).
@@ -40,12 +40,15 @@ else
   echo "[setup] rayserve: ray[serve] present in .venv"
 fi
 
-if ! command -v wrk >/dev/null 2>&1; then
-  echo "[setup] installing wrk (Debian package)"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq wrk
-else
-  echo "[setup] wrk: $(command -v wrk)"
-fi
+# wrk: the closed-loop generator; haproxy: Ray Serve's high-throughput mode (RAY_SERVE_ENABLE_HA_PROXY)
+for tool in wrk haproxy; do
+  if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$tool" ]; then
+    echo "[setup] installing $tool (Debian package)"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "$tool"
+  else
+    echo "[setup] $tool: $(command -v "$tool" || echo /usr/sbin/$tool)"
+  fi
+done
 echo "[setup] done"

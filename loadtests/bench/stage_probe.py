@@ -1,0 +1,253 @@
+"""Where a request's time goes on the way through the gateway: per-stage timestamps of slow requests.
+
+Starts the gateway in this process with hooks on its stages, drives it with the open-loop generator
+(Poisson arrivals, ``loadtests/bench/gen.py``), and prints, per rate: the client's latency
+percentiles, the server's stage percentiles (queue: arrival to dispatch; hand-off: the batch's round
+trip less the replica's compute; compute; after: the batch's return to the request's answer), and
+what the slow requests overlapped: a garbage collection, an event-loop stall, a poll of the Serve
+controller.
+
+    python -m loadtests.bench.stage_probe --rates 20,200 --duration 30
+    python -m loadtests.bench.stage_probe --ray-transport grpc --status-poll 5   # the handle path, and
+                                                                                 # serve.status() every 5 s
+
+``--status-poll S`` adds a thread that calls ``serve.status()`` every S seconds, as the gateway's
+replica poll did, to show what it costs the requests around it. Results: ``--out FILE`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import math
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Recorder:
+    """Timestamps (``time.monotonic``) of requests, batches, collections, loop stalls and polls."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[float, float, bool]] = []  # arrival, answered, ok
+        self.batches: list[tuple[float, float, float, int]] = []  # dispatched, back, compute_s, rows
+        self.gcs: list[tuple[float, float]] = []
+        self.stalls: list[tuple[float, float]] = []
+        self.polls: list[tuple[float, float, str]] = []
+        self._gc_t = 0.0
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t = time.monotonic()
+        else:
+            self.gcs.append((self._gc_t, time.monotonic() - self._gc_t))
+
+    def clear(self) -> None:
+        for xs in (self.requests, self.batches, self.gcs, self.stalls, self.polls):
+            xs.clear()
+
+
+def install(rec: Recorder) -> None:
+    """Wrap the data plane's ``infer``, the backends' ``run`` and the Ray backend's controller reads."""
+    from gateway import dataplane, ray_backend
+    from gateway.backends import InProcessBackend
+
+    infer = dataplane.DataPlane.infer
+
+    async def timed_infer(self, req):
+        t = time.monotonic()
+        ok = False
+        try:
+            out = await infer(self, req)
+            ok = True
+            return out
+        finally:
+            rec.requests.append((req.arrival_s or t, time.monotonic(), ok))
+
+    dataplane.DataPlane.infer = timed_infer
+    for cls in (ray_backend.RayServeBackend, InProcessBackend):
+        run = cls.run
+
+        async def timed_run(self, model, variant, inputs, timeout_s=None, _run=run):
+            t = time.monotonic()
+            res = await _run(self, model, variant, inputs, timeout_s)
+            rec.batches.append((t, time.monotonic(), res.compute_s, next(iter(inputs.values())).shape[0]))
+            return res
+
+        cls.run = timed_run
+    read = ray_backend.RayServeBackend._read_details
+
+    def timed_read(self, *a):
+        t = time.monotonic()
+        try:
+            return read(self, *a)
+        finally:
+            rec.polls.append((t, time.monotonic() - t, "details"))
+
+    ray_backend.RayServeBackend._read_details = timed_read
+    gc.callbacks.append(rec.on_gc)
+
+
+async def stall_probe(rec: Recorder, period_s: float = 0.001) -> None:
+    while True:
+        t = time.monotonic()
+        await asyncio.sleep(period_s)
+        late = time.monotonic() - t - period_s
+        if late > 0.002:
+            rec.stalls.append((t, late))
+
+
+def status_poller(rec: Recorder, every_s: float, stop: threading.Event) -> None:
+    from ray import serve
+
+    while not stop.wait(every_s):
+        t = time.monotonic()
+        serve.status()
+        rec.polls.append((t, time.monotonic() - t, "serve.status"))
+
+
+def drive(port: int, model: str, variant: str, rate: float, dur: float, slo_ms: float, repo: Path) -> list[tuple]:
+    from loadtests.bench.gen import read_records
+    from loadtests.bench.systems import request_body
+
+    rng = random.Random(int(rate))
+    t, sched = 0.0, []
+    while (t := t + rng.expovariate(rate)) < dur:
+        sched.append(t)
+    tmp = Path(tempfile.mkdtemp(prefix="stage-probe-"))
+    (tmp / "body.json").write_bytes(request_body(repo, model))
+    with open(tmp / "s.bin", "wb") as f:
+        array("d", sched).tofile(f)
+    spec = {"port": port, "path": f"/v2/models/{model}/infer", "body_file": str(tmp / "body.json"),
+            "schedule_file": str(tmp / "s.bin"), "headers": {"x-variant": variant, "x-slo-ms": f"{slo_ms:g}"},
+            "timeout_s": 3, "max_conns": 512, "variants": []}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    subprocess.run([sys.executable, "-m", "loadtests.bench.gen", str(tmp / "spec.json"), str(tmp / "out.bin")],
+                   cwd=ROOT, check=True)
+    recs, _ = read_records(str(tmp / "out.bin"), len(sched))
+    return recs
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return round(s[min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1)] * 1e3, 2)
+
+
+def report(rec: Recorder, recs: list[tuple], slow_ms: float) -> dict[str, Any]:
+    client = [done - t for t, _s, done, status, _v in recs if 200 <= status < 300]
+    batches = sorted(rec.batches)
+    starts = [b[0] for b in batches]
+    import bisect
+
+    stages: dict[str, list[float]] = {"queue": [], "handoff": [], "compute": [], "after": [], "server": []}
+    slow = []
+    for arrival, done, ok in rec.requests:
+        if not ok:
+            continue
+        i = bisect.bisect_right(starts, done) - 1  # the batch that answered it: the last one back by then
+        while i >= 0 and not (batches[i][1] <= done + 1e-9 and batches[i][0] >= arrival - 1e-6):
+            i -= 1
+        if i < 0:
+            continue
+        d, back, compute, _ = batches[i]
+        row = {"queue": d - arrival, "handoff": back - d - compute, "compute": compute, "after": done - back,
+               "server": done - arrival}
+        for k, v in row.items():
+            stages[k].append(v)
+        if row["server"] * 1e3 > slow_ms:
+            def near(spans):
+                return [round(x * 1e3, 1) for t, x, *_ in spans if t < done and t + x > arrival]
+            slow.append({"at_s": round(arrival, 3), **{k: round(v * 1e3, 2) for k, v in row.items()},
+                         "gc_ms": near(rec.gcs), "loop_stall_ms": near(rec.stalls),
+                         "controller_poll_ms": near(rec.polls)})
+    causes = {"gc": 0, "loop_stall": 0, "controller_poll": 0, "none_of_these": 0}
+    for s in slow:
+        hit = False
+        for k in ("gc", "loop_stall", "controller_poll"):
+            if s[f"{k}_ms"]:
+                causes[k] += 1
+                hit = True
+        causes["none_of_these"] += not hit
+    return {
+        "client_ms": {q: pct(client, p) for q, p in (("p50", 50), ("p99", 99), ("p99.9", 99.9), ("max", 100))},
+        "answered": len(client), "sent": len(recs),
+        "server_stages_ms": {k: {"p50": pct(v, 50), "p99": pct(v, 99), "p99.9": pct(v, 99.9)} for k, v in stages.items()},
+        "slow_over_ms": slow_ms, "slow": len(slow), "slow_overlapping": causes,
+        "polls_ms": [round(x * 1e3, 1) for _t, x, _k in rec.polls][:20],
+        "gc_over_2ms": [round(x * 1e3, 1) for _t, x in rec.gcs if x > 0.002],
+        "slow_examples": slow[:15],
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    from gateway.config import load_settings
+    from gateway.server import Gateway
+
+    rec = Recorder()
+    install(rec)
+    settings = load_settings(args.config, repo=args.repo, backend=args.backend, http_port=0, grpc_port=0,
+                             ray_transport=args.ray_transport)
+    gw = Gateway(settings)
+    await gw.start()
+    probe = asyncio.get_running_loop().create_task(stall_probe(rec))
+    stop = threading.Event()
+    if args.status_poll:
+        threading.Thread(target=status_poller, args=(rec, args.status_poll, stop), daemon=True).start()
+    out: dict[str, Any] = {"setup": {k: v for k, v in vars(args).items() if k != "func"}, "rates": {}}
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.run_in_executor(None, drive, gw.http_port, args.model, args.variant, 100.0, 3.0, 1000.0,
+                                   Path(args.repo))  # warm-up
+        for rate in args.rates:
+            rec.clear()
+            recs = await loop.run_in_executor(None, drive, gw.http_port, args.model, args.variant, rate,
+                                              args.duration, args.slo_ms, Path(args.repo))
+            out["rates"][str(rate)] = r = report(rec, recs, args.slow_ms)
+            print(json.dumps({"rate": rate, **{k: r[k] for k in ("client_ms", "server_stages_ms", "slow",
+                                                                  "slow_overlapping", "polls_ms")}}), flush=True)
+    finally:
+        stop.set()
+        probe.cancel()
+        await gw.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.bench.stage_probe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repo", default="model_repository")
+    p.add_argument("--config", help="a sloserve config file (default: none, as `make run`)")
+    p.add_argument("--backend", default="ray", choices=("ray", "inprocess"))
+    p.add_argument("--ray-transport", default="direct", choices=("direct", "grpc", "object_ref"))
+    p.add_argument("--model", default="heavy")
+    p.add_argument("--variant", default="large")
+    p.add_argument("--slo-ms", type=float, default=20.0)
+    p.add_argument("--rates", default="20,200", type=lambda s: [float(x) for x in s.split(",")])
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--slow-ms", type=float, default=12.0, help="a request slower than this, server side, is listed")
+    p.add_argument("--status-poll", type=float, default=0.0, help="call serve.status() every this many seconds")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    if args.duration > 300 or min(args.rates) <= 0:
+        raise SystemExit("--duration <= 300 s and positive --rates")
+    out = asyncio.run(main_async(args))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
