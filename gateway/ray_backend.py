@@ -347,18 +347,24 @@ class RayServeBackend:
         builds a pydantic model of every deployment's config, which cloudpickles its request router
         class, 25-45 ms of the gateway's GIL per call on this box (0.4 ms this way); while it ran,
         every request in the gateway waited (docs/architecture.md, "The Ray hand-off")."""
-        from ray.serve.context import _get_global_client
-
-        client = _get_global_client(raise_if_no_controller_running=False)
-        self._details = client.get_serve_details() if client is not None else None
+        self._details = self.read_serve_details()
         if not self.direct or self._details is None:
             return {}
         return read_endpoints(self._details, apps, known)
 
-    def _replica_states(self, app: str) -> dict[str, int]:
-        """Replicas of ``app``'s deployment by state, from the latest details."""
+    @staticmethod
+    def read_serve_details() -> dict[str, Any] | None:
+        """The Serve controller's details of every application, as the plain dict it sends (blocking:
+        call it from a thread)."""
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client(raise_if_no_controller_running=False)
+        return client.get_serve_details() if client is not None else None
+
+    def replica_states(self, app: str, details: dict[str, Any] | None = None) -> dict[str, int]:
+        """Replicas of ``app``'s deployment by state, from ``details`` (default: the latest read)."""
         counts: dict[str, int] = {}
-        st = (self._details or {}).get("applications", {}).get(app) or {}
+        st = ((details if details is not None else self._details) or {}).get("applications", {}).get(app) or {}
         for dep in st.get("deployments", {}).values():
             for r in dep.get("replicas", ()):
                 state = str(getattr(r.get("state"), "value", r.get("state")))
@@ -368,7 +374,7 @@ class RayServeBackend:
     def _count_replicas(self) -> None:
         """Replicas that take batches: RUNNING in Serve's view, and with the direct transport, connected."""
         for key, app in self._apps.items():
-            states = self._replica_states(app)
+            states = self.replica_states(app)
             self._replicas[key] = self.channels.count(app) if self.direct else states.get("RUNNING", 0)
             if self.on_replicas is not None and (not self.shared(key[0]) or key[1] == self._top[key[0]]):
                 device = self.device_of(key[0]).lower()

@@ -364,7 +364,10 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
     launch.start(tmp / "logs", args.nice)
     steps: list[dict[str, Any]] = []
     try:
-        ready = launch.wait_ready(body)
+        try:
+            ready = launch.wait_ready(body)
+        except (RuntimeError, TimeoutError) as e:
+            raise StartFailed(str(e)) from None
         if args.warmup > 0:  # warm up at a modest rate; sloserve with a generous budget (see --warmup-slo-ms)
             warm_hdrs = dict(hdrs, **({"x-slo-ms": f"{args.warmup_slo_ms:g}"} if "x-slo-ms" in hdrs else {}))
             run_step(launch, warm_hdrs, body_path, poisson(args.warmup_rate, args.warmup, random.Random(7)), args,
@@ -373,25 +376,15 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
         for k, rate in enumerate(rates):
             if rate < start_rate:
                 continue
-            seed = 1000 * round_no + k
-            sched = schedule(args, rate, seed)
-            before = launch.scrape() if system.startswith("sloserve") else None  # the gateway's own counts
-            recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, f"{system}-r{round_no}-{k}")
-            m = metrics(recs, trailer, args, acc, peer_acc, rate)
-            if before is not None:
-                after = launch.scrape()
-                m.update(shed_server_side(shed_histogram(before), shed_histogram(after)))
-                m.update(server_on_time(slo_counts(before), slo_counts(after)))
-                m["shed_by_reason"] = shed_by_reason(before, after)
-                m["batches"] = batch_stats(before, after)
+            m = measure_step(launch, hdrs, body_path, args, tmp, system, round_no, k, rate, acc, peer_acc)
+            if (m["attainment"] or 0) < args.target and args.retry_failed_steps:
+                # one noisy second of a shared 2-core box must not end a sweep: the rate gets one more try
+                first = m
+                time.sleep(args.gap)
+                m = measure_step(launch, hdrs, body_path, args, tmp, system, round_no, k, rate, acc, peer_acc,
+                                 retry=True)
+                m["first_try"] = {key: first[key] for key in ("attainment", "p50_ms", "p99_ms", "p999_ms", "shed")}
             steps.append(m)
-            print(f"  [{system} r{round_no}] {rate:>6.0f}/s att {m['attainment']:.4f} good {m['goodput_rps']:.0f}/s "
-                  f"p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} effacc {m['effective_accuracy']:.4f} "
-                  f"srv {m['server_cores']:.2f} gen {m['gen_cores']:.2f} other {m['other_cores']:.2f}"
-                  + (f" {m['variants']} late {m['late_by_variant']}" if 'variants' in m else "")
-                  + (f" server-on-time {m['server_on_time']}" if m.get('server_on_time') is not None else "")
-                  + (f" sheds {m['shed_by_reason']}" if m.get('shed_by_reason') else ""),
-                  file=sys.stderr, flush=True)
             fails = fails + 1 if (m["attainment"] or 0) < args.target else 0
             if fails >= args.stop_after or (m["attainment"] or 0) < args.floor:
                 break
@@ -407,6 +400,37 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
         launch.stop()
     return {"system": system, "round": round_no, "ready_s": round(ready, 2), "steps": steps,
             "max_rate_at_target": best, "light": light_load, "memory": mem}
+
+
+def measure_step(launch: Launch, hdrs: dict[str, str], body_path: Path, args: argparse.Namespace, tmp: Path,
+                 system: str, round_no: int, k: int, rate: float, acc: dict[int, float], peer_acc: float | None,
+                 retry: bool = False) -> dict[str, Any]:
+    """One step of a sweep at ``rate``: its metrics (and, for sloserve, the server's own counts)."""
+    seed = 1000 * round_no + k + (500 if retry else 0)
+    sched = schedule(args, rate, seed)
+    before = launch.scrape() if system.startswith("sloserve") else None  # the gateway's own counts
+    tag = f"{system}-r{round_no}-{k}" + ("-retry" if retry else "")
+    recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, tag)
+    m = metrics(recs, trailer, args, acc, peer_acc, rate)
+    if before is not None:
+        after = launch.scrape()
+        m.update(shed_server_side(shed_histogram(before), shed_histogram(after)))
+        m.update(server_on_time(slo_counts(before), slo_counts(after)))
+        m["shed_by_reason"] = shed_by_reason(before, after)
+        m["batches"] = batch_stats(before, after)
+    print(f"  [{system} r{round_no}{' retry' if retry else ''}] {rate:>6.0f}/s att {m['attainment']:.4f} "
+          f"good {m['goodput_rps']:.0f}/s p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} "
+          f"effacc {m['effective_accuracy']:.4f} srv {m['server_cores']:.2f} gen {m['gen_cores']:.2f} "
+          f"other {m['other_cores']:.2f}"
+          + (f" {m['variants']} late {m['late_by_variant']}" if 'variants' in m else "")
+          + (f" server-on-time {m['server_on_time']}" if m.get('server_on_time') is not None else "")
+          + (f" sheds {m['shed_by_reason']}" if m.get('shed_by_reason') else ""),
+          file=sys.stderr, flush=True)
+    return m
+
+
+class StartFailed(RuntimeError):
+    """The system under test did not come up (it is started once more)."""
 
 
 def light_step(launch: Launch, hdrs: dict[str, str], body_path: Path, rate: float, args: argparse.Namespace,
@@ -616,13 +640,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tuning: dict[str, Any] = {}
 
     def one(system: str, r: int, start_rate: float = 0.0, light: bool = True) -> dict[str, Any]:
-        print(f"[round {r}] {system}: starting", file=sys.stderr, flush=True)
-        try:
-            return sweep(system, args, repo, tmp, body, body_path, rates, r, start_rate, light)
-        except Exception as e:  # noqa: BLE001 - a system that fails is recorded, the run goes on
-            err = f"{type(e).__name__}: {e}"[:4000]
-            print(f"[round {r}] {system}: FAILED {err[:600]}", file=sys.stderr, flush=True)
-            return {"system": system, "round": r, "error": err}
+        for attempt in (1, 2):  # a system that fails to start is started once more (pytriton's start is flaky)
+            print(f"[round {r}] {system}: starting", file=sys.stderr, flush=True)
+            try:
+                return sweep(system, args, repo, tmp, body, body_path, rates, r, start_rate, light)
+            except Exception as e:  # noqa: BLE001 - a system that fails is recorded, the run goes on
+                err = f"{type(e).__name__}: {e}"[:4000]
+                print(f"[round {r}] {system}: FAILED {err[:600]}", file=sys.stderr, flush=True)
+                if attempt == 2 or not isinstance(e, StartFailed):
+                    return {"system": system, "round": r, "error": err}
+        raise AssertionError("unreachable")
 
     # Tuning pass for each peer named without a configuration: every configuration of --<peer>-configs once
     # (no light-load step), and the one with the highest rate at target goes into the rounds
@@ -721,6 +748,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gap", type=float, default=0.5, help="seconds between rates")
     p.add_argument("--target", type=float, default=0.99)
     p.add_argument("--stop-after", type=int, default=2, help="stop a sweep after this many rates under target")
+    p.add_argument("--retry-failed-steps", type=int, choices=(0, 1), default=1,
+                   help="measure a rate under target once more before counting it as failed (1: the default; "
+                        "every system alike)")
     p.add_argument("--floor", type=float, default=0.5, help="stop a sweep at once under this attainment")
     p.add_argument("--skip-below", type=float, default=0.6,
                    help="rounds after the first start at this fraction of the system's lowest earlier max rate")
