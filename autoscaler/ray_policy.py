@@ -25,32 +25,22 @@ Little's law on Ray's own ``total_num_requests`` (rate ~= ongoing / mean latency
 
 The policy state lives in ``ctx.policy_state`` under ``"sloserve_swayam"`` as plain lists.
 
-**Between rounds** (``swayam.up_check_window_s > 0``; off in ``LIVE_DEFAULTS``). Ray's controller calls
-the policy every control-loop iteration (``RAY_SERVE_CONTROL_LOOP_INTERVAL_S``, 0.1 s). The adapter then
-runs a full round every ``interval_s`` (the time of the last one is kept under ``"sloserve_round_s"``)
-and in between swayam's scale-up-only :func:`~autoscaler.swayam.check_up` on the gateways' rates over
-the last ``up_check_window_s``, stamped as ``sloserve_fast_rate_rps/<gateway_id>``. For those to be
-fresh, replicas must push their metrics about every second: ``AutoscalingConfig(metrics_interval_s=1,
-look_back_period_s=2)`` (Ray 2.60 pushes every ``metrics_interval_s`` and records every
-``min(0.2 * look_back_period_s, metrics_interval_s)``; the controller averages a custom metric over
-``look_back_period_s``). A step then reaches the policy about 1-2 s after the gateway's window closes;
-the simulator models it as a check every second on the window that ended 1 s earlier
-(``SimConfig.check_every_s``, ``report_lag_s``).
+Its settings are :class:`~autoscaler.swayam.SwayamConfig`'s, with the same defaults the simulator
+measures (``swayam`` overrides them field by field): one source of defaults for the live autoscaler
+and the simulator.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from autoscaler.swayam import SwayamConfig, SwayamState, check_up, decide
+from autoscaler.swayam import SwayamConfig, SwayamState, decide
 from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
 from batching.profile import Curve
 
 RATE_PREFIX = "sloserve_rate_rps/"
 SHARE_PREFIX = "sloserve_share/"
-FAST_RATE_PREFIX = "sloserve_fast_rate_rps/"  # a gateway's rate over the last up_check_window_s
 STATE_KEY = "sloserve_swayam"
-ROUND_KEY = "sloserve_round_s"  # when the last full round ran (the up-check runs between rounds)
 
 
 def windows_from_metrics(metrics: dict | None, now: float, interval_s: float,
@@ -70,7 +60,7 @@ def windows_from_metrics(metrics: dict | None, now: float, interval_s: float,
     return tuple(out)
 
 
-_PAIRS = ("peaks", "covers", "excess", "season", "recent")  # SwayamState's other (time_s, value) series
+_PAIRS = ("season", "recent")  # SwayamState's other (time_s, value) series
 
 
 def state_to_json(s: SwayamState) -> dict[str, Any]:
@@ -90,20 +80,12 @@ def state_from_json(d: dict[str, Any] | None) -> SwayamState:
                        tuple((float(t), int(n)) for t, n in d["needs"]), int(d.get("gateways_seen", 1)), **extra)
 
 
-# Live, swayam runs with its previous defaults (keep-alive scale-in, linreg, 10 % margin, no quantile
-# hold, no seasonal term) unless policy_kwargs["swayam"] asks otherwise: the newer defaults are
-# measured in the simulator only (docs/simulator.md), and the live deployment's keep-alive
-# (gateway.config AutoscalingSettings) is what its scale-in promises.
-LIVE_DEFAULTS: dict[str, Any] = {"predictor": "linreg", "margin_frac": 0.1, "noise_z": 2.0, "keep_alive_s": 120.0,
-                                 "hold_quantile": 0.0, "season_periods_s": ()}
-
-
 class SwayamRayPolicy:
     """A Ray Serve custom autoscaling policy (class form) wrapping :func:`autoscaler.swayam.decide`.
 
     ``policy_kwargs``: ``slo_ms``, ``slo_percentile`` (0.99), ``max_batch_size``, the latency
     profile of one replica as ``batch_sizes`` + ``p99_ms`` (+ optional ``p50_ms``), and
-    ``swayam`` (a dict of :class:`~autoscaler.swayam.SwayamConfig` fields; ``LIVE_DEFAULTS`` first).
+    ``swayam`` (a dict of :class:`~autoscaler.swayam.SwayamConfig` fields over its defaults).
     ``fallback_batch_sizes`` + ``fallback_p99_ms``: the profile of the cheaper variant the same
     replicas hold (``shared_replicas``), which swayam sizes its warm buffer with (``fallback_buffer``).
     """
@@ -119,16 +101,11 @@ class SwayamRayPolicy:
                        tuple(x / 1e3 for x in fallback_p99_ms))
             fallback = ServiceModel(fb, slo_ms / 1e3, max_batch_size, slo_percentile)
         self.service = ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile, fallback)
-        self.config = SwayamConfig.model_validate({**LIVE_DEFAULTS, **(swayam or {})})
+        self.config = SwayamConfig.model_validate(swayam or {})
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         now = float(ctx.current_time)
         policy_state = dict(ctx.policy_state or {})
-        last_round = policy_state.get(ROUND_KEY)
-        if self.config.up_check_window_s > 0 and last_round is not None and now < last_round + self.config.interval_s:
-            return self._check_up(ctx, now, policy_state)
-        if self.config.up_check_window_s > 0:
-            policy_state[ROUND_KEY] = now
         windows = windows_from_metrics(ctx.aggregated_metrics, now, self.config.interval_s)
         if not windows:  # no gateway stamps: Little's law on Ray's ongoing-request count
             mean_latency_s = self.service.curve.at(1, "p50") + self.service.slo_s / 2
@@ -144,22 +121,4 @@ class SwayamRayPolicy:
         decision, state = decide(snap, self.config, state_from_json(policy_state.get(STATE_KEY)), now)
         policy_state[STATE_KEY] = state_to_json(state)
         policy_state["sloserve_reason"] = decision.reason
-        return decision.target_replicas, policy_state
-
-    def _check_up(self, ctx: Any, now: float, policy_state: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """Between rounds (Ray calls every control-loop tick, 0.1 s): swayam's scale-up-only check on the
-        gateways' short-window rates (``sloserve_fast_rate_rps/<gw>``); nothing to do without them."""
-        windows = windows_from_metrics(ctx.aggregated_metrics, now, self.config.up_check_window_s, FAST_RATE_PREFIX)
-        target = int(ctx.target_num_replicas)
-        if not windows:
-            return target, policy_state
-        snap = ScalingSnapshot(
-            model=ctx.deployment_name, target_replicas=target, ready_replicas=int(ctx.current_num_replicas),
-            service=self.service, windows=windows, min_replicas=int(ctx.capacity_adjusted_min_replicas),
-            max_replicas=int(ctx.capacity_adjusted_max_replicas))
-        state = state_from_json(policy_state.get(STATE_KEY))
-        decision, new_state = check_up(snap, self.config, state, now)
-        if new_state is not state:
-            policy_state[STATE_KEY] = state_to_json(new_state)
-            policy_state["sloserve_reason"] = decision.reason
         return decision.target_replicas, policy_state

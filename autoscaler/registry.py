@@ -21,14 +21,12 @@ DecideFn = Callable[[ScalingSnapshot, Any, Any, float], tuple[ScaleDecision, Any
 
 @dataclass(frozen=True, slots=True)
 class AutoscalerSpec:
-    """A policy: ``decide`` runs every round; ``check_up`` (optional, same signature) is a scale-up-only
-    check a driver may call between rounds when a decision's ``recheck_above_rps`` is crossed."""
+    """A policy: ``decide`` runs every round."""
 
     name: str
     decide: DecideFn
     config_type: type[BaseModel]
     state_type: type
-    check_up: DecideFn | None = None
 
 
 AUTOSCALERS: dict[str, AutoscalerSpec] = {}
@@ -53,12 +51,6 @@ class Autoscaler:
     def decide(self, snap: ScalingSnapshot, state: Any, now: float) -> tuple[ScaleDecision, Any]:
         return self.spec.decide(snap, self.config, state, now)
 
-    def check_up(self, snap: ScalingSnapshot, state: Any, now: float) -> tuple[ScaleDecision, Any]:
-        """The between-rounds scale-up check (a policy without one keeps its target)."""
-        if self.spec.check_up is None:
-            return ScaleDecision(snap.target_replicas, "no-check"), state
-        return self.spec.check_up(snap, self.config, state, now)
-
 
 def make_autoscaler(name: str, **config: Any) -> Autoscaler:
     """Build a registered autoscaler; ``config`` is validated by its pydantic config type."""
@@ -69,8 +61,7 @@ def make_autoscaler(name: str, **config: Any) -> Autoscaler:
     return Autoscaler(name, spec.config_type.model_validate(config), spec)
 
 
-register_autoscaler(AutoscalerSpec("swayam", swayam.decide, swayam.SwayamConfig, swayam.SwayamState,
-                                   swayam.check_up))
+register_autoscaler(AutoscalerSpec("swayam", swayam.decide, swayam.SwayamConfig, swayam.SwayamState))
 register_autoscaler(AutoscalerSpec("ray-default", baselines.decide_ray_default, baselines.RayDefaultConfig,
                                    baselines.RayDefaultState))
 register_autoscaler(AutoscalerSpec("kpa", baselines.decide_kpa, baselines.KpaConfig, baselines.KpaState))

@@ -14,16 +14,12 @@ Per call, for one model:
    ``season_spike_frac`` of its base level), whose height varies from cycle to cycle.
 3. **Size**: plan for ``base * (1 + margin) + noise_z * sqrt(base / window)`` and take the fewest
    replicas whose tail latency meets the SLO percentile (``autoscaler.queueing.replicas_needed``).
-   ``margin`` is ``margin_frac``, or with ``margin_quantile > 0`` a high quantile of how far the
-   rate recently exceeded what was sized for (tried; off by default, docs/simulator.md).
+   ``margin`` is ``margin_frac``.
 4. **Scale in** only after a keep-alive, and not below a high quantile of recent needs: the target
    is the largest need of the last ``keep_alive_s``, and at least the ``hold_quantile`` of the needs
    of the last ``hold_window_s`` (seasonal bumps left out), so a level the load keeps returning to
    stays warm while a lone burst is released. When the rate fell at this phase in every recent
    cycle, the keep-alive is cut short (``season_scale_in``).
-5. **Between rounds** (optional, ``up_check_window_s > 0``): :func:`check_up` scales up at once when
-   a short window's rate is clearly above what the target serves; decisions carry the trigger
-   (``ScaleDecision.recheck_above_rps``) so a driver calls it only then.
 
 >>> from batching.profile import Curve
 >>> from autoscaler.types import ServiceModel, ScalingSnapshot, RateWindow
@@ -55,17 +51,9 @@ class SwayamConfig(BaseModel):
     window_s: float = Field(default=60.0, gt=0, description="History the predictor sees, seconds.")
     startup_s: float = Field(default=10.0, ge=0, description="Replica start-up (model load) time, seconds.")
     interval_s: float = Field(default=10.0, gt=0, description="Seconds between two decisions.")
-    margin_frac: float = Field(default=0.0, ge=0, description="Relative head-room over the predicted rate "
-                               "(the floor of the adaptive margin when margin_quantile > 0).")
+    margin_frac: float = Field(default=0.0, ge=0, description="Relative head-room over the predicted rate.")
     noise_z: float = Field(default=1.0, ge=0, description="Poisson standard errors of head-room on the rate.")
     keep_alive_s: float = Field(default=60.0, ge=0, description="Idle time before a replica is scaled in.")
-    # adaptive margin: a high quantile of how far the measured rate recently exceeded the rate sized for
-    margin_quantile: float = Field(default=0.0, ge=0, le=1, description="Quantile of recent exceedances used "
-                                   "as the margin (0: fixed margin_frac).")
-    margin_window_s: float = Field(default=3600.0, gt=0, description="History of exceedances, seconds.")
-    margin_bucket_s: float = Field(default=60.0, gt=0, description="One exceedance sample (the bucket's "
-                                   "largest) per this many seconds.")
-    margin_max: float = Field(default=0.5, ge=0, description="Cap on the adaptive margin and on one exceedance.")
     # scale in to a high quantile of the recent needs, not below
     hold_quantile: float = Field(default=0.9, ge=0, le=1, description="Hold at least this quantile of the "
                                  "needs of the last hold_window_s (0: off; the keep-alive alone).")
@@ -82,11 +70,6 @@ class SwayamConfig(BaseModel):
                                   "rate fell at this phase in every recent cycle.")
     season_bucket_s: float = Field(default=10.0, gt=0, description="One seasonal sample per this many seconds "
                                    "(bounds the history whatever the call rate).")
-    # between rounds: scale up as soon as a short window's rate is clearly above what the target serves
-    up_check_window_s: float = Field(default=0.0, ge=0, description="Window of the between-rounds up-check, "
-                                     "seconds (0: off; rounds only).")
-    up_check_z: float = Field(default=3.0, ge=0, description="The up-check fires when the window's rate minus "
-                              "this many Poisson standard errors exceeds the target's SLO capacity.")
     fallback_buffer: bool = Field(default=True, description="When the model has a cheaper fallback variant, size "
                                   "the warm buffer (keep-alive and hold) with its throughput: a step the "
                                   "predictor did not see is served by the fallback until new replicas are up.")
@@ -195,9 +178,6 @@ class SwayamState:
     history: tuple[tuple[float, float], ...] = ()  # (time_s, aggregate rate rps), oldest first
     needs: tuple[tuple[float, int], ...] = ()  # (time_s, need): decreasing needs of the last keep_alive_s
     gateways_seen: int = 1
-    peaks: tuple[tuple[float, float], ...] = ()  # (time_s, base rate): decreasing bases of the last keep_alive_s
-    covers: tuple[tuple[float, float], ...] = ()  # (time_s, rate the target was sized for, margin aside)
-    excess: tuple[tuple[float, float], ...] = ()  # (bucket start, largest exceedance in it)
     season: SeasonLog | tuple[tuple[float, float], ...] = ()  # (time_s, rate), one per season bucket
     recent: tuple[tuple[float, int], ...] = ()  # (time_s, need), one per interval_s, of the last hold_window_s
 
@@ -371,7 +351,6 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     rate = aggregate_rate(snap.windows, seen)
     history = state.history
     season = state.season
-    excess = state.excess
     horizon_s = config.startup_s + config.interval_s
     if rate is not None:
         history = _drop_before(history, now - config.window_s) + ((now, rate),)
@@ -379,17 +358,6 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
             bucket = config.season_bucket_s
             span = max(config.season_periods_s) * config.season_cycles + config.season_base_s + bucket
             season = SeasonLog.of(season).add(now, rate, span, bucket)
-        if config.margin_quantile > 0:
-            # how far the rate exceeded what the replicas serving it were sized for (margin aside)
-            old = _drop_before(state.covers, now - horizon_s - 1e-6)
-            if old:
-                e = min(rate / max(old[0][1], 1.0) - 1.0, config.margin_max)
-                excess = _drop_before(excess, now - config.margin_window_s)
-                if excess and now - excess[-1][0] < config.margin_bucket_s:
-                    if e > excess[-1][1]:
-                        excess = excess[:-1] + ((excess[-1][0], e),)
-                else:
-                    excess = excess + ((now, e),)
     if not history:  # nothing measured yet: keep what runs
         return ScaleDecision(snap.target_replicas, "no-data"), replace(state, gateways_seen=seen)
     predicted = PREDICTORS[config.predictor](history, horizon_s)
@@ -406,8 +374,6 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
             if config.season_scale_in and ch[1] < -max(0.1 * level, 3 * math.sqrt(level / config.interval_s)):
                 fall_to = level + ch[1]
     margin = config.margin_frac
-    if config.margin_quantile > 0 and len(excess) >= 3:
-        margin = min(max(margin, _quantile([e for _, e in excess], config.margin_quantile)), config.margin_max)
     span = config.window_s if len(history) > 1 else config.interval_s
 
     def plan_rate(r: float) -> float:
@@ -420,12 +386,6 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     planned = plan_rate(base)
     need = size(base)
     needs = _push_max(state.needs, now, need, config.keep_alive_s)  # needs[0]: the largest of the keep-alive
-    covers = state.covers
-    if config.margin_quantile > 0:  # the same for the base rates: what the held target covers, margin aside
-        peaks = _push_max(state.peaks, now, base, config.keep_alive_s)
-        covers = _drop_before(covers, now - horizon_s - 1e-6) + ((now, peaks[0][1]),)
-    else:
-        peaks = state.peaks
     held = needs[0][1]
     recent = state.recent
     if config.hold_quantile > 0:
@@ -457,51 +417,4 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
         reason = "scale-in-to-fallback-buffer" if cut else "scale-in-after-keep-alive"
     else:
         reason = "hold" if need < target else "steady"
-    return (_with_recheck(ScaleDecision(target, reason, planned), snap, config),
-            SwayamState(history, needs, seen, peaks, covers, excess, season, recent))
-
-
-def up_trigger_rps(capacity_rps: float, z: float, window_s: float) -> float:
-    """The measured rate ``r`` above which ``r - z * sqrt(r / window_s) > capacity_rps``.
-
-    >>> round(up_trigger_rps(100.0, 3.0, 2.0), 3)  # 100 rps of capacity: fires above 123.6 measured over 2 s
-    123.582
-    """
-    a = z / math.sqrt(window_s)
-    return ((a + math.sqrt(a * a + 4.0 * max(capacity_rps, 0.0))) / 2.0) ** 2
-
-
-def _with_recheck(d: ScaleDecision, snap: ScalingSnapshot, config: SwayamConfig) -> ScaleDecision:
-    w = config.up_check_window_s
-    if w <= 0 or d.target_replicas >= snap.max_replicas:
-        return d
-    trigger = up_trigger_rps(capacity_of(snap.service, d.target_replicas), config.up_check_z, w)
-    return ScaleDecision(d.target_replicas, d.reason, d.planned_rps, trigger, w)
-
-
-def check_up(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now: float
-             ) -> tuple[ScaleDecision, SwayamState]:
-    """Between rounds: scale up at once when the last ``up_check_window_s`` of arrivals is clearly above
-    what the target serves within the SLO; never scales in, and leaves the state alone otherwise.
-
-    ``snap.windows`` are the gateways' reports over that short window. The test is the rate minus
-    ``up_check_z`` Poisson standard errors against the target's SLO capacity (a noise guard: a short
-    window is noisy). When it fires, the target becomes the replicas the measured rate needs (the
-    round's sizing, without prediction or seasonal terms), and that need joins the keep-alive. The
-    next round re-plans from its own window. Calls below the decision's ``recheck_above_rps`` are
-    no-ops, so a driver may skip them."""
-    w = config.up_check_window_s
-    keep = ScaleDecision(snap.target_replicas, "steady")
-    if w <= 0 or not snap.windows:
-        return keep, state
-    rate = aggregate_rate(snap.windows, max(state.gateways_seen, 1))
-    window_s = max(win.duration_s for win in snap.windows)
-    trigger = up_trigger_rps(capacity_of(snap.service, snap.target_replicas), config.up_check_z, window_s)
-    if rate is None or rate <= trigger or snap.target_replicas >= snap.max_replicas:
-        return _with_recheck(keep, snap, config), state
-    planned = rate * (1 + config.margin_frac) + config.noise_z * math.sqrt(rate / config.window_s)
-    need = replicas_needed(snap.service, planned, snap.max_replicas)
-    target = clamp(max(need, snap.target_replicas), snap)
-    needs = _push_max(state.needs, now, need, config.keep_alive_s)
-    return (_with_recheck(ScaleDecision(target, "fast-scale-up", planned), snap, config),
-            replace(state, needs=needs))
+    return ScaleDecision(target, reason, planned), SwayamState(history, needs, seen, season, recent)

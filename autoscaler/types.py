@@ -74,19 +74,11 @@ class ScalingSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class ScaleDecision:
-    """Run ``target_replicas`` replicas; ``reason`` says why, ``planned_rps`` the rate sized for.
-
-    ``recheck_above_rps``: a driver that measures the arrival rate between rounds may call the
-    policy's up-check (``AutoscalerSpec.check_up``) as soon as the rate over the last
-    ``recheck_window_s`` exceeds this (inf: wait for the next round). Below it the up-check would
-    change nothing, so skipping those calls is exact.
-    """
+    """Run ``target_replicas`` replicas; ``reason`` says why, ``planned_rps`` the rate sized for."""
 
     target_replicas: int
     reason: str
     planned_rps: float = 0.0
-    recheck_above_rps: float = math.inf
-    recheck_window_s: float = 0.0
 
 
 def clamp(n: int, snap: ScalingSnapshot) -> int:

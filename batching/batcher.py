@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -26,7 +26,7 @@ import numpy as np
 from batching.clock import Clock, MonotonicClock
 from batching.policy import BatchPolicy
 from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed, Wait
-from gateway.errors import (
+from batching.errors import (
     DeadlineUnreachable,
     InternalError,
     ReplicaFailed,
@@ -49,9 +49,19 @@ def _ms(seconds: float) -> str:
 
 
 class BatchRunner(Protocol):
-    """Runs one batch on one replica of ``variant``; the Backend of the gateway implements it."""
+    """Runs one batch on one replica of ``variant``; the Backend of the gateway implements it.
+
+    ``round_trip_latency``: the batcher calibrates the policy on each batch's round trip (True: the
+    hand-off is part of what a deadline pays) or on the replica's own compute time (False), in which
+    case the policy also models ``pipeline_depth`` (batches queued per replica, ``QueueView.depth``).
+    ``shared(model)``: the model's replicas hold every variant, so their slots are one set."""
+
+    round_trip_latency: bool
+    pipeline_depth: int
 
     def slots(self, model: str, variant: str) -> int: ...
+
+    def shared(self, model: str) -> bool: ...
 
     def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
             timeout_s: float | None = None) -> Awaitable[RunResult]: ...
@@ -82,19 +92,13 @@ class _Entry:
     inputs: dict[str, np.ndarray]
     future: asyncio.Future
     enqueued_s: float
-    answer_now: AnswerNow | None = None
-
-
-@dataclass(slots=True)
-class BatcherStats:
-    queued_rows: int = 0
-    in_flight: dict[str, int] = field(default_factory=dict)
+    on_shed: ShedHook | None = None
 
 
 EventHook = Callable[[str, object], None]
-# A transport's hook that writes a shed request's error answer at once, from inside the decision,
-# without waiting for the request's coroutine to be scheduled again (True when it wrote it).
-AnswerNow = Callable[[Exception], bool]
+# A caller's hook that answers a shed request at once, from inside the decision, without waiting for
+# the request's coroutine to be scheduled again (True when it answered).
+ShedHook = Callable[[Exception], bool]
 
 
 class Batcher:
@@ -126,11 +130,10 @@ class Batcher:
         self.on_event = on_event or (lambda kind, rec: None)
         # A dispatched batch is awaited at most until its latest deadline + late_grace_s (None: no bound).
         self.late_grace_s = late_grace_s
-        self.round_trip_latency = bool(getattr(runner, "round_trip_latency", True))
+        self.round_trip_latency = runner.round_trip_latency
         # A runner that reports pure compute tells the policy how it pipelines (QueueView.depth).
-        self._depth = 1 if self.round_trip_latency else max(1, int(getattr(runner, "pipeline_depth", 1)))
-        shared = getattr(runner, "shared", None)  # the runner's replicas hold every variant of the model
-        self._shared = bool(shared(model)) if callable(shared) and len(self.variants) > 1 else False
+        self._depth = 1 if self.round_trip_latency else max(1, runner.pipeline_depth)
+        self._shared = runner.shared(model) and len(self.variants) > 1  # one set of replicas for every variant
         self._entries: dict[int, _Entry] = {}
         self._items: list[QueuedItem] = []
         self._rows = 0
@@ -177,13 +180,13 @@ class Batcher:
         variants: tuple[str, ...],
         priority: int = 0,
         arrival_s: float | None = None,
-        answer_now: AnswerNow | None = None,
+        on_shed: ShedHook | None = None,
     ) -> Outcome:
         """Queue one request and wait for its outcome (raises :class:`ServingError`).
 
-        ``answer_now``, when given, is called with the error the moment the policy sheds this
-        request, so the transport can write the 503 before the event loop gets back to the waiting
-        coroutine (on a saturated loop that wait is milliseconds). The future still gets the error."""
+        ``on_shed``, when given, is called with the error the moment the policy sheds this request,
+        so the caller can answer it before the event loop gets back to the waiting coroutine (on a
+        saturated loop that wait is milliseconds). The future still gets the error."""
         if self._closed:
             raise Unavailable("the server is shutting down; retry", retry_after_s=1.0)
         if self._rows + rows > self.max_queue_rows:
@@ -195,19 +198,17 @@ class Batcher:
         now = self.clock.now()
         arrival = now if arrival_s is None else arrival_s
         item = QueuedItem(next(self._ids), arrival, deadline_s, rows, priority, variants)
-        admit = getattr(self.policy, "admit", None)
-        if admit is not None:
-            refused = admit(self._view(), item, now)
-            if refused is not None:
-                late = refused.late_by_s[0] if refused.late_by_s else 0.0
-                self.on_event("shed", (refused, 1))
-                raise DeadlineUnreachable(
-                    f"refused at admission: model '{self.model}' cannot meet this request's "
-                    f"{_ms(deadline_s - arrival)} ms deadline at the current load (predicted late by "
-                    f"{_ms(late)} ms); retry later or raise slo_ms / lower min_accuracy",
-                    retry_after_s=max(0.05, late), reason="admission")
+        refused = self.policy.admit(self._view(), item, now)
+        if refused is not None:
+            late = refused.late_by_s[0] if refused.late_by_s else 0.0
+            self.on_event("shed", (refused, 1))
+            raise DeadlineUnreachable(
+                f"refused at admission: model '{self.model}' cannot meet this request's "
+                f"{_ms(deadline_s - arrival)} ms deadline at the current load (predicted late by "
+                f"{_ms(late)} ms); retry later or raise slo_ms / lower min_accuracy",
+                retry_after_s=max(0.05, late), reason="admission")
         fut = asyncio.get_running_loop().create_future()
-        self._entries[item.id] = _Entry(item, inputs, fut, now, answer_now)
+        self._entries[item.id] = _Entry(item, inputs, fut, now, on_shed)
         self._items.append(item)
         self._rows += rows
         self._wake.set()
@@ -299,9 +300,9 @@ class Batcher:
                     f"raise slo_ms / lower min_accuracy",
                     retry_after_s=max(0.05, late),
                 )
-                if e.answer_now is not None:
+                if e.on_shed is not None:
                     try:
-                        e.answer_now(err)
+                        e.on_shed(err)
                     except Exception:  # the transport's bug must not stop the batcher
                         log.exception("answering a shed request at once failed; it is answered normally")
                 e.future.set_exception(err)

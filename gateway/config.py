@@ -23,19 +23,22 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
+from autoscaler.swayam import SwayamConfig
 
-class AutoscalingSettings(BaseModel):
-    """Swayam-style autoscaling of a model's Ray replicas (Ray Serve custom autoscaling policy)."""
 
-    model_config = ConfigDict(extra="forbid")
+class AutoscalingSettings(SwayamConfig):
+    """Swayam autoscaling of a model's Ray replicas (Ray Serve's custom autoscaling policy): the
+    replica bounds, and every :class:`~autoscaler.swayam.SwayamConfig` knob with the defaults the
+    simulator measures (docs/simulator.md): one source of defaults, live and simulated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     min_replicas: int = Field(default=1, ge=1, description="Never fewer replicas per variant.")
     max_replicas: int = Field(default=4, ge=1, description="Never more replicas per variant.")
-    startup_s: float = Field(default=10.0, ge=0, description="Replica start-up time the prediction looks ahead.")
-    keep_alive_s: float = Field(default=60.0, ge=0, description="Idle time before scaling in.")
-    interval_s: float = Field(default=2.0, gt=0, description="Seconds between decisions.")
-    margin_frac: float = Field(default=0.1, ge=0, description="Head-room over the predicted rate.")
-    predictor: str = Field(default="linreg", description="Rate predictor: last | ewma | holt | linreg.")
+
+    def swayam(self) -> dict[str, Any]:
+        """The policy's own settings (everything but the bounds), as JSON values for Ray Serve."""
+        return self.model_dump(mode="json", exclude={"min_replicas", "max_replicas"})
 
 
 class ModelOverride(BaseModel):
@@ -72,7 +75,7 @@ class ModelOverride(BaseModel):
 
 
 class TrainingSettings(BaseModel):
-    """Preemptible training on the GPUs inference leaves idle (gateway/harvest.py; Ray backend only)."""
+    """Preemptible training on the GPUs inference leaves idle (autoscaler/placement/controller.py; Ray backend only)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -85,7 +88,7 @@ class TrainingSettings(BaseModel):
         default=True, description="Start queued jobs and resume preempted ones on idle GPUs; False only preempts.")
     interval_s: float = Field(default=0.5, gt=0, le=60, description="Seconds between placement rounds.")
     policy: Literal["cost-aware", "cost-blind", "static"] = Field(
-        default="cost-aware", description="Placement policy (autoscaler/placement.py).")
+        default="cost-aware", description="Placement policy (autoscaler/placement/policy.py).")
     gpu_memory_mib: int = Field(default=16384, ge=1, description="Memory of one (emulated) GPU, for placement.")
 
 
@@ -126,7 +129,7 @@ class Settings(BaseSettings):
     replica_processes: bool = Field(
         default=False,
         description="In-process backend: each replica computes in a worker process of its own (batches cross a "
-                    "socket, pickled), so ONNX Runtime never waits for the gateway's GIL (gateway/procreplica.py). "
+                    "socket, pickled), so ONNX Runtime never waits for the gateway's GIL (gateway/backends/processes.py). "
                     "A variant whose batches run under inline_below_us gets no worker: it computes on the loop, "
                     "as without workers. Pays on hosts with a core per worker beside the loop's; on 2 cores "
                     "it costs attainment under a burst (docs/benchmarks.md).",
@@ -134,7 +137,7 @@ class Settings(BaseSettings):
     ray_transport: Literal["direct", "grpc", "object_ref"] = Field(
         default="direct",
         description="How a batch reaches its Ray Serve replica: direct (the gateway keeps a socket to each "
-                    "running replica's batch channel and routes batches itself; gateway/ray_channels.py), "
+                    "running replica's batch channel and routes batches itself; gateway/backends/ray_channels.py), "
                     "grpc (through a DeploymentHandle, whose router calls the replica's inter-deployment gRPC "
                     "server, as Ray Serve's throughput-optimized mode does) or object_ref (a DeploymentHandle "
                     "call as a Ray actor task). direct keeps a 20 ms SLO's tail that the handle's path misses "
@@ -147,12 +150,6 @@ class Settings(BaseSettings):
         description="A dispatched batch still out this long after its latest deadline fails (504); "
                     "null waits up to batch_timeout_s. Bounds Ray's own re-routing after a replica dies.",
     )
-    shed_answer_early: bool = Field(
-        default=True,
-        description="Write a queue shed's 503 from inside the shed decision (REST, uvicorn) instead of when the "
-                    "event loop next resumes the request: 99% within 1 ms of the decision on a saturated loop, "
-                    "against ~70% (docs/benchmarks.md). False only for A/B runs.",
-    )
     ray_deploy: bool = Field(
         default=True, description="Deploy the replicas on start; False attaches to already deployed ones."
     )
@@ -161,11 +158,6 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Execution provider choice.")
     inline_below_us: float = Field(
         default=100.0, ge=0, description="Run batches predicted faster than this on the event loop."
-    )
-    arrival_lag_compensation: bool = Field(
-        default=False,
-        description="Stamp each request's arrival earlier by the event loop's current lag (sloserve_event_loop_lag_seconds), "
-                    "the time its bytes waited in the socket. Off by default: no measured gain yet (docs/benchmarks.md).",
     )
     loop_lag_shed_ms: float | None = Field(
         default=None, ge=0, le=25,
@@ -259,7 +251,7 @@ class Settings(BaseSettings):
             if f is not None and not f.is_file():
                 raise ValueError(f"{f} is not a readable file")
         if self.auth_tokens_file is not None or self.auth_tokens is not None:
-            from gateway.auth import TokenTable
+            from gateway.transports.auth import TokenTable
 
             TokenTable.from_settings(self)  # a bad entry stops start-up here, naming it
         if self.training.enabled and self.backend != "ray":

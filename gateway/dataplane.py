@@ -7,18 +7,18 @@ transport a request came from is never part of the request.
 
 from __future__ import annotations
 
-import inspect
 import random
 import time
 from typing import Any
 
 import numpy as np
 
-from batching.batcher import Batcher
+from batching.batcher import Batcher, ShedHook
 from batching.clock import Clock, MonotonicClock
-from batching.policy import POLICIES, make_policy
+from batching.policies.slo import SLOSettings
+from batching.policy import POLICIES, make_policy, policy_settings
 from batching.profile import ProfileTable
-from gateway.backends import Backend, ModelLoadError
+from gateway.backends.base import Backend, ModelLoadError
 from gateway.config import Settings
 from gateway.errors import (
     DeadlineUnreachable,
@@ -60,13 +60,12 @@ class ModelState:
         policy_name = batching.pop("policy", None) or settings.default_policy
         context = {
             "max_batch_size": cfg.max_batch_size, "default_variant": best, "model": cfg.name,
-            "profile": profiles, "device_type": _device_type(backend, cfg.name),
+            "profile": profiles, "device_type": backend.device_type_of(cfg.name),
             "accuracy": dict(self.accuracy), "variants": list(self.by_accuracy),
-            "safety_ms": settings.dispatch_margin_ms, "max_wait_ms": settings.slo_max_wait_ms,
-            "size_quantile": settings.slo_size_quantile,
         }
         try:
-            self.policy = make_policy(policy_name, **_accepted(policy_name, {**context, **batching}))
+            knobs = {**_gateway_defaults(policy_name, settings), **batching}
+            self.policy = make_policy(policy_name, **context, **knobs)
         except ValueError as e:  # the server refuses to start, saying which setting to fix
             raise ModelLoadError(f"models.{cfg.name}.batching {batching}: {e}") from None
         hook, depth = metrics.batcher_hook(cfg.name)
@@ -124,6 +123,39 @@ class InflightBytes:
         self.held -= n
 
 
+class Ticket:
+    """One request's pass through the data plane's door, for every transport.
+
+    Made by :meth:`DataPlane.admit` before the body is read: it stamps the arrival and reserves the
+    body's declared bytes (429 past ``max_inflight_bytes``). :meth:`read` runs when the whole body is
+    in: the event-loop door (503 while the loop lags past ``loop_lag_shed_ms``) and the bytes beyond
+    the declared ones. :meth:`release` (or leaving the ``with`` block) gives the bytes back, whatever
+    happened.
+    """
+
+    __slots__ = ("arrival_s", "dp", "held", "model")
+
+    def __init__(self, dp: DataPlane, model: str, declared_bytes: int):
+        self.dp, self.model, self.held = dp, model, 0
+        self.arrival_s = dp.arrival_now()
+        self.held = dp.inflight.take(declared_bytes, model)
+
+    def read(self, n_bytes: int) -> None:
+        self.dp.door(self.model)
+        if n_bytes > self.held:  # chunked, or longer than declared: counted once read
+            self.held += self.dp.inflight.take(n_bytes - self.held, self.model)
+
+    def release(self) -> None:
+        self.dp.inflight.give(self.held)
+        self.held = 0
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class DataPlane:
     def __init__(self, repo: ModelRepository, backend: Backend, settings: Settings,
                  metrics: Metrics | None = None, clock: Clock | None = None):
@@ -141,23 +173,25 @@ class DataPlane:
         self.inflight = InflightBytes(settings.max_inflight_bytes, self._refused_bytes)
         _inflight_gauge(self.metrics, self.inflight)
         self._started = False
-        self._note_arrival = getattr(backend, "note_arrival", None)
         # the event loop's lag (gateway/looplag.py): a metric, and optionally counted against deadlines
         self.loop_lag = LoopLag() if isinstance(self.clock, MonotonicClock) else None
-        self._lag_in_arrival = settings.arrival_lag_compensation
         self._lag_shed_s = door_ms(settings) / 1e3 if self.loop_lag is not None else 0.0
         self._door_rng = random.Random(0)
         if self.loop_lag is not None:
             self.metrics.loop_lag.set_function(lambda: self.loop_lag.estimate_s)
-        if hasattr(backend, "on_replicas"):
-            gauge = self.metrics.replicas
-            backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
+        gauge = self.metrics.replicas
+        backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
+
+    def admit(self, model: str, declared_bytes: int = 0) -> Ticket:
+        """A request for ``model`` is at the door (see :class:`Ticket`): raises ``TooManyRequests``
+        when its declared bytes would pass ``max_inflight_bytes``."""
+        return Ticket(self, model, declared_bytes)
 
     def arrival_now(self) -> float:
-        """A request's arrival stamp: now; with ``arrival_lag_compensation``, less the loop's current
-        lag (the time its bytes are estimated to have waited for the event loop)."""
-        lag = self.loop_lag.touch() if self.loop_lag is not None else 0.0  # touch: keep the probe running
-        return self.clock.now() - (lag if self._lag_in_arrival else 0.0)
+        """A request's arrival stamp (it also keeps the event-loop lag probe running)."""
+        if self.loop_lag is not None:
+            self.loop_lag.touch()
+        return self.clock.now()
 
     def door(self, model: str) -> None:
         """Refuse a request before it is decoded while the event loop lags past ``loop_lag_shed_ms``
@@ -182,13 +216,6 @@ class DataPlane:
         if self.loop_lag is not None:
             self.loop_lag.start()
         await self.backend.start()
-        if not hasattr(self.backend, "on_replicas"):
-            count = getattr(self.backend, "replica_count", self.backend.slots)  # slots count pipelined batches too
-            shared = getattr(self.backend, "shared", None)
-            for name, m in self.models.items():
-                # a shared model's replicas hold every variant: counted once, under its best variant
-                for v in m.by_accuracy[:1] if shared is not None and shared(name) else m.by_accuracy:
-                    self.metrics.replicas.labels(name, v, _device_type(self.backend, name), "running").set(count(name, v))
         for m in self.models.values():
             m.batcher.start()
         self._started = True
@@ -286,7 +313,10 @@ class DataPlane:
             return ok
         return m.default_variants
 
-    async def infer(self, req: InferRequest) -> InferResponse:
+    async def infer(self, req: InferRequest, on_shed: ShedHook | None = None) -> InferResponse:
+        """Validate, queue and answer ``req``. ``on_shed`` (a transport's): called with the error the
+        moment the batcher sheds the request, so the transport can write the answer from inside
+        that decision (``gateway/transports/fastpath.py``)."""
         arrival = req.arrival_s or self.arrival_now()
         variant_label = "none"
         m = None
@@ -298,12 +328,10 @@ class DataPlane:
             variants = self.allowed_variants(m, req)
             slo_ms = req.params.slo_ms if req.params.slo_ms is not None else m.config.slo_ms
             deadline = arrival + slo_ms / 1000.0
-            if self._note_arrival is not None:
-                self._note_arrival(m.config.name, rows)
-            out = await m.batcher.submit(arrays, rows, deadline, variants, req.params.priority, arrival,
-                                         req.answer_now)
+            self.backend.note_arrival(m.config.name, rows)
+            out = await m.batcher.submit(arrays, rows, deadline, variants, req.params.priority, arrival, on_shed)
         except ServingError as e:
-            self.metrics.observe_request(req.model if m else "unknown", variant_label, _outcome(e), 0.0,
+            self.metrics.observe_request(req.model if m else "unknown", variant_label, e.kind, 0.0,
                                          False if isinstance(e, DeadlineUnreachable) else None)
             raise
         done = self.clock.now()
@@ -342,22 +370,13 @@ def _inflight_gauge(metrics: Metrics, inflight: InflightBytes) -> None:
     g.set_function(lambda: inflight.held)
 
 
-def _accepted(policy: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments a policy factory takes (context it does not use is left out)."""
-    factory = POLICIES.get(policy)
-    if factory is None:
-        return kwargs  # make_policy names the known policies
-    params = inspect.signature(factory).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    context_only = {"model", "profile", "device_type", "accuracy", "variants", "default_variant", "max_batch_size",
-                    "safety_ms", "max_wait_ms", "size_quantile"}
-    return {k: v for k, v in kwargs.items() if k in params or k not in context_only}
-
-
-def _device_type(backend: Backend, model: str) -> str:
-    fn = getattr(backend, "device_type_of", None)
-    return fn(model) if fn is not None else "cpu"
+def _gateway_defaults(policy: str, settings: Settings) -> dict[str, Any]:
+    """The slo policy's knobs the gateway sets for every model (``dispatch_margin_ms``,
+    ``slo_max_wait_ms``, ``slo_size_quantile``); a model's own batching config overrides them."""
+    if policy not in POLICIES or not issubclass(policy_settings(policy), SLOSettings):
+        return {}
+    return {"safety_ms": settings.dispatch_margin_ms, "max_wait_ms": settings.slo_max_wait_ms,
+            "size_quantile": settings.slo_size_quantile}
 
 
 def door_ms(settings: Settings) -> float:
@@ -368,16 +387,4 @@ def door_ms(settings: Settings) -> float:
     return 5.0 if settings.backend == "inprocess" else 0.0
 
 
-def _outcome(e: ServingError) -> str:
-    if isinstance(e, DeadlineUnreachable):
-        return "shed"
-    return {400: "invalid", 401: "unauthenticated", 403: "forbidden", 404: "not_found", 413: "too_large",
-            429: "rejected", 503: "unavailable", 504: "timeout"}.get(e.http_status, "error")
 
-
-def all_outputs(m: ModelState, binary: bool) -> list[RequestedOutput]:
-    return [RequestedOutput(n, binary) for n in m.outputs]
-
-
-def now_s() -> float:
-    return time.monotonic()

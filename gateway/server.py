@@ -15,13 +15,14 @@ import sys
 
 import uvicorn
 
-from gateway.auth import uvicorn_tls_kwargs
-from gateway.backends import Backend, InProcessBackend, ModelLoadError, find_bad_onnx
+from gateway.transports.auth import uvicorn_tls_kwargs
+from gateway.backends.base import Backend, ModelLoadError, find_bad_onnx
+from gateway.backends.threads import InProcessBackend
 from gateway.config import Settings
 from gateway.dataplane import DataPlane
-from gateway.grpc_service import create_server
+from gateway.transports.grpc import create_server
 from gateway.metrics import Metrics
-from gateway.rest import create_asgi
+from gateway.transports.rest import create_asgi
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
 
@@ -49,7 +50,7 @@ def make_backend(settings: Settings, repo: ModelRepository) -> Backend:
                                 or (2 if settings.replica_processes else 1),
                                 processes=settings.replica_processes,
                                 shared={m for m, o in settings.models.items() if o.shared_replicas})
-    from gateway.ray_backend import RayServeBackend
+    from gateway.backends.ray import RayServeBackend
 
     return RayServeBackend(repo, opts, settings)
 
@@ -87,8 +88,8 @@ class Gateway:
         self._grpc = None
         self._prepared = False
         self.harvest = None
-        if settings.training.enabled:  # preemptible training on idle GPUs (gateway/harvest.py)
-            from gateway.harvest import HarvestController
+        if settings.training.enabled:  # preemptible training on idle GPUs (autoscaler/placement/controller.py)
+            from autoscaler.placement.controller import HarvestController
 
             self.harvest = HarvestController(settings, self.backend, self.dataplane.metrics)
 
@@ -101,16 +102,18 @@ class Gateway:
         Here it runs on the main thread of a process that is still a plain Ray driver."""
         if not self._prepared:
             self._prepared = True
-            prepare = getattr(self.backend, "prepare", None)
-            if prepare is not None:
-                prepare()
+            self.backend.prepare()
 
     async def start(self) -> None:
         s = self.settings
         self.prepare()
         self._grpc, self.grpc_port = create_server(self.dataplane, f"{s.host}:{s.grpc_port}")
         await self._grpc.start()
-        routers = [self.harvest.router()] if self.harvest is not None else []
+        routers = []
+        if self.harvest is not None:
+            from gateway.transports.training import training_router
+
+            routers.append(training_router(self.harvest.jobs_api, self.harvest.report))
         app = create_asgi(self.dataplane, routers)
         cfg = uvicorn.Config(app, host=s.host, port=s.http_port, log_level="warning",
                              access_log=False, lifespan="off", loop="none", http="httptools",

@@ -1,31 +1,20 @@
 """The one internal request/response type; REST and gRPC are adapters to and from it.
 
-Tensors are numpy arrays. V2 datatypes map to numpy dtypes through :data:`V2_TO_NUMPY`.
+Tensors are numpy arrays. V2 datatypes map to numpy dtypes through :data:`V2_TO_NUMPY`
+(``models/datatypes.py``, where the model repository's configs use them too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-V2_TO_NUMPY: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(np.object_),
-}
-NUMPY_TO_V2: dict[np.dtype, str] = {v: k for k, v in V2_TO_NUMPY.items()}
+from models.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
+
+__all__ = ["NUMPY_TO_V2", "V2_TO_NUMPY", "InferRequest", "InferResponse", "RequestParams", "RequestedOutput"]
+
 
 
 @dataclass(slots=True)
@@ -59,10 +48,7 @@ class InferRequest:
     outputs: list[RequestedOutput] | None = None
     params: RequestParams = field(default_factory=RequestParams)
     binary_output: bool = False
-    arrival_s: float = 0.0
-    # Set by a transport that can write an error answer synchronously (gateway/fastpath.py): the
-    # batcher calls it the moment it sheds this request (batching.batcher.AnswerNow).
-    answer_now: Callable[[Exception], bool] | None = None
+    arrival_s: float = 0.0  # when it reached the gateway's door (the data plane's clock)
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """Render the SLO policy's decisions over time (docs/img/slo_policy_decisions.png).
 
-Runs ``batching.offline.replay`` -- the virtual-time twin of the live batcher -- on the heavy model's
+Runs ``batching.replay.replay`` -- the virtual-time twin of the live batcher -- on the heavy model's
 measured profiles (this machine's ``model_repository/heavy/*/profiles``) under Poisson load with a
 3x burst, for the ``slo`` policy and the ``timeout`` baseline, and plots what the slo policy did:
 load, batch sizes by variant, each request's latency against its deadline, sheds.
@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 
-from batching.offline import Request, replay
+from batching.replay import Request, replay
 from batching.policy import make_policy
 from batching.profile import ProfileTable
 from models.repository import ModelRepository

@@ -3,7 +3,7 @@
 A gateway hands each batch to a replica as one frame and gets the outputs back as one frame. The
 same protocol serves a worker process of the in-process backend (over a ``socketpair``) and a Ray
 Serve replica (over TCP, after a mutual HMAC handshake); the gateway's side is
-``gateway/channel.py``.
+``gateway/backends/channel.py``.
 
 Frames are ``multiprocessing.connection``'s: a 4-byte big-endian length, then a pickle (protocol
 5) of a tuple.

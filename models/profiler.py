@@ -19,7 +19,7 @@ import onnxruntime as ort
 from tqdm import tqdm
 
 from batching.profile import write_profile
-from gateway.types import V2_TO_NUMPY
+from models.datatypes import V2_TO_NUMPY
 from models.repository import ModelRepository
 from models.runtime import Replica, RuntimeOptions, device_type
 

@@ -73,7 +73,7 @@ class OnnxReplica:
     # ---- the batch channel (the gateway's direct transport) ---------------------------------
     def _open_channel(self, host: str) -> None:
         """Listen for gateways (models/channel.py) and publish where, with the handshake's key, in
-        Ray's internal KV (gateway/ray_channels.py reads it)."""
+        Ray's internal KV (gateway/backends/ray_channels.py reads it)."""
         import ray
         from ray.experimental import internal_kv
 

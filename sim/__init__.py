@@ -3,5 +3,5 @@ placement policies as the live gateway (it is a second driver, never a flag insi
 
 * ``sim.engine``  -- request level: every request, the real batching policy, profile-sampled latencies;
 * ``sim.fluid``   -- per-interval fluid model of each replica group, for 1,000s of GPUs over a day;
-* ``sim.run``     -- experiments over policies, results JSON and plots; ``sim.cli`` is ``sloserve sim``.
+* ``sim.run``     -- experiments over policies, results JSON and plots; ``gateway.cli.sim`` is ``sloserve sim``.
 """

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from autoscaler.registry import Autoscaler
@@ -44,11 +43,6 @@ class Controller:
         self.placement = placement
         self.states = [autoscaler.initial_state() for _ in specs]
         self.decide = autoscaler.spec.decide
-        self.check = autoscaler.spec.check_up
-        # per model: the rate above which the policy's up-check would act before the next round, and its window
-        self.recheck_rps = [math.inf] * len(specs)
-        self.recheck_window_s = [0.0] * len(specs)
-        self.rechecking = False  # whether any decision of the last round asked for an up-check
         base = autoscaler.config.model_dump()
         self.configs = [autoscaler.config if not (s.autoscaler_kwargs or {}).get(autoscaler.name) else
                         autoscaler.spec.config_type.model_validate({**base, **s.autoscaler_kwargs[autoscaler.name]})
@@ -65,34 +59,9 @@ class Controller:
         decide, configs, states = self.decide, self.configs, self.states
         wants: dict[str, int] = {}
         holding: dict[str, int] = {}
-        recheck, recheck_w = self.recheck_rps, self.recheck_window_s
-        inf = math.inf
-        rechecking = False
         for i, snap in enumerate(snaps):
             decision, states[i] = decide(snap, configs[i], states[i], now)
             wants[snap.model] = decision.target_replicas
             holding[snap.model] = snap.target_replicas
-            if decision.recheck_above_rps != inf or recheck[i] != inf:
-                recheck[i] = decision.recheck_above_rps
-                recheck_w[i] = decision.recheck_window_s
-                rechecking = True
-        self.rechecking = rechecking
         grant = self.placement.allocate(wants, holding, now)
         return [grant[s.name] for s in self.specs]
-
-    def check_up(self, now: float, idx: list[int], snaps: list[ScalingSnapshot], targets: list[int]) -> list[int]:
-        """Between rounds: the policy's up-check for the models ``idx`` (``snaps`` hold their short
-        windows); every other model keeps ``targets``. Returns the granted targets of ``idx``."""
-        if self.check is None:
-            return [targets[i] for i in idx]
-        wants = {s.name: t for s, t in zip(self.specs, targets)}
-        holding = dict(wants)
-        for i, snap in zip(idx, snaps):
-            decision, self.states[i] = self.check(snap, self.configs[i], self.states[i], now)
-            wants[snap.model] = decision.target_replicas
-            self.recheck_rps[i] = decision.recheck_above_rps
-            self.recheck_window_s[i] = decision.recheck_window_s
-        if wants == holding:
-            return [targets[i] for i in idx]
-        grant = self.placement.allocate(wants, holding, now)
-        return [grant[self.specs[i].name] for i in idx]

@@ -20,7 +20,6 @@ True
 from __future__ import annotations
 
 import heapq
-import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,15 +28,16 @@ import numpy as np
 
 from autoscaler.registry import make_autoscaler
 from autoscaler.types import RateWindow, ScalingSnapshot
-from batching.policy import POLICIES, make_policy
-from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed
+from batching.policy import make_policy
+from batching.replay import VirtualQueue
+from batching.types import BatchResult, Dispatch, QueuedItem, Shed
 from sim.control import Controller, ModelSpec, Observation
 from sim.metrics import ModelRecord, summarize
 from sim.placement import FixedPool, PlacementHook
 
 VARIANT = "default"
 FALLBACK = "fallback"
-_ARRIVE, _DONE, _READY, _WAKE, _TICK, _CHECK = 0, 1, 2, 3, 4, 5
+_ARRIVE, _DONE, _READY, _WAKE, _TICK = 0, 1, 2, 3, 4
 _Z99 = 2.3263
 
 
@@ -54,29 +54,17 @@ class SimConfig:
     seed: int = 0
     minute_s: float = 60.0
     sla: float = 0.99
-    # between rounds (both modes; a policy opts in through ScaleDecision.recheck_above_rps): how often
-    # the controller sees fresh gateway rates, and how old they are when it does (live: the replicas
-    # push their metrics every second, the controller loop runs every 0.1 s)
-    check_every_s: float = 1.0
-    report_lag_s: float = 1.0
 
 
 def batching_policy_for(cfg: SimConfig, spec: ModelSpec):
-    name = cfg.batching or ("slo" if "slo" in POLICIES else "timeout")
-    factory = POLICIES[name]
+    name = cfg.batching or "slo"
     curves = _curves(spec)
-    offered = {"max_batch_size": spec.service.max_batch_size, "default_variant": VARIANT,
+    context = {"max_batch_size": spec.service.max_batch_size, "default_variant": VARIANT,
                "latency_fn": lambda variant, rows: curves[variant].at(rows, "p99"), "model": spec.name,
-               "device_type": spec.device_type, "variants": list(curves), **cfg.batching_kwargs}
+               "device_type": spec.device_type, "variants": list(curves)}
     if len(curves) > 1:  # rank the variants for the policy: the primary first
-        offered.setdefault("accuracy", {VARIANT: 1.0, FALLBACK: 0.5})
-    try:
-        params = inspect.signature(factory).parameters
-        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            offered = {k: v for k, v in offered.items() if k in params}
-    except (TypeError, ValueError):
-        pass
-    return make_policy(name, **offered)
+        context["accuracy"] = {VARIANT: 1.0, FALLBACK: 0.5}
+    return make_policy(name, **context, **cfg.batching_kwargs)
 
 
 def _curves(spec: ModelSpec) -> dict:
@@ -103,7 +91,10 @@ class _Model:
         self.spec = spec
         self.policy = policy
         self.rec = rec
-        self.queue: list[QueuedItem] = []
+        self.curves = _curves(spec)
+        # every replica holds every variant (the fallback beside the primary): one set of slots for both
+        self.vq = VirtualQueue(policy, spec.name, spec.service.max_batch_size, shared=len(self.curves) > 1,
+                               strict=False)
         self.replicas: list[_Replica] = []
         self.wake_at: float | None = None
         self.in_system = 0
@@ -111,8 +102,8 @@ class _Model:
         self.ongoing_acc = 0.0
         self.gw_counts = [0] * gateways
         self.alloc_since = 0.0
-        self.curves = _curves(spec)
         self.allowed = tuple(self.curves)
+        self.slots: _Slots | None = None  # set by simulate_requests
 
     def account(self, now: float) -> None:
         self.ongoing_acc += self.in_system * (now - self.last_change)
@@ -121,6 +112,51 @@ class _Model:
     def hold(self, now: float) -> None:  # replica-seconds up to now, before the count changes
         self.rec.replica_seconds += len(self.replicas) * (now - self.alloc_since)
         self.alloc_since = now
+
+
+class _Slots:
+    """A model's replicas as its :class:`~batching.replay.VirtualQueue` sees them: a batch starts on a
+    ready, idle replica and lasts a latency drawn from the variant's profile (log-normal through its p50
+    and p99); its completion is an event of the simulation's heap."""
+
+    def __init__(self, m: _Model, mi: int, rng: np.random.Generator, push, minute_s: float):
+        self.m, self.mi, self.rng, self.push, self.minute_s = m, mi, rng, push, minute_s
+
+    def _idle(self, now: float) -> list[_Replica]:
+        return [r for r in self.m.replicas if r.ready and not r.draining and r.busy_until <= now and not r.batch]
+
+    def state(self, now: float):
+        curves = self.m.curves
+        busy = [r.busy_until for r in self.m.replicas if r.batch]
+        return dict.fromkeys(curves, len(self._idle(now))), dict.fromkeys(curves, busy)
+
+    def start(self, d: Dispatch, items: list[QueuedItem], now: float) -> bool:
+        idle = self._idle(now)
+        if not idle:
+            return False
+        m = self.m
+        rows = sum(it.size for it in items)
+        curve = m.curves.get(d.variant, m.spec.service.curve)
+        if d.variant == FALLBACK:
+            m.rec.fallback += rows
+        p50 = curve.at(rows, "p50")
+        sigma = math.log(max(curve.at(rows, "p99") / p50, 1.0)) / _Z99
+        lat = p50 * math.exp(sigma * float(self.rng.standard_normal()))
+        r = idle[0]
+        r.busy_until = now + lat
+        r.started = now
+        r.batch = tuple(items)
+        r.variant = d.variant
+        self.push(now + lat, _DONE, self.mi, r)
+        return True
+
+    def shed(self, d: Shed, items: list[QueuedItem], now: float) -> None:
+        m = self.m
+        for it in items:
+            m.rec.minute_total[int(it.arrival_s // self.minute_s)] += 1
+            m.rec.shed += 1
+        m.account(now)
+        m.in_system -= len(items)
 
 
 def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
@@ -141,6 +177,9 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
         seq += 1
         heapq.heappush(heap, (t, seq, kind, mi, payload))
 
+    for mi, m in enumerate(models):
+        m.slots = _Slots(m, mi, rng, push, cfg.minute_s)
+
     arrivals = []
     for mi, (s, m) in enumerate(zip(specs, models)):
         times = s.arrivals.sample_times(rng)
@@ -158,49 +197,10 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
     end = duration + 5 * max(s.service.slo_s for s in specs)
 
     def pump(m: _Model, mi: int, now: float) -> None:
-        svc = m.spec.service
-        while True:
-            idle = [r for r in m.replicas if r.ready and not r.draining and r.busy_until <= now and not r.batch]
-            busy = [r.busy_until for r in m.replicas if r.batch]
-            view = QueueView(m.spec.name, m.queue, dict.fromkeys(m.curves, len(idle)), svc.max_batch_size,
-                             dict.fromkeys(m.curves, busy), shared=len(m.curves) > 1)
-            d = m.policy.plan(view, now)
-            if isinstance(d, Dispatch):
-                if not idle or not d.ids:
-                    return
-                ids = set(d.ids)
-                batch = tuple(it for it in m.queue if it.id in ids)
-                m.queue = [it for it in m.queue if it.id not in ids]
-                rows = sum(it.size for it in batch)
-                curve = m.curves.get(d.variant, svc.curve)
-                if d.variant == FALLBACK:
-                    m.rec.fallback += rows
-                p50 = curve.at(rows, "p50")
-                sigma = math.log(max(curve.at(rows, "p99") / p50, 1.0)) / _Z99
-                lat = p50 * math.exp(sigma * float(rng.standard_normal()))
-                r = idle[0]
-                r.busy_until = now + lat
-                r.started = now
-                r.batch = batch
-                r.variant = d.variant
-                push(now + lat, _DONE, mi, r)
-            elif isinstance(d, Shed):
-                ids = set(d.ids)
-                for it in m.queue:
-                    if it.id in ids:
-                        m.rec.minute_total[int(it.arrival_s // cfg.minute_s)] += 1
-                        m.rec.shed += 1
-                m.account(now)
-                before = len(m.queue)
-                m.queue = [it for it in m.queue if it.id not in ids]
-                m.in_system -= before - len(m.queue)
-                if before == len(m.queue):
-                    return
-            else:
-                if d.until_s is not None and d.until_s > now and (m.wake_at is None or d.until_s < m.wake_at):
-                    m.wake_at = d.until_s
-                    push(d.until_s, _WAKE, mi)
-                return
+        until = m.vq.run(m.slots, now)
+        if until is not None and until > now and (m.wake_at is None or until < m.wake_at):
+            m.wake_at = until
+            push(until, _WAKE, mi)
 
     while heap:
         now, _, kind, mi, payload = heapq.heappop(heap)
@@ -229,26 +229,15 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
             last_tick = now
             if now + cfg.tick_s <= duration:
                 push(now + cfg.tick_s, _TICK, -1)
-            if ctl.rechecking and cfg.check_every_s < cfg.tick_s - 1e-9:
-                push(now + cfg.check_every_s, _CHECK, -1)
             if progress is not None:
                 progress(now)
-            continue
-        if kind == _CHECK:  # between rounds: the policy's up-check where a short window crossed its trigger
-            for mi2, g in _check_up(ctl, models, arrivals, gw_of, cfg, now):
-                m = models[mi2]
-                _resize(m, g, now, cfg.startup_s + ctl.placement.start_delay_s.get(m.spec.name, 0.0),
-                        lambda t, r, i=mi2: push(t, _READY, i, r))
-                pump(m, mi2, now)
-            if now + cfg.check_every_s < last_tick + cfg.tick_s - 1e-9:
-                push(now + cfg.check_every_s, _CHECK, -1)
             continue
         m = models[mi]
         if kind == _ARRIVE:
             i = payload
             t_arr = now
             m.account(now)
-            m.queue.append(QueuedItem(next_id, t_arr, t_arr + m.spec.service.slo_s, 1, 0, m.allowed))
+            m.vq.add(QueuedItem(next_id, t_arr, t_arr + m.spec.service.slo_s, 1, 0, m.allowed))
             next_id += 1
             m.in_system += 1
             m.gw_counts[int(gw_of[mi][i])] += 1
@@ -284,41 +273,11 @@ def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
     ctl.placement.finish(duration)  # a hook with its own clock (sim/harvest.py) runs to the end
     for m in models:
         m.hold(duration)
-        for it in m.queue:  # never served
+        for it in m.vq.items:  # never served
             m.rec.minute_total[min(int(it.arrival_s // cfg.minute_s), n_min - 1)] += 1
     records = [m.rec for m in models]
     return {"summary": summarize(records, duration, cfg.sla), "records": records, "duration_s": duration,
             "placement": ctl.placement.report()}
-
-
-def _check_up(ctl: Controller, models: list[_Model], arrivals: list, gw_of: list, cfg: SimConfig,
-              now: float) -> list[tuple[int, int]]:
-    """The up-checks of the models whose arrivals over their window (ending ``report_lag_s`` ago)
-    exceed their trigger: ``[(model, granted target)]`` for those whose target changed."""
-    fired, snaps = [], []
-    t1 = now - cfg.report_lag_s
-    for i, (m, times) in enumerate(zip(models, arrivals)):
-        trig, w = ctl.recheck_rps[i], ctl.recheck_window_s[i]
-        t0 = t1 - w
-        if trig == math.inf or t0 < 0:
-            continue
-        lo, hi = np.searchsorted(times, [t0, t1])
-        if hi - lo <= trig * w:
-            continue
-        counts = np.bincount(gw_of[i][lo:hi], minlength=cfg.gateways)
-        s = m.spec
-        live = [r for r in m.replicas if not r.draining]
-        snaps.append(ScalingSnapshot(s.name, len(live), sum(1 for r in live if r.ready), s.service,
-                                     float(m.in_system),
-                                     tuple(RateWindow(f"gw{g}", t0, t1, float(c), 1.0 / cfg.gateways)
-                                           for g, c in enumerate(counts.tolist())),
-                                     s.min_replicas, s.max_replicas, None))
-        fired.append(i)
-    if not fired:
-        return []
-    targets = [sum(1 for r in m.replicas if not r.draining) for m in models]
-    grants = ctl.check_up(now, fired, snaps, targets)
-    return [(i, g) for i, g in zip(fired, grants) if g != targets[i]]
 
 
 def _resize(m: _Model, target: int, now: float, startup_s: float, on_start) -> None:

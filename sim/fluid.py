@@ -99,67 +99,6 @@ def _late_table(service: ServiceModel) -> _LateTable:
     return tab
 
 
-_RING_STEPS = 64  # the longest up-check window, in steps
-
-
-class _UpChecks:
-    """The driver's side of between-rounds up-checks: each model's arrivals over the last steps, and its
-    trigger (``ScaleDecision.recheck_above_rps``) as a count over its window. ``fired`` finds the models
-    whose window, ending ``lag_steps`` before step ``k``, crossed it: one vector test per check."""
-
-    def __init__(self, n: int, dt_s: float, lag_steps: int):
-        self.ring = np.zeros((lag_steps + _RING_STEPS, n))
-        self.dt_s, self.lag_steps = dt_s, lag_steps
-        self.active = False
-        self.thr = self.wsteps = None
-
-    def refresh(self, ctl: Controller) -> None:
-        """Re-read the triggers after the policy decided."""
-        trig = np.array(ctl.recheck_rps)
-        self.active = bool(np.isfinite(trig).any())
-        if self.active:
-            w = np.array(ctl.recheck_window_s)
-            self.wsteps = np.clip(np.round(w / self.dt_s), 1, _RING_STEPS).astype(np.int64)
-            self.thr = trig * self.wsteps * self.dt_s
-
-    def fired(self, k: int) -> tuple[list[int], np.ndarray]:
-        end = k - self.lag_steps  # the window is steps [end - w, end)
-        ws = np.unique(self.wsteps).tolist()
-        counts = np.zeros(len(self.thr))
-        for w in ws:
-            if end - w < 0:
-                continue
-            rows = [(end - i) % len(self.ring) for i in range(1, w + 1)]
-            c = self.ring[rows].sum(axis=0)
-            if len(ws) == 1:
-                counts = c
-            else:
-                counts = np.where(self.wsteps == w, c, counts)
-        return np.nonzero(counts > self.thr)[0].tolist(), counts
-
-
-def _check_up(ctl: Controller, up: _UpChecks, k: int, now: float, target: np.ndarray, ready: np.ndarray,
-              ongoing: list[float], specs: list[ModelSpec], gws: list[str], share_w: float) -> list[tuple[int, int]]:
-    """The up-checks of the models whose short window crossed their trigger: ``[(model, granted target)]``
-    for those whose target changed."""
-    fired, counts = up.fired(k)
-    if not fired:
-        return []
-    t1 = now - up.lag_steps * up.dt_s
-    tgt_l = target.tolist()
-    snaps = []
-    for j in fired:
-        s = specs[j]
-        t0 = t1 - int(up.wsteps[j]) * up.dt_s
-        arrivals = float(counts[j]) * share_w
-        snaps.append(ScalingSnapshot(s.name, tgt_l[j], int(ready[j]), s.service, ongoing[j],
-                                     tuple(RateWindow(g, t0, t1, arrivals, share_w) for g in gws),
-                                     s.min_replicas, s.max_replicas, None))
-    grants = ctl.check_up(now, fired, snaps, tgt_l)
-    up.refresh(ctl)
-    return [(j, g) for j, g in zip(fired, grants) if g != tgt_l[j]]
-
-
 def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s: float = 1.0,
                    placement: PlacementHook | None = None, progress=None,
                    controller_cls: Callable[..., Controller] = Controller) -> dict[str, Any]:
@@ -218,8 +157,6 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
     late = np.zeros(n)
     cap_step = hold_cap = None
     late_key = None
-    check_steps = max(round(cfg.check_every_s / dt_s), 1)
-    up = _UpChecks(n, dt_s, round(cfg.report_lag_s / dt_s)) if ctl.check is not None else None
 
     def apply(j: int, g: int, now: float) -> None:
         """Model ``j`` is granted ``g`` replicas at ``now``: start or drop the difference."""
@@ -259,10 +196,6 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         grants = ctl.round_snapshots(t, snaps)
         for j, g in enumerate(grants):
             apply(j, g, t)
-        up_on = up is not None and ctl.rechecking
-        if up_on:
-            up.refresh(ctl)
-            up_on = up.active
         ser_target[tk] = target
         ser_ready[tk] = ready
         alloc = target.astype(float)
@@ -276,12 +209,6 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         for k in range(k0, k1):
             tt = k * dt_s
             changed = False
-            if up_on and k > k0 and k % check_steps == 0:
-                # between rounds: the up-check of every model whose fresh short-window rate crossed its trigger
-                for j, g in _check_up(ctl, up, k, tt, target, ready, ongoing_l, specs, gws, share_w):
-                    rs[j] += (g - target[j]) * (k1 - k) * dt_s  # the rest of this block at the new target
-                    apply(j, g, tt)
-                    changed = True
             while pending and pending[0][0] <= tt + 1e-9:
                 _, j, cnt = heapq.heappop(pending)
                 ready[j] += cnt
@@ -297,8 +224,6 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
                 hold_cap = ready * mu1 * hold_s
                 late_key = ii
             a = rng.poisson(lam * dt_s).astype(float)
-            if up is not None:
-                up.ring[k % len(up.ring)] = a
             work = backlog + a
             served = np.minimum(work, cap_step)
             over = work - served

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoscaler.placement import get_policy
-from autoscaler.placement_types import (
+from autoscaler.placement.policy import get_policy
+from autoscaler.placement.types import (
     Gpu,
     PlacementConfig,
     PlacementSnapshot,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.placement_types import PlacementConfig
+from autoscaler.placement.types import PlacementConfig
 from sim.control import ModelSpec
 from sim.engine import SimConfig
 from sim.harvest import PLACEMENTS, HarvestConfig, HarvestPlacement, static_config

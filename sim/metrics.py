@@ -72,8 +72,3 @@ def summarize(records: list[ModelRecord], duration_s: float, sla: float = 0.99) 
         "fallback_share": sum(r.fallback for r in records) / total if total else 0.0,
         "per_model": per_model,
     }
-
-
-def attainment_series(r: ModelRecord) -> np.ndarray:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(r.minute_total > 0, r.minute_good / np.maximum(r.minute_total, 1e-12), np.nan)

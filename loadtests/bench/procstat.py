@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gateway.proctree import descendants
+from gateway.backends.proctree import descendants
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

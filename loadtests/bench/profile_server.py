@@ -39,7 +39,7 @@ CATEGORIES = [
     ("metrics (prometheus_client)", ("prometheus_client", "gateway/metrics.py")),
     ("batching (queue, policy, concat/split)", ("batching/",)),
     ("dataplane (validate, variants, response object)", ("gateway/dataplane.py", "gateway/types.py")),
-    ("REST handler (read body, headers, Response)", ("gateway/rest.py",)),
+    ("REST handler (read body, headers, Response)", ("gateway/transports/rest.py",)),
     ("FastAPI/Starlette (routing, middleware, Request/Response)", ("fastapi/", "starlette/")),
     ("uvicorn HTTP protocol (httptools parsing, transport)", ("uvicorn/", "httptools")),
     ("asyncio / uvloop event loop", ("asyncio/", "uvloop", "selectors.py")),

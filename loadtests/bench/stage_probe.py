@@ -60,7 +60,7 @@ class Recorder:
 def install(rec: Recorder) -> None:
     """Wrap the data plane's ``infer``, the backends' ``run`` and the Ray backend's controller reads."""
     from gateway import dataplane, ray_backend
-    from gateway.backends import InProcessBackend
+    from gateway.backends.threads import InProcessBackend
 
     infer = dataplane.DataPlane.infer
 

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.codec import InputLimits, decode_rest
+from gateway.transports.codec import InputLimits, decode_rest
 from gateway.errors import InvalidArgument
-from gateway.grpc_service import decode_grpc
+from gateway.transports.grpc import decode_grpc
 from tests.fuzz.strategies import (
     grpc_request,
     nested,

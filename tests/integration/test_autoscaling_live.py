@@ -40,8 +40,9 @@ def scaling_server(model_repo, tmp_path_factory):
     settings = repo / "settings.json"
     settings.write_text(json.dumps({"models": {"digits": {
         "fault_delay_ms": 20, "slo_ms": 200,
+        # the keep-alive alone scales in (no quantile hold, no seasonal term): a short test's load
         "autoscaling": {"min_replicas": 1, "max_replicas": 3, "startup_s": 2, "keep_alive_s": 6,
-                        "interval_s": 1, "predictor": "last"}},
+                        "interval_s": 1, "predictor": "last", "hold_quantile": 0, "season_periods_s": []}},
         "trio": {"shared_replicas": True, "slo_ms": 500,
                  "autoscaling": {"min_replicas": 1, "max_replicas": 2, "startup_s": 2, "keep_alive_s": 6,
                                  "interval_s": 1}}}}))

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoscaler.training import TrainingSpec, preempt_then_kill
-from autoscaler.training_checkpoint import list_checkpoints, load_latest
+from autoscaler.training.job import TrainingSpec, preempt_then_kill
+from autoscaler.training.checkpoint import list_checkpoints, load_latest
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = dict(dataset="synthetic", hidden=32, total_iterations=120, checkpoint_every=20)
@@ -30,7 +30,7 @@ def _job(tmp: Path, name: str, **kw) -> Path:
 
 
 def _worker(d: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "autoscaler.training_worker", "--job-dir", str(d), *extra],
+    return subprocess.Popen([sys.executable, "-m", "autoscaler.training.worker", "--job-dir", str(d), *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -124,8 +124,8 @@ def _waited(p: subprocess.Popen, timeout: float) -> bool:
 def test_ray_actor_preempt_checkpoints_and_frees_emulated_gpu(tmp_path):
     import ray
 
-    from autoscaler.training_actor import RayLauncher
-    from autoscaler.training_manager import TrainingManager
+    from autoscaler.training.actor import RayLauncher
+    from autoscaler.training.manager import TrainingManager
 
     ray.init(num_cpus=1, include_dashboard=False, resources={"gpu_T4": 1})
     try:

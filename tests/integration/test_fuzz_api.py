@@ -60,7 +60,7 @@ def test_openapi_fuzz(api_schema, mode):
     """Every operation of /openapi.json, bodies and parameters generated from the schema (positive)
     and violating it (negative: wrong types, missing fields, mutated bodies)."""
     ops = [r.ok() for r in api_schema.get_all_operations()]
-    assert len(ops) >= 10, [o.label for o in ops]  # every route of gateway/rest.py
+    assert len(ops) >= 10, [o.label for o in ops]  # every route of gateway/transports/rest.py
     tried = 0
     for op in ops:
         @settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck), database=None)

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from gateway.proctree import parent_pid
+from gateway.backends.proctree import parent_pid
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration

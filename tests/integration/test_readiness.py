@@ -15,7 +15,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from gateway.backends import InProcessBackend
+from gateway.backends.threads import InProcessBackend
 from gateway.config import Settings
 from gateway.server import Gateway
 from models.repository import ModelRepository

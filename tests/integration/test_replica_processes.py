@@ -1,5 +1,5 @@
 """``replica_processes``: in-process backend replicas that compute in worker processes
-(gateway/procreplica.py). Same answers as ONNX Runtime in the test's own process; a worker killed with
+(gateway/backends/processes.py). Same answers as ONNX Runtime in the test's own process; a worker killed with
 a batch in flight fails that batch explicitly (503 + Retry-After), is started again and serves the next
 one; a batch whose deadline passed while it queued behind another is skipped, not run late; stop
 leaves no worker behind; a model that cannot be loaded is a ModelLoadError naming the file."""
@@ -16,10 +16,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gateway.backends import InProcessBackend, ModelLoadError
+from gateway.backends.base import ModelLoadError
+from gateway.backends.threads import InProcessBackend
 from gateway.errors import DeadlineExceeded
-from gateway.procreplica import WorkerGone
-from gateway.proctree import descendants
+from gateway.backends.processes import WorkerGone
+from gateway.backends.proctree import descendants
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
 
@@ -37,7 +38,7 @@ def workers() -> set[int]:
     for pid in descendants(os.getpid()):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"gateway.procreplica" in f.read():
+                if b"gateway.backends.processes" in f.read():
                     out.add(pid)
         except OSError:
             pass

@@ -4,7 +4,7 @@ loop is saturated (issue 3).
 The gateway runs in-process on this test's event loop, next to a hog: ten callbacks that each
 spin 0.4 ms and re-queue themselves, so every loop iteration has ~4 ms of ready work. A woken
 coroutine waits behind that work; the 503 written from inside the shed decision does not
-(gateway/fastpath.py, ``_AnswerNow``). Timed by the server (``sloserve_shed_answer_seconds``,
+(gateway/transports/fastpath.py, ``_AnswerNow``). Timed by the server (``sloserve_shed_answer_seconds``,
 decision to the 503 written). The test also runs the control, with ``shed_answer_early`` off:
 there 0 of 26-29 sheds per run were within 1 ms, and with it on, all of them.
 """

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from gateway.codec import decode_rest
+from gateway.transports.codec import decode_rest
 from loadtests.bench import closed
 from loadtests.bench.systems import binary_body
 

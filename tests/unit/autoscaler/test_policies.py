@@ -171,19 +171,6 @@ def test_swayam_holds_a_recurring_level_but_not_a_lone_spike():
     assert targets[41] >= hi and targets[-1] == max(lo, 1)
 
 
-def test_swayam_adaptive_margin_grows_after_surprises():
-    kw = dict(startup_s=10, interval_s=10, keep_alive_s=10, hold_quantile=0, season_periods_s=())
-    base = 0.9 * capacity_rps(SVC, 2)  # two replicas without a margin, three with 30 % more
-    calm = [base] * 60
-    jumpy = [base if (k // 6) % 2 else 1.6 * base for k in range(60)] + [base] * 3
-    fixed = make_autoscaler("swayam", **kw)
-    adaptive = make_autoscaler("swayam", margin_quantile=0.9, margin_window_s=600, **kw)
-    assert _drive(adaptive, calm)[0][-1] == _drive(fixed, calm)[0][-1]  # no surprise: no extra margin
-    (_, s), = [_drive(adaptive, jumpy)]
-    assert s.excess and max(e for _, e in s.excess) > 0.3
-    assert _drive(adaptive, jumpy)[0][-1] > _drive(fixed, jumpy)[0][-1]
-
-
 def test_late_fraction_memo_gives_the_same_numbers():
     """The fluid tables ask late_fraction for 13 replica counts x 400 rates per service and share
     its steady batches and on-time limits through a memo: it must not change one value."""

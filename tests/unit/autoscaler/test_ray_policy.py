@@ -29,10 +29,10 @@ def make_ctx(config, *, now, rate_by_gw, current=1, target=1, state=None, ongoin
         last_scale_down_time=None)
 
 
-def ray_config():
+def ray_config(kwargs=None):
     return AutoscalingConfig(
         min_replicas=1, max_replicas=50, upscale_delay_s=0, downscale_delay_s=0,
-        policy=AutoscalingPolicy(policy_function=SwayamRayPolicy, policy_kwargs=KWARGS))
+        policy=AutoscalingPolicy(policy_function=SwayamRayPolicy, policy_kwargs=kwargs or KWARGS))
 
 
 def test_direct_call_scales_with_partial_views():
@@ -47,10 +47,11 @@ def test_direct_call_scales_with_partial_views():
 
 
 def test_through_rays_own_wrapper_and_keep_alive():
-    cfg = ray_config()
+    # the keep-alive alone (no quantile hold of the recent needs, no seasonal term)
+    cfg = ray_config({**KWARGS, "swayam": {**KWARGS["swayam"], "hold_quantile": 0, "season_periods_s": []}})
     policy = _apply_autoscaling_config(_resolve_policy_callable(cfg.policy))
     n, state = policy(make_ctx(cfg, now=0.0, rate_by_gw={"gw0": (600.0, 1.0)}))
-    assert n >= 3
+    assert n >= 2  # one replica serves ~400 rps within the SLO
     peak = n
     # load drops: the replicas stay for the keep-alive (30 s), then go
     for t in range(1, 30):
@@ -70,40 +71,18 @@ def test_fallback_without_gateway_metrics():
     assert n > 1
 
 
-def test_state_json_round_trip_and_live_defaults():
-    from autoscaler.ray_policy import LIVE_DEFAULTS, state_from_json, state_to_json
-    from autoscaler.swayam import SwayamState
+def test_state_json_round_trip_and_one_source_of_defaults():
+    from autoscaler.ray_policy import state_from_json, state_to_json
+    from autoscaler.swayam import SwayamConfig, SwayamState
 
-    st = SwayamState(((1.0, 2.0),), ((1.0, 3),), 2, ((1.0, 2.0),), ((1.0, 2.5),), ((0.0, 0.1),), ((1.0, 2.0),),
-                     ((1.0, 4),))
+    st = SwayamState(((1.0, 2.0),), ((1.0, 3),), 2, ((1.0, 2.0),), ((1.0, 4),))
     assert state_from_json(state_to_json(st)) == st
     assert state_from_json({"history": [[1, 2]], "needs": [[1, 3]]}).season == ()  # an older state still loads
     policy = SwayamRayPolicy(**KWARGS)
-    assert policy.config.hold_quantile == 0 and policy.config.season_periods_s == ()
-    assert policy.config.keep_alive_s == 30  # what the deployment asks wins over LIVE_DEFAULTS
-    assert SwayamRayPolicy(**{**KWARGS, "swayam": {"hold_quantile": 0.9}}).config.hold_quantile == 0.9
-    assert set(LIVE_DEFAULTS) <= set(type(policy.config).model_fields)
-
-
-def test_up_check_between_rounds_on_fast_rate_metrics():
-    """With ``up_check_window_s`` set, Ray's every-tick calls run a round every ``interval_s`` and the
-    scale-up-only check in between, on the gateways' short-window rates."""
-    kw = {**KWARGS, "swayam": {"startup_s": 5, "interval_s": 10, "keep_alive_s": 30, "up_check_window_s": 2}}
-    cfg = ray_config()
-    policy = SwayamRayPolicy(**kw)
-    n, state = policy(make_ctx(cfg, now=100.0, rate_by_gw={"gw0": (20.0, 0.5), "gw1": (20.0, 0.5)}))
-    assert n == 1 and state["sloserve_round_s"] == 100.0
-    history = list(state[STATE_KEY]["history"])
-    # 0.1 s later the round metrics say 800 rps, but between rounds only the fast metrics count: none yet
-    n, state = policy(make_ctx(cfg, now=100.1, rate_by_gw={"gw0": (400.0, 0.5)}, state=state))
-    assert n == 1 and state[STATE_KEY]["history"] == history
-    ctx = make_ctx(cfg, now=101.0, rate_by_gw={"gw0": (20.0, 0.5)}, state=state)
-    ctx.aggregated_metrics["sloserve_fast_rate_rps/gw0"] = {r: 400.0 for r in ctx.running_replicas}  # same dict
-    n, state = policy(ctx)
-    assert n >= 3 and state["sloserve_reason"] == "fast-scale-up" and state["sloserve_round_s"] == 100.0
-    # the next round comes interval_s after the last one
-    n2, state = policy(make_ctx(cfg, now=110.0, rate_by_gw={"gw0": (400.0, 0.5)}, current=n, target=n, state=state))
-    assert state["sloserve_round_s"] == 110.0 and n2 >= n
+    assert policy.config.keep_alive_s == 30  # what the deployment asks wins
+    # the rest: the simulator's defaults, the same object model
+    assert policy.config.model_dump(exclude={"keep_alive_s", "startup_s", "interval_s"}) == \
+        SwayamConfig().model_dump(exclude={"keep_alive_s", "startup_s", "interval_s"})
 
 
 def test_a_fallback_profile_shrinks_the_keep_alive_buffer():
@@ -129,7 +108,7 @@ def test_a_fallback_profile_shrinks_the_keep_alive_buffer():
 
 def test_the_gateway_passes_the_next_variant_down_as_the_fallback_of_a_shared_model(model_repo):
     from gateway.config import load_settings
-    from gateway.ray_backend import RayServeBackend
+    from gateway.backends.ray import RayServeBackend
     from models.repository import ModelRepository
 
     repo = ModelRepository(model_repo).load()

@@ -1,7 +1,7 @@
 import pytest
 
 from batching import make_policy
-from batching.offline import PolicyError, Request, replay
+from batching.replay import PolicyError, Request, replay
 from batching.types import Dispatch, Wait
 
 

@@ -3,7 +3,7 @@ from batching_factories import ACC, items, linear, two_variants, view
 
 from batching import make_policy
 from batching.profile import ProfileTable
-from batching.slo import SLOPolicy
+from batching.policies.slo import SLOPolicy
 from batching.types import Dispatch, QueuedItem, Shed, Wait
 
 

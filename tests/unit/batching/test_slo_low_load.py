@@ -1,6 +1,6 @@
 """Live-path rules of the slo policy: no waiting at low load, no shedding inside the safety margin."""
 
-from batching.slo import SLOPolicy
+from batching.policies.slo import SLOPolicy
 from batching.types import QueuedItem, QueueView
 
 

@@ -257,7 +257,7 @@ def _gateway_container() -> dict:
 def _gateway_settings(tmp_path: Path):
     """What `sloserve serve` resolves in the gateway pod: its command line parsed by sloserve's own
     parser, over the ConfigMap's settings file mounted where the command says."""
-    from gateway.cli import build_parser
+    from gateway.cli.main import build_parser
     from gateway.config import load_settings
 
     c = _gateway_container()
@@ -272,7 +272,7 @@ def _gateway_settings(tmp_path: Path):
     rel = Path(args.config).relative_to(mount["mountPath"])
     local = tmp_path / rel
     local.write_text(cm["data"][str(rel)])
-    # The same overrides gateway/cli.py's _serve passes.
+    # The same overrides gateway/cli/main.py's _serve passes.
     settings = load_settings(local, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
                              repo=args.repo, backend=args.backend, ray_address=args.ray_address,
                              instances=args.instances, intra_op_threads=args.intra_op_threads,
@@ -299,7 +299,7 @@ def test_gateway_command_parses_and_its_settings_validate(tmp_path):
 def test_gateway_finds_exactly_the_applications_the_rayservice_deploys(tmp_path):
     """With ray_deploy false the gateway derives app and deployment names from the repository and its
     models.<m>.device_type; they must be the ones serveConfigV2 deploys, with the same pipeline depth."""
-    from gateway.ray_backend import APP_PREFIX, RayServeBackend
+    from gateway.backends.ray import APP_PREFIX, RayServeBackend
     from models.ray_replica import deployment_name
 
     _, s = _gateway_settings(tmp_path)

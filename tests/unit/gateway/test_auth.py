@@ -1,4 +1,4 @@
-"""gateway/auth.py without servers: token parsing, constant-time lookup, allow-lists, the ASGI guard."""
+"""gateway/transports/auth.py without servers: token parsing, constant-time lookup, allow-lists, the ASGI guard."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hmac
 import pytest
 
 from gateway import auth
-from gateway.auth import (
+from gateway.transports.auth import (
     BearerAuthMiddleware,
     PermissionDenied,
     TokenTable,

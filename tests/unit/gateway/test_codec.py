@@ -7,7 +7,7 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.codec import decode_rest, encode_rest
+from gateway.transports.codec import decode_rest, encode_rest
 from gateway.errors import InvalidArgument
 from gateway.types import InferResponse, RequestedOutput
 
@@ -120,7 +120,7 @@ def test_encode_json_and_binary():
 def test_uint64_takes_json_booleans_and_integers_without_overflow():
     """Found by the codec fuzz: a boolean array's extreme against uint64's max raised OverflowError
     (a 500) instead of being range-checked as the integers 0 and 1."""
-    from gateway.codec import array_from_json
+    from gateway.transports.codec import array_from_json
 
     assert array_from_json(False, "UINT64", (), "input 'x'").tolist() == 0
     assert array_from_json([True, False], "UINT64", (2,), "input 'x'").tolist() == [1, 0]

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from gateway.backends import InProcessBackend
+from gateway.backends.threads import InProcessBackend
 from gateway.errors import DeadlineExceeded
 from models.runtime import RuntimeOptions
 

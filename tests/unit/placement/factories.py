@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from autoscaler.placement_types import (
+from autoscaler.placement.types import (
     Gpu,
     PlacementSnapshot,
     Replica,

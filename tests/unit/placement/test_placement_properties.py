@@ -7,9 +7,9 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.placement import POLICIES, apply_decision, check_capacity, get_policy
-from autoscaler.placement_cost import lost_work_gpu_s, preemption_cost
-from autoscaler.placement_types import (
+from autoscaler.placement.policy import POLICIES, apply_decision, check_capacity, get_policy
+from autoscaler.placement.cost import lost_work_gpu_s, preemption_cost
+from autoscaler.placement.types import (
     Gpu,
     PlacementConfig,
     PlacementSnapshot,

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.training import (
+from autoscaler.training.job import (
     PreemptSignal,
     TrainingRunner,
     TrainingSpec,
     preempt_then_kill,
 )
-from autoscaler.training_checkpoint import (
+from autoscaler.training.checkpoint import (
     clean_temp,
     list_checkpoints,
     load_latest,

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from prometheus_client import CollectorRegistry
 
-from autoscaler.placement import decide
-from autoscaler.placement_metrics import PlacementMetrics, gpu_usage
-from autoscaler.placement_types import (
+from autoscaler.placement.policy import decide
+from autoscaler.placement.metrics import gpu_usage
+from autoscaler.placement.types import (
     Gpu,
     PlacementConfig,
     PlacementSnapshot,
@@ -17,8 +16,9 @@ from autoscaler.placement_types import (
     Replica,
     ReplicaTarget,
 )
-from autoscaler.training import TrainingSpec
-from autoscaler.training_manager import ThreadLauncher, TrainingManager, make_router
+from autoscaler.training.job import TrainingSpec
+from autoscaler.training.manager import ThreadLauncher, TrainingManager
+from gateway.transports.training import training_router
 from tests.unit.placement.factories import job
 
 
@@ -58,7 +58,7 @@ def test_preempt_then_resume_continues_from_checkpoint(tmp_path):
 def test_http_router(tmp_path):
     m = TrainingManager(tmp_path, launcher=ThreadLauncher())
     app = FastAPI()
-    app.include_router(make_router(m))
+    app.include_router(training_router(m, lambda: {}))
     c = TestClient(app)
     r = c.post("/v2/training/jobs", json=_spec("h").model_dump(mode="json"))
     assert r.status_code == 201 and r.json()["job_id"] == "h"
@@ -70,22 +70,10 @@ def test_http_router(tmp_path):
     assert c.delete("/v2/training/jobs/h").json()["state"] == "finished"
 
 
-def test_metrics_gpu_usage_and_decisions():
+def test_gpu_usage():
     snap = PlacementSnapshot(gpus=(Gpu("a", "T4", 16384), Gpu("b", "T4", 16384), Gpu("c", "A100", 40960)),
                              targets=(ReplicaTarget("m", "v", "T4", 2, 8192),),
                              replicas=(Replica("r", "m", "v", "a", 1024),),
                              jobs=(job("j", ["a"], memory_mib=4096), job("k", ["b"], memory_mib=12288)))
     usage = gpu_usage(snap)
     assert usage[("T4", "shared")] == 1 and usage[("T4", "training")] == 1 and usage[("A100", "idle")] == 1
-    reg = CollectorRegistry()
-    pm = PlacementMetrics(reg)
-    pm.observe_snapshot(snap)
-    d, _ = decide("cost-aware", snap, PlacementConfig(substitute_types=False), PlacementState(), 0.0)
-    pm.observe_decision(d)
-    pm.observe_preemption("cost-aware", "reclaim-for-inference", "checkpointed", 0.05)
-    pm.observe_jobs(["running", "queued", "running"])
-    assert reg.get_sample_value("sloserve_gpus", {"gpu_type": "T4", "use": "shared"}) == 1
-    assert reg.get_sample_value("sloserve_training_preemptions_total",
-                                {"policy": "cost-aware", "reason": "reclaim-for-inference", "outcome": "planned"}) == 1
-    assert reg.get_sample_value("sloserve_training_jobs", {"state": "running"}) == 2
-    assert reg.get_sample_value("sloserve_training_reclaim_seconds_count") == 1

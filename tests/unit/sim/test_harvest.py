@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from autoscaler.placement_types import PlacementConfig
+from autoscaler.placement.types import PlacementConfig
 from sim.harvest import HarvestConfig, HarvestPlacement
 from sim.training_trace import JobSpec, load_training_jobs
 

@@ -1,0 +1,439 @@
+"""Live harvest: preemptible training on the GPUs inference does not use, reclaimed when it does.
+
+A small controller thread in the gateway process (started by :class:`gateway.server.Gateway` when
+``training.enabled``). Every ``training.interval_s`` it
+
+1. **observes** Ray: the typed-GPU inventory (``emulated_gpus``, else the nodes' ``GPU`` and
+   ``accelerator_type:<T>`` resources), each GPU model's Serve replica target (replicas starting,
+   including those pending for lack of a GPU, plus running) and the replica actors that hold a GPU
+   (ALIVE in the actor table), and the training jobs of a :class:`TrainingManager` with their
+   progress (``TrainingActor.progress``);
+2. builds a :class:`PlacementSnapshot` and calls the pure placement policy (``cost-aware``);
+3. **carries out** the decision: ``preempt`` -> the job checkpoints at its next iteration boundary
+   and stops (killed after ``grace_s``), so Ray schedules the pending replica on the freed GPU;
+   ``start_training`` -> a queued or preempted job starts (resuming from its checkpoint) once Ray
+   reports the GPU free. Replicas themselves are started and stopped by Ray Serve's autoscaler.
+
+Training actors and GPU replicas ask Ray for the same resources: ``num_gpus`` plus
+``accelerator_type:<T>`` (``RayLauncher(real_gpus=True)``; a replica takes ``replica_gpu_fraction``
+GPUs), so a GPU held by training is a GPU Serve cannot schedule a replica on.
+
+GPU ids in the snapshot are the controller's own bookkeeping (``T4:0``, ``T4:1``...): on one node
+Ray pools GPUs, so which physical GPU a job holds does not matter, only how many of each type.
+Times are measured from the decision: ``freed_s`` (training actor dead, its GPU released) and
+``ready_s`` (the replica that waited for it RUNNING in Serve). ``GET /v2/training/placement``
+returns them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from autoscaler.placement.policy import get_policy
+from autoscaler.placement.metrics import gpu_usage
+from autoscaler.placement.types import (
+    Gpu,
+    PlacementConfig,
+    PlacementDecision,
+    PlacementSnapshot,
+    PlacementState,
+    Replica,
+    ReplicaTarget,
+    TrainingJob,
+)
+from autoscaler.training.job import TrainingSpec
+from autoscaler.training.manager import JobInfo, TrainingManager
+
+log = logging.getLogger("sloserve.harvest")
+TARGET_STATES = ("STARTING", "RUNNING", "UPDATING", "RECOVERING")
+JOB_STATES = ("queued", "running", "checkpointing", "preempted", "finished", "cancelled", "failed")
+
+
+@dataclass
+class Reclaim:
+    """One live preemption for inference; times in seconds from the decision."""
+
+    job_id: str
+    gpu_type: str
+    model: str | None
+    variant: str | None
+    decided_at: float  # monotonic clock of the decision
+    iteration_at_request: int = 0
+    waited_s: float = 0.0  # how long the replica had been pending (target > replicas holding a GPU) before
+    outcome: str | None = None  # checkpointed | killed
+    stopped_s: float | None = None  # preempt protocol returned (checkpoint written, kill sent)
+    freed_s: float | None = None  # training actor dead: its GPU is free for Ray to schedule on
+    granted_s: float | None = None  # the waiting replica's actor holds the GPU (ALIVE in Ray)
+    ready_s: float | None = None  # the replica that waited for the GPU is RUNNING
+    checkpoint_iteration: int | None = None
+    lost_iterations: int | None = None
+    _baseline_running: int = field(default=0, repr=False)
+    _baseline_holders: int = field(default=0, repr=False)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+
+@dataclass
+class _Job:
+    """What the controller remembers of a job between rounds."""
+
+    spec: TrainingSpec
+    gpu_ids: tuple[str, ...] = ()
+    iteration: int = 0
+    checkpoint_iteration: int = 0
+    iteration_time_s: float | None = None
+    attained_gpu_s: float = 0.0
+    started_s: float | None = None
+    seen_at: float | None = None
+
+
+class HarvestJobs:
+    """The job API the REST router serves in harvest mode: a submitted job is queued and the
+    controller places it; a job preempted by hand stays held until resumed by hand."""
+
+    def __init__(self, manager: TrainingManager, on_change=None):
+        self.m, self.held, self._on_change = manager, set(), on_change or (lambda: None)
+
+    def submit(self, spec: TrainingSpec) -> JobInfo:
+        info = self.m.submit(spec, start=False)
+        self._on_change()
+        return info
+
+    def list(self) -> list[JobInfo]:
+        return self.m.list()
+
+    def get(self, job_id: str) -> JobInfo:
+        return self.m.get(job_id)
+
+    def preempt(self, job_id: str) -> JobInfo:
+        self.held.add(job_id)
+        return self.m.preempt(job_id)
+
+    def start(self, job_id: str) -> JobInfo:
+        self.held.discard(job_id)
+        return self.m.start(job_id)
+
+    def cancel(self, job_id: str) -> JobInfo:
+        return self.m.cancel(job_id)
+
+
+class HarvestController:
+    """Places training jobs on idle typed GPUs and preempts them when inference needs the GPU.
+
+    >>> # Gateway does this when settings.training.enabled (backend "ray", after Ray is up):
+    >>> # h = HarvestController(settings, backend, metrics); h.start()  # its HTTP API: gateway/transports/training.py
+    """
+
+    def __init__(self, settings, backend, metrics, clock=time.monotonic):
+        from autoscaler.training.actor import RayLauncher
+
+        t = settings.training
+        self.settings, self.backend, self.metrics, self.clock = settings, backend, metrics, clock
+        self.manager = TrainingManager(t.jobs_dir, launcher=RayLauncher(real_gpus=True), grace_s=t.grace_s)
+        self.jobs_api = HarvestJobs(self.manager, on_change=lambda: self._wake.set())
+        self.policy_name = t.policy
+        self._policy = get_policy(t.policy)
+        frac = settings.replica_gpu_fraction
+        self.replica_memory_mib = max(1, round(min(frac, 1.0) * t.gpu_memory_mib))
+        self.config = PlacementConfig(preempt_grace_s=t.grace_s, restart_overhead_s=1.0, pack_small_replicas=False,
+                                      substitute_types=False, max_replicas_per_gpu=max(1, math.floor(1 / frac + 1e-9)))
+        self.state = PlacementState()
+        self.reclaims: list[Reclaim] = []
+        self.last_decision: PlacementDecision | None = None
+        self._jobs: dict[str, _Job] = {}
+        self._preempting: dict[str, Reclaim] = {}
+        self._starting: set[str] = set()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="harvest")
+        self._lock = threading.Lock()
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_tick: float | None = None
+        self.round_s = 0.0  # how long the last round took (observe + decide + act)
+        self._usage: dict[tuple[str, str], int] = {}
+        self._pending_since: dict[tuple[str, str], float] = {}
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="sloserve-harvest")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop, then checkpoint and stop every running job (resumable on the next start)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self._pool.shutdown(wait=True)
+        for j in self.manager.list():
+            if j.state == "running":
+                try:
+                    self.manager.preempt(j.job_id)
+                except Exception:  # shutting down: best effort, the checkpoint is on disk
+                    log.warning("could not checkpoint training job %s on shutdown", j.job_id, exc_info=True)
+
+    def _loop(self) -> None:
+        interval = self.settings.training.interval_s
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # Ray or Serve restarting: try again next round
+                log.warning("harvest round failed", exc_info=True)
+            self._wake.wait(interval)
+            self._wake.clear()
+
+    def report(self) -> dict:
+        d = self.last_decision
+        with self._lock:
+            reclaims = [r.to_dict() for r in self.reclaims]
+        return {"policy": self.policy_name, "round": self.state.round, "round_s": round(self.round_s, 4),
+                "gpus": [{"gpu_type": t, "use": u, "count": n} for (t, u), n in sorted(self._usage.items())],
+                "reclaims": reclaims,
+                "last_decision": None if d is None else {
+                    "preempt": [p.job_id for p in d.preempt], "start_training": [s.job_id for s in d.start_training],
+                    "start_replicas": [f"{s.model}/{s.variant}@{s.gpu_id}" for s in d.start_replicas],
+                    "unplaced": [f"{u.model}/{u.variant}x{u.count}" for u in d.unplaced]}}
+
+    # ------------------------------------------------------------------ one round
+    def tick(self) -> PlacementDecision:
+        now = self.clock()
+        serve_view, holders = self._observe_serve()
+        infos = {j.job_id: j for j in self.manager.list()}
+        self._observe_jobs(infos, now)
+        snap = self._snapshot(serve_view, holders, infos, now)
+        decision, self.state = self._policy(snap, self.config, self.state, now)
+        self.last_decision = decision
+        self._export(snap, infos, now)
+        for key, (_dev, target, _running) in serve_view.items():
+            if target > holders.get(key, 0):
+                self._pending_since.setdefault(key, now)
+            else:
+                self._pending_since.pop(key, None)
+        self._apply(decision, serve_view, holders, now)
+        self._track_ready(serve_view, holders)
+        self._last_tick = now
+        self.round_s = self.clock() - now
+        return decision
+
+    def inventory(self) -> tuple[Gpu, ...]:
+        mem = self.settings.training.gpu_memory_mib
+        types = dict(self.settings.emulated_gpus)
+        if not types:
+            import ray
+
+            for node in ray.nodes():
+                res = node.get("Resources", {}) if node.get("Alive") else {}
+                for k in res:
+                    if k.startswith("accelerator_type:"):
+                        t = k.split(":", 1)[1]
+                        types[t] = types.get(t, 0) + int(res.get("GPU", 0))
+        return tuple(Gpu(f"{t}:{i}", t, mem) for t, n in sorted(types.items()) for i in range(n))
+
+    def _gpu_models(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """(model, variant) -> (Serve app, GPU type) for every model whose replicas take a GPU."""
+        out = {}
+        apps = self.backend.applications()
+        for key, app in apps.items():
+            dev = self.backend.device_of(key[0])
+            if dev.lower() != "cpu":
+                out[key] = (app, dev)
+        return out
+
+    def _observe_serve(self) -> tuple[dict, dict]:
+        """{(model, variant): (gpu type, target, running)} and {(model, variant): replica actors holding a GPU}."""
+        import ray._private.state as ray_state
+
+        models = self._gpu_models()
+        # the controller's details as a dict, not serve.status(): that one holds the GIL for 25-45 ms
+        details = self.backend.read_serve_details()
+        view, holders = {}, {}
+        alive = [a["ActorClassName"] for a in ray_state.actors(actor_state_name="ALIVE").values()]
+        for key, (app, dev) in models.items():
+            states = self.backend.replica_states(app, details)
+            view[key] = (dev, sum(states.get(s, 0) for s in TARGET_STATES), states.get("RUNNING", 0))
+            holders[key] = sum(1 for c in alive if c.startswith(f"ServeReplica:{app}:"))
+        return view, holders
+
+    def _observe_jobs(self, infos: dict[str, JobInfo], now: float) -> None:
+        import ray
+
+        for job_id in infos:
+            if job_id not in self._jobs:
+                d = self.manager.dir / job_id / "spec.json"
+                self._jobs[job_id] = _Job(TrainingSpec.model_validate_json(d.read_text()),
+                                          iteration=infos[job_id].iteration,
+                                          checkpoint_iteration=infos[job_id].checkpoint_iteration)
+        running = {j: h for j in infos if infos[j].state == "running" and (h := self.manager.handle(j)) is not None}
+        refs = {j: h.actor.progress.remote() for j, h in running.items() if hasattr(h, "actor")}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0.2) if refs else ([], [])
+        got = {}
+        for j, ref in refs.items():
+            if ref in ready:
+                try:
+                    got[j] = ray.get(ref)
+                except Exception:  # noqa: BLE001 - the actor just died (preempted, killed)
+                    pass
+        for job_id, info in infos.items():
+            mem = self._jobs[job_id]
+            p = got.get(job_id) or {"iteration": info.iteration, "checkpoint_iteration": info.checkpoint_iteration}
+            it = max(int(p["iteration"]), 0)
+            if info.state == "running" and mem.seen_at is not None and it > mem.iteration:
+                per = (now - mem.seen_at) / (it - mem.iteration)
+                mem.iteration_time_s = per if mem.iteration_time_s is None else 0.7 * mem.iteration_time_s + 0.3 * per
+            if it > mem.iteration:  # also the last steps before a preemption, read from status.json
+                self.metrics.training_steps.labels(job_id).inc(it - mem.iteration)
+                every = mem.spec.checkpoint_every
+                new_ck = int(p["checkpoint_iteration"]) // every - mem.checkpoint_iteration // every
+                if new_ck > 0:
+                    self.metrics.checkpoints.labels("periodic").inc(new_ck)
+            mem.iteration, mem.checkpoint_iteration = it, int(p["checkpoint_iteration"])
+            mem.seen_at = now if info.state == "running" else None
+            if info.state != "running" and job_id not in self._preempting:
+                mem.gpu_ids, mem.started_s = (), None
+
+    def _snapshot(self, serve_view, holders, infos, now) -> PlacementSnapshot:
+        gpus = self.inventory()
+        by_type: dict[str, list[str]] = {}
+        for g in gpus:
+            by_type.setdefault(g.gpu_type, []).append(g.gpu_id)
+        taken: set[str] = {g for j in self._jobs.values() if infos.get(j.spec.job_id, None) is not None
+                           and infos[j.spec.job_id].state == "running" for g in j.gpu_ids}
+        jobs = []
+        for job_id, info in infos.items():
+            mem = self._jobs[job_id]
+            if info.state not in ("queued", "preempted", "running"):
+                continue
+            if info.state != "running" and (job_id in self.jobs_api.held or not self.settings.training.auto_fill):
+                continue  # held by hand, or auto-fill off: placement does not start it
+            if info.state == "running" and not mem.gpu_ids:  # started by hand: book free GPUs of its type
+                free = [g for g in by_type.get(mem.spec.gpu_type, []) if g not in taken]
+                mem.gpu_ids = tuple(free[: mem.spec.num_gpus])
+                mem.started_s = now
+                taken.update(mem.gpu_ids)
+            s = mem.spec
+            it_s = mem.iteration_time_s or (s.iteration_delay_s + 1e-3)
+            if info.state == "running" and self._last_tick is not None:
+                mem.attained_gpu_s += (now - self._last_tick) * s.num_gpus
+            jobs.append(TrainingJob(
+                job_id, s.num_gpus, self.settings.training.gpu_memory_mib, it_s, iterations_done=mem.iteration,
+                checkpoint_iteration=mem.checkpoint_iteration, checkpoint_interval_iterations=s.checkpoint_every,
+                checkpoint_write_s=0.05, total_iterations=s.total_iterations, attained_gpu_s=mem.attained_gpu_s,
+                gpu_type=s.gpu_type, gpu_ids=mem.gpu_ids if info.state == "running" else (),
+                started_s=mem.started_s, preempting=job_id in self._preempting))
+        replicas, targets = [], []
+        per_gpu = self.config.max_replicas_per_gpu
+        for (model, variant), (dev, target, _running) in serve_view.items():
+            targets.append(ReplicaTarget(model, variant, dev, target, self.replica_memory_mib))
+            slots = [g for g in by_type.get(dev, []) if g not in taken for _ in range(per_gpu)]
+            for i in range(min(holders.get((model, variant), 0), len(slots))):
+                replicas.append(Replica(f"{model}/{variant}#{i}", model, variant, slots[i], self.replica_memory_mib))
+            taken.update(slots[: holders.get((model, variant), 0)])
+        return PlacementSnapshot(gpus=gpus, targets=tuple(targets), replicas=tuple(replicas), jobs=tuple(jobs))
+
+    # ------------------------------------------------------------------ carrying out a decision
+    def _apply(self, decision: PlacementDecision, serve_view, holders, now: float) -> None:
+        waiting = {s.after_preempt: s for s in decision.start_replicas if s.after_preempt}
+        for p in decision.preempt:
+            if p.job_id in self._preempting:
+                continue
+            mem = self._jobs[p.job_id]
+            s = waiting.get(p.job_id)
+            key = (s.model, s.variant) if s else None
+            rec = Reclaim(p.job_id, mem.spec.gpu_type, s.model if s else None, s.variant if s else None, now,
+                          iteration_at_request=mem.iteration, waited_s=now - self._pending_since.get(key, now),
+                          _baseline_running=serve_view.get(key, (None, 0, 0))[2] if s else 0,
+                          _baseline_holders=holders.get(key, 0) if s else 0)
+            with self._lock:
+                self._preempting[p.job_id] = rec
+                self.reclaims.append(rec)
+            self.metrics.preemptions.labels(mem.spec.gpu_type.lower(), p.reason).inc()
+            self._pool.submit(self._preempt, rec, p.grace_s)
+        if not self.settings.training.auto_fill or not decision.start_training:
+            return
+        import ray
+
+        free_gpus = ray.available_resources().get("GPU", 0.0)
+        for s in decision.start_training:
+            job = self._jobs[s.job_id]
+            if s.job_id in self._starting or free_gpus + 1e-6 < job.spec.num_gpus:
+                continue  # the GPU is still held (a replica stopping): next round
+            free_gpus -= job.spec.num_gpus
+            job.gpu_ids, job.started_s = s.gpu_ids, now
+            self._starting.add(s.job_id)
+            self._pool.submit(self._start, s.job_id)
+
+    def _start(self, job_id: str) -> None:
+        try:
+            self.manager.start(job_id)
+        except Exception:
+            log.warning("could not start training job %s", job_id, exc_info=True)
+        finally:
+            self._starting.discard(job_id)
+            self._wake.set()
+
+    def _preempt(self, rec: Reclaim, grace_s: float) -> None:
+        import ray._private.state as ray_state
+
+        h = self.manager.handle(rec.job_id)
+        actor_id = h.actor._actor_id.hex() if h is not None and hasattr(h, "actor") else None
+        try:
+            info = self.manager.preempt(rec.job_id, grace_s)
+            rec.stopped_s = self.clock() - rec.decided_at
+            rec.outcome = self.manager.last_stop(rec.job_id)
+            deadline = self.clock() + 10.0
+            while actor_id is not None and self.clock() < deadline:
+                if ray_state.actors(actor_id=actor_id).get("State") in (None, "DEAD"):
+                    break
+                time.sleep(0.005)
+            rec.freed_s = self.clock() - rec.decided_at
+            rec.checkpoint_iteration = info.checkpoint_iteration
+            done = max(self._jobs[rec.job_id].iteration, info.iteration, rec.iteration_at_request)
+            rec.lost_iterations = max(done - info.checkpoint_iteration, 0)
+            mem = self._jobs[rec.job_id]
+            lost_s = rec.lost_iterations * (mem.iteration_time_s or 0.0) * mem.spec.num_gpus
+            if rec.outcome == "killed":
+                lost_s += grace_s * mem.spec.num_gpus
+            else:
+                self.metrics.checkpoints.labels("preemption").inc()
+            self.metrics.training_lost_seconds.labels(rec.gpu_type.lower()).inc(lost_s)
+            log.info("reclaimed %s for %s/%s: %s, GPU free after %.3f s", rec.job_id, rec.model, rec.variant,
+                     rec.outcome, rec.freed_s)
+        except Exception:
+            log.warning("preempting %s failed", rec.job_id, exc_info=True)
+        finally:
+            with self._lock:
+                self._preempting.pop(rec.job_id, None)
+            self._wake.set()
+
+    def _track_ready(self, serve_view, holders) -> None:
+        now = self.clock()
+        with self._lock:
+            pending = [r for r in self.reclaims if r.ready_s is None and r.model is not None]
+        for r in pending:
+            if r.granted_s is None and holders.get((r.model, r.variant), 0) > r._baseline_holders:
+                r.granted_s = now - r.decided_at
+            running = serve_view.get((r.model, r.variant), (None, 0, 0))[2]
+            if running > r._baseline_running:
+                r.ready_s = now - r.decided_at
+                self.metrics.replica_start.labels(r.model, r.gpu_type.lower()).observe(r.ready_s)
+
+    def _export(self, snap: PlacementSnapshot, infos: dict[str, JobInfo], now: float) -> None:
+        self._usage = gpu_usage(snap)
+        for (t, use), n in self._usage.items():
+            self.metrics.gpus.labels(t.lower(), use).set(n)
+        counts = dict.fromkeys(JOB_STATES, 0)
+        for job_id, info in infos.items():
+            state = "checkpointing" if job_id in self._preempting else info.state
+            counts[state] = counts.get(state, 0) + 1
+        for state, n in counts.items():
+            self.metrics.training_jobs.labels(state).set(n)
+        if self._last_tick is not None:
+            dt = now - self._last_tick
+            for j in snap.jobs:
+                if j.running:
+                    self.metrics.training_gpu_seconds.labels((j.gpu_type or "").lower()).inc(dt * j.num_gpus)

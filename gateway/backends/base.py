@@ -1,0 +1,90 @@
+"""The execution backends' seam: one declared Protocol, and the defaults every backend starts from.
+
+A backend runs whole batches on replicas: in the gateway's process (``threads``, with worker
+``processes`` optionally) or on Ray Serve (``ray``). The interface is the batcher's
+:class:`~batching.batcher.BatchRunner` plus life-cycle calls and the capabilities the data plane
+reads, all declared here: callers never probe a backend for what it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from batching.batcher import BatchRunner
+
+
+class ModelLoadError(RuntimeError):
+    """A model file cannot be loaded: the server refuses to start, naming the file (it serves its
+    whole repository or nothing, so a broken model is never hidden behind a half-ready server)."""
+
+
+def find_bad_onnx(root: Path) -> ModelLoadError | None:
+    """Parse every ``<root>/<model>/<variant>/model.onnx`` (graph only, no external data); the
+    first that does not parse, as an error naming it, else None."""
+    import onnx
+
+    for path in sorted(Path(root).glob("*/*/model.onnx")):
+        try:
+            m = onnx.load(str(path), load_external_data=False)
+            if m.ir_version <= 0 or not m.graph.node:
+                raise ValueError("no ir_version or an empty graph (an empty or foreign file?)")
+        except Exception as e:  # noqa: BLE001 - any parse failure is the file's
+            return ModelLoadError(f"model file {path} cannot be loaded ({type(e).__name__}: {e}); "
+                                  f"replace it (e.g. `sloserve models build`) or remove its model")
+    return None
+
+
+ReplicaHook = Callable[[str, str, str, str, int], None]  # (model, variant, device type, state, count)
+
+
+class Backend(BatchRunner, Protocol):
+    """Everything the gateway asks of an execution backend (the batcher's part is
+    :class:`~batching.batcher.BatchRunner`: ``slots``, ``run``, ``shared``, ``round_trip_latency``,
+    ``pipeline_depth``). Backends derive from :class:`BackendBase`, which gives the defaults."""
+
+    name: str
+    on_replicas: ReplicaHook | None  # set by the data plane before start: the replicas gauge
+
+    def prepare(self) -> None:
+        """What must run on the main thread before any server thread exists (the embedded Ray)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    def replica_count(self, model: str, variant: str) -> int:
+        """Replicas serving (model, variant) now (not batch slots)."""
+
+    def device_type_of(self, model: str) -> str:
+        """The device type its replicas run on, as profiles name it."""
+
+    def note_arrival(self, model: str, rows: int) -> None:
+        """A request of ``rows`` rows arrived for ``model`` (the autoscaler's demand signal)."""
+
+
+class BackendBase:
+    """Defaults for a :class:`Backend`: nothing to prepare, no demand signal, variants on replicas of
+    their own, calibration on replica compute at depth 1. ``on_replicas`` is called with every replica
+    count the backend learns of (the data plane points it at the replicas gauge)."""
+
+    name = "base"
+    round_trip_latency = False
+    pipeline_depth = 1
+    on_replicas: ReplicaHook | None = None
+
+    def prepare(self) -> None:
+        return None
+
+    def note_arrival(self, model: str, rows: int) -> None:
+        return None
+
+    def shared(self, model: str) -> bool:
+        return False
+
+    def _report_replicas(self, model: str, variant: str, device: str, state: str, count: int) -> None:
+        if self.on_replicas is not None:
+            self.on_replicas(model, variant, device, state, count)

@@ -1,0 +1,531 @@
+"""Replicas on Ray Serve: the gateway crosses into Ray once per batch, never once per request.
+
+Each (model, variant, device type) is a Serve application with one deployment of
+:class:`models.ray_replica.OnnxReplica`. The gateway keeps one queue per model (the SLO policy
+needs every queued deadline in one view to order, batch and pick variants) and sends each batch
+through a DeploymentHandle; Ray Serve's router places it on a replica with spare capacity
+(``max_ongoing_requests`` = pipeline depth). Slots the batcher may fill = running replicas x
+pipeline depth, refreshed from Serve's status.
+
+A replica that dies mid-batch surfaces as :class:`~gateway.errors.ReplicaFailed`; the batcher
+retries the batch once if its deadline still allows, else fails it explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+
+from batching.batcher import RunResult
+from batching.profile import ProfileTable
+from gateway.config import Settings
+from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
+from gateway.backends.base import BackendBase
+from gateway.backends.proctree import descendants, describe, reap
+from gateway.rates import RateMeter, gateway_id
+from gateway.backends.ray_channels import ReplicaChannels, read_endpoints
+from models.ray_replica import SHARED, build_app, deployment_name
+from models.repository import ModelRepository
+from models.runtime import RuntimeOptions
+
+log = logging.getLogger("sloserve.ray")
+APP_PREFIX = "sloserve-"
+METRICS_PUSH_S = 0.5
+
+
+# gRPC codes that mean the replica (or its connection) went away, not that the call itself is wrong.
+_REPLICA_GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                           grpc.StatusCode.ABORTED})
+
+
+def startup_timed_out(e: BaseException) -> bool:
+    """Did a local ``ray.init`` fail only because a daemon came up late on a busy box? Ray waits a
+    fixed time for its raylet ("timed out during startup") and for the GCS to write its port file
+    ("Timed out waiting for file .../gcs_server_port_..."); both are worth one more try."""
+    msg = str(e)
+    return "timed out during startup" in msg or ("Timed out waiting for file" in msg and "gcs_server_port" in msg)
+
+
+@contextlib.contextmanager
+def _ray_keeps_off_sigterm():
+    """On the main thread, ``ray.init`` first installs a SIGTERM handler that raises SystemExit, so a
+    stop arriving mid-init breaks out of it half-way (a half-initialized core worker has aborted the
+    process). The gateway's own handler is already in place, and a stop then takes effect the
+    moment ``ray.init`` returns. Ray's hook is private (``ray._private.utils.set_sigterm_handler``):
+    if it moves, nothing is patched and the SystemExit path still cleans up (``_init_ray``)."""
+    import ray._private.utils as ray_utils
+
+    original = getattr(ray_utils, "set_sigterm_handler", None)
+    if original is None:
+        yield
+        return
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
+
+
+class RayServeBackend(BackendBase):
+    name = "ray"
+
+    def __init__(self, repo: ModelRepository, opts: RuntimeOptions, settings: Settings):
+        self.repo = repo
+        self.opts = opts
+        self.settings = settings
+        self._handles: dict[tuple[str, str], Any] = {}
+        self._replicas: dict[tuple[str, str], int] = {}
+        self._apps: dict[tuple[str, str], str] = {}
+        self._details: dict[str, Any] | None = None  # the controller's latest serve details
+        # ray_transport direct: the gateway routes each batch to a replica's own channel (gateway/backends/ray_channels.py)
+        self.direct = settings.ray_transport == "direct"
+        self.channels = ReplicaChannels(self._channels_changed) if self.direct else None
+        # direct channels report the replica's compute time, and the policy models depth (as in-process)
+        self.round_trip_latency = not self.direct
+        self.pipeline_depth = settings.pipeline_depth
+        self._started_ray = False
+        self._ready = False
+        self._poller: asyncio.Task | None = None
+        self._deploying: asyncio.Future | None = None
+        self._cancel_deploy = False
+        # This gateway's view of each model's demand (best variant) and of each variant's load,
+        # stamped on the batches for the replicas' autoscaling metrics.
+        self.gateway_id = gateway_id()
+        clock = time.monotonic
+        self._arrivals = {m: RateMeter(clock) for m in repo.models}
+        self._served = {(m, v.name): RateMeter(clock) for m, lm in repo.models.items() for v in lm.config.variants}
+        self._best = {m: lm.config.best_variant for m, lm in repo.models.items()}
+        # a shared deployment's label: its replicas' default variant, the most accurate (as deployed)
+        self._top = {m: lm.config.variants_by_accuracy[0].name for m, lm in repo.models.items()}
+        # models whose replicas hold every variant (fixed for the gateway's life: read on every batch)
+        self._shared = {m for m, lm in repo.models.items() if len(lm.config.variants) > 1
+                        and settings.models.get(m) is not None and settings.models[m].shared_replicas}
+        self._autoscaled = {m: bool(settings.models.get(m) and settings.models[m].autoscaling) for m in repo.models}
+
+    # ---- life cycle -----------------------------------------------------------------------
+    def device_of(self, model: str) -> str:
+        over = self.settings.models.get(model)
+        return (over.device_type if over and over.device_type else "cpu")
+
+    def shared(self, model: str) -> bool:
+        """Whether ``model``'s replicas hold all its variants (``shared_replicas``: one deployment)."""
+        return model in self._shared
+
+    def note_arrival(self, model: str, rows: int) -> None:
+        meter = self._arrivals.get(model)
+        if meter is not None:
+            meter.add(rows)
+
+    def _stamp(self, model: str, variant: str) -> tuple[str, float, float]:
+        # a shared deployment serves the whole model: its demand is the model's arrivals, whatever variant runs
+        best = variant == self._best[model] or self.shared(model)
+        meter = self._arrivals[model] if best else self._served[(model, variant)]
+        return (self.gateway_id, meter.rate_rps(), self.settings.gateway_share)
+
+    def _push_rates(self) -> None:
+        """Stamps also go out on their own, once a poll: when admission refuses nearly everything no
+        batch carries them, and that is exactly when the autoscaler must see the demand."""
+        for (model, variant), handle in self._handles.items():
+            if self._autoscaled.get(model) and (variant == self._top[model] or not self.shared(model)):
+                stamp = self._stamp(model, variant)  # (a shared deployment: once)
+                if self.direct:  # every replica keeps the latest stamp of every gateway
+                    for chan in self.channels.channels(self._apps[(model, variant)]):
+                        chan.stamp(stamp)
+                else:
+                    handle.note_rate.remote(stamp)
+
+    def autoscaling_config(self, model: str, variant: str) -> dict[str, Any] | None:
+        """Ray Serve autoscaling config running the swayam policy on this variant's profile."""
+        over = self.settings.models.get(model)
+        a = over.autoscaling if over else None
+        if a is None:
+            return None
+        cfg = self.repo.models[model].config
+        table = ProfileTable.load(self.repo.root)
+
+        def points(v: str) -> tuple[list[int], list[float]]:
+            curve = table.curve(model, v, self.device_type_of(model))
+            if curve is None:  # no profile yet: a conservative 1 ms + 0.2 ms/row prior
+                sizes = [1, cfg.max_batch_size]
+                return sizes, [1.0 + 0.2 * b for b in sizes]
+            return list(curve.batch_sizes), [x * 1e3 for x in curve.p99_s]
+
+        sizes, p99 = points(variant)
+        fallback = {}
+        ranked = [v.name for v in cfg.variants_by_accuracy]
+        if self.shared(model) and variant in ranked and ranked.index(variant) + 1 < len(ranked):
+            # the next variant down is the shared replicas' fallback: swayam sizes its warm buffer with it
+            fb_sizes, fb_p99 = points(ranked[ranked.index(variant) + 1])
+            fallback = {"fallback_batch_sizes": fb_sizes, "fallback_p99_ms": fb_p99}
+        slo_ms = over.slo_ms if over.slo_ms else cfg.slo_ms
+        return {
+            "min_replicas": a.min_replicas, "max_replicas": a.max_replicas, "initial_replicas": a.min_replicas,
+            "upscale_delay_s": 0.0, "downscale_delay_s": 0.0,
+            # Ray averages custom metrics over look_back_period_s, which must exceed the push interval.
+            "metrics_interval_s": METRICS_PUSH_S, "look_back_period_s": max(a.interval_s, 2 * METRICS_PUSH_S),
+            "policy": {
+                "policy_function": "autoscaler.ray_policy:SwayamRayPolicy",
+                "policy_kwargs": {
+                    "slo_ms": slo_ms, "max_batch_size": cfg.max_batch_size, "batch_sizes": sizes, "p99_ms": p99,
+                    **fallback,
+                    "swayam": a.swayam(),
+                },
+            },
+        }
+
+    def device_type_of(self, model: str) -> str:
+        """The device type name profiles and replicas use (CPU model slug for cpu replicas)."""
+        from models.runtime import device_type
+
+        dev = self.device_of(model)
+        return device_type("cpu") if dev == "cpu" else dev.lower()
+
+    def replicas_of(self, model: str) -> int:
+        over = self.settings.models.get(model)
+        return over.instances if over and over.instances else self.settings.instances
+
+    def _fault_delay_s(self, model: str) -> float:
+        over = self.settings.models.get(model)
+        return over.fault_delay_ms / 1e3 if over else 0.0
+
+    def _init_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Ray gives its GCS 30 s to come up; a busy 2-core box can take longer.
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+        # Ray's C++ failure-signal handler would take SIGTERM from the gateway's own graceful
+        # shutdown and end the process with SIGABRT: the gateway handles its signals itself.
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+        # A lean embedded Ray for small boxes: Serve's controller reconciles every 0.5 s, not 0.1 s,
+        # and Serve's own metrics are exported once a second, not ten times (idle, the controller
+        # alone took ~6% of a core; operators can still override both through the environment).
+        os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
+        os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")
+        # Replicas push their autoscaling metrics (the gateways' rates) twice a second, not every 10 s;
+        # only when a model autoscales: every push is controller CPU, and this box has two cores.
+        if any(self._autoscaled.values()):
+            os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", str(METRICS_PUSH_S))
+        s = self.settings
+        with _ray_keeps_off_sigterm():
+            self._init_ray_now(ray, s)
+
+    def _init_ray_now(self, ray, s: Settings) -> None:
+        if s.ray_address:
+            ray.init(address=s.ray_address, namespace="sloserve", log_to_driver=False)
+            return
+        resources = {f"accelerator_type:{t}": float(n) for t, n in s.emulated_gpus.items()}
+        if os.environ.get("RAY_ADDRESS"):
+            log.warning("RAY_ADDRESS=%s is set but ray_address is not: starting an embedded Ray anyway "
+                        "(set ray_address, or SLOSERVE_RAY_ADDRESS, to join that cluster)", os.environ["RAY_ADDRESS"])
+        for attempt in (1, 2):
+            before = descendants(os.getpid())
+            try:
+                # address="local": always a new embedded Ray, never one a `ray start` left on the box
+                # (ray.init() alone would attach to it and then refuse num_cpus).
+                ray.init(address="local", num_cpus=s.ray_num_cpus or os.cpu_count(), num_gpus=sum(s.emulated_gpus.values()) or None,
+                         resources=resources or None, include_dashboard=False, namespace="sloserve",
+                         log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+                break
+            except BaseException as e:  # cleaned up, then re-raised unless it is a first start-up timeout
+                # BaseException: Ray's own SIGTERM handler (installed by ray.init on the main thread)
+                # raises SystemExit from inside ray.init; what it started is still ended here.
+                started = descendants(os.getpid()) - before
+                timed_out = isinstance(e, Exception) and startup_timed_out(e)
+                if timed_out:
+                    log.warning("local Ray did not come up in time (%s); the processes it started: %s%s", e,
+                                describe(started) or "none", "" if attempt == 2 else "; retrying once")
+                ray.shutdown()
+                reap(started)
+                if not timed_out or attempt == 2:
+                    raise
+        self._started_ray = True
+        print(f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
+              f"(attach with ray.init(address=...) or `ray status --address ...`)", flush=True)
+
+    def _deploy(self) -> None:
+        from ray import serve
+
+        serve.start(proxy_location="Disabled")
+        runtime = {"intra_op_threads": self.opts.intra_op_threads, "allow_spinning": self.opts.allow_spinning,
+                   "device": self.opts.device}
+        for name, model in self.repo.models.items():
+            device = self.device_of(name)
+            shared = self.shared(name)
+            ranked = [v.name for v in model.config.variants_by_accuracy]
+            # a shared model: one deployment, its replicas holding every variant (best first, the default)
+            for v in ranked[:1] if shared else [v.name for v in model.config.variants]:
+                if self._cancel_deploy:
+                    return
+                dep = deployment_name(name, SHARED if shared else v, device)
+                app = APP_PREFIX + dep
+                if self.settings.ray_deploy:
+                    serve.run(build_app({
+                        "repo": str(self.repo.root), "model": name, "variant": v, "device": device,
+                        "num_replicas": self.replicas_of(name), "num_cpus": self.settings.replica_num_cpus,
+                        "gpu_fraction": self.settings.replica_gpu_fraction,
+                        "pipeline_depth": self.settings.pipeline_depth, "runtime": runtime,
+                        "fault_delay_s": self._fault_delay_s(name),
+                        "autoscaling": self.autoscaling_config(name, v),
+                        "channel_host": self._channel_host(),
+                        **({"variants": ranked} if shared else {}),
+                    }), name=app, route_prefix=None, blocking=False)
+                handle = self._handle(serve.get_deployment_handle(dep, app_name=app))
+                for served in ranked if shared else [v]:
+                    self._apps[(name, served)] = app
+                    self._handles[(name, served)] = handle
+                    self._replicas[(name, served)] = self.replicas_of(name)
+
+    def _channel_host(self) -> str | None:
+        """Where each replica's batch channel listens: loopback under the gateway's own embedded Ray,
+        the node's IP on a cluster (""), none when batches go through Serve's handle."""
+        if not self.direct:
+            return None
+        return "127.0.0.1" if self._started_ray else ""
+
+    def _handle(self, handle):
+        """``ray_transport`` grpc: the handle sends each batch straight to the replica's inter-deployment
+        gRPC server (``_by_reference=False``, what Ray Serve's own RAY_SERVE_THROUGHPUT_OPTIMIZED mode
+        sets by default), with plain pickle for the numpy batch; object_ref: a Ray actor task."""
+        if self.settings.ray_transport != "grpc":
+            return handle
+        return handle.options(_by_reference=False, request_serialization="pickle", response_serialization="pickle")
+
+    def prepare(self) -> None:
+        """Starts (or connects to) Ray on the calling thread: the gateway calls it on its main thread
+        before its servers start any thread (see ``Gateway.prepare``)."""
+        self._init_ray()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._init_ray)  # a no-op once prepare() ran
+        self._deploying = loop.run_in_executor(None, self._deploy)
+        try:
+            await asyncio.shield(self._deploying)
+        except asyncio.CancelledError:  # a stop during start-up
+            await self._stop_deploying()
+            raise
+        await self._wait_running()
+        self._ready = True
+        self._poller = loop.create_task(self._poll_replicas())
+
+    async def _wait_running(self, timeout_s: float = 300.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            await self._refresh()
+            if all(self._replicas.get(k, 0) >= 1 for k in self._handles):
+                return
+            await asyncio.sleep(0.25)
+        raise TimeoutError("Ray Serve replicas did not start in time; see `ray status` / Serve logs")
+
+    async def _refresh(self) -> None:
+        """Read the controller's view of the replicas (and, for the direct transport, where the new
+        ones listen), then update the replica counts and the channels."""
+        loop = asyncio.get_running_loop()
+        apps = set(self._apps.values())
+        known = {app: self.channels.known(app) for app in apps} if self.direct else {}
+        endpoints = await loop.run_in_executor(None, self._read_details, apps, known)
+        if self.direct:
+            for app, running in endpoints.items():
+                self.channels.sync(app, running)
+        self._count_replicas()
+
+    def _read_details(self, apps: set[str], known: dict[str, set[str]]) -> dict[str, dict]:
+        """In a thread: the controller's serve details as a plain dict. Not ``serve.status()``: that
+        builds a pydantic model of every deployment's config, which cloudpickles its request router
+        class, 25-45 ms of the gateway's GIL per call on this box (0.4 ms this way); while it ran,
+        every request in the gateway waited (docs/architecture.md, "The Ray hand-off")."""
+        self._details = self.read_serve_details()
+        if not self.direct or self._details is None:
+            return {}
+        return read_endpoints(self._details, apps, known)
+
+    @staticmethod
+    def read_serve_details() -> dict[str, Any] | None:
+        """The Serve controller's details of every application, as the plain dict it sends (blocking:
+        call it from a thread)."""
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client(raise_if_no_controller_running=False)
+        return client.get_serve_details() if client is not None else None
+
+    def replica_states(self, app: str, details: dict[str, Any] | None = None) -> dict[str, int]:
+        """Replicas of ``app``'s deployment by state, from ``details`` (default: the latest read)."""
+        counts: dict[str, int] = {}
+        st = ((details if details is not None else self._details) or {}).get("applications", {}).get(app) or {}
+        for dep in st.get("deployments", {}).values():
+            for r in dep.get("replicas", ()):
+                state = str(getattr(r.get("state"), "value", r.get("state")))
+                counts[state] = counts.get(state, 0) + 1
+        return counts
+
+    def _count_replicas(self) -> None:
+        """Replicas that take batches: RUNNING in Serve's view, and with the direct transport, connected."""
+        for key, app in self._apps.items():
+            states = self.replica_states(app)
+            self._replicas[key] = self.channels.count(app) if self.direct else states.get("RUNNING", 0)
+            if not self.shared(key[0]) or key[1] == self._top[key[0]]:
+                device = self.device_of(key[0]).lower()
+                for state in ("STARTING", "RUNNING", "STOPPING"):
+                    self._report_replicas(key[0], key[1], device, state.lower(), states.get(state, 0))
+
+    def _channels_changed(self, app: str) -> None:
+        """A channel opened or closed: the slots follow at once (a dead replica's are gone now)."""
+        for key, a in self._apps.items():
+            if a == app:
+                self._replicas[key] = self.channels.count(app)
+
+    async def _poll_replicas(self) -> None:
+        """Once a second: the rates go out, and the replica counts (and channels) follow Serve's view.
+        A replica that dies in between is handled per batch (retried once, or failed explicitly); with
+        the direct transport its slots are also gone the moment its socket closes."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                self._push_rates()
+                await self._refresh()
+            except Exception:  # the controller may be restarting; keep the last view
+                log.debug("reading the replicas from the Serve controller failed", exc_info=True)
+
+    async def stop(self) -> None:
+        self._ready = False
+        if self._poller is not None:
+            self._poller.cancel()
+        if self.channels is not None:
+            await self.channels.close()
+        await self._stop_deploying()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._shutdown)
+
+    async def _stop_deploying(self) -> None:
+        """The deploy thread cannot be interrupted, but it deploys nothing more once it sees the flag;
+        tearing down waits until it has returned."""
+        if self._deploying is not None and not self._deploying.done():
+            self._cancel_deploy = True
+            with contextlib.suppress(BaseException):
+                await self._deploying
+
+    def _shutdown(self) -> None:
+        import ray
+        from ray import serve
+
+        if not ray.is_initialized():
+            return
+        ours = descendants(os.getpid()) if self._started_ray else set()
+        try:
+            if self.settings.ray_deploy:
+                for app in dict.fromkeys(self._apps.values()):
+                    serve.delete(app, _blocking=False)
+            if self._started_ray:
+                serve.shutdown()
+        finally:
+            # Joined to a cluster, the driver still disconnects here (the process ends with os._exit,
+            # which skips Ray's own exit hook); only our embedded Ray's processes are reaped.
+            ray.shutdown()
+            if self._started_ray:
+                reap(ours)
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def applications(self) -> dict[tuple[str, str], str]:
+        """(model, variant) -> the Serve application serving it; a shared deployment (every variant on
+        the same replicas) once, under its most accurate variant (its replicas' default)."""
+        return {key: app for key, app in self._apps.items() if not self.shared(key[0]) or key[1] == self._top[key[0]]}
+
+    # ---- batches --------------------------------------------------------------------------
+    def replica_count(self, model: str, variant: str) -> int:
+        return self._replicas.get((model, variant), 0)
+
+    def slots(self, model: str, variant: str) -> int:
+        return self._replicas.get((model, variant), 0) * self.settings.pipeline_depth
+
+    def handle(self, model: str, variant: str):
+        return self._handles[(model, variant)]
+
+    async def _run_direct(self, model: str, variant: str, inputs: dict[str, np.ndarray], limit: float,
+                          timeout_s: float | None) -> RunResult:
+        """The batch on the connected replica with the fewest batches in flight, over its channel; with
+        none connected (the only one died and Serve is replacing it), it waits for one while ``limit``
+        allows, as Serve's own router would."""
+        t0 = time.monotonic()
+        chan = await self.channels.wait_for(self._apps[(model, variant)], limit)
+        if chan is None:
+            raise ReplicaFailed(f"no replica of '{model}/{variant}' is connected (Serve is starting or "
+                                f"replacing it); retry shortly", retry_after_s=1.0)
+        limit = max(limit - (time.monotonic() - t0), 1e-3)
+        try:
+            outputs, compute_s = await asyncio.wait_for(
+                chan.run(inputs, limit, variant if self.shared(model) else None), limit)
+        except asyncio.TimeoutError:
+            raise self._late(model, variant, limit, timeout_s) from None
+        except RuntimeError as e:  # the replica refused the batch (ONNX Runtime's message)
+            raise InternalError(f"replica for '{model}/{variant}' failed on this batch: {e!s:.300}") from None
+        if outputs is None:  # skipped by the replica: already past the time the gateway waits
+            raise self._late(model, variant, limit, timeout_s)
+        return RunResult(outputs, compute_s, chan.info.get("device_type", "cpu"))
+
+    def _late(self, model: str, variant: str, limit: float, timeout_s: float | None) -> DeadlineExceeded:
+        if timeout_s is not None and timeout_s <= self.settings.batch_timeout_s:
+            return DeadlineExceeded(
+                f"the batch on '{model}/{variant}' was not back {limit:.2f} s after dispatch, past its "
+                f"requests' deadlines plus late_grace_s (its replica may have died and been replaced); "
+                f"retry, or raise slo_ms")
+        return DeadlineExceeded(f"replica for '{model}/{variant}' did not return a batch within batch_timeout_s="
+                                f"{self.settings.batch_timeout_s}")
+
+    async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
+                  timeout_s: float | None = None) -> RunResult:
+        """One Ray call for the whole batch, bounded by the batch's deadline (``timeout_s``, from the
+        batcher: latest deadline + late_grace_s) and by ``batch_timeout_s`` for hung replicas.
+
+        Ray Serve 2.60's router itself re-sends a request whose replica died to another replica,
+        in an unbounded loop that knows no deadline (serve/_private/router.py); the bound here is
+        what turns that into "answered in time, or failed explicitly"."""
+        from ray import exceptions as rex
+
+        limit = self.settings.batch_timeout_s if timeout_s is None else min(timeout_s, self.settings.batch_timeout_s)
+        self._served[(model, variant)].add(next(iter(inputs.values())).shape[0])
+        if self.direct:
+            return await self._run_direct(model, variant, inputs, limit, timeout_s)
+        handle = self._handles[(model, variant)]
+        if self.shared(model):
+            call = handle.run_batch.remote(inputs, self._stamp(model, variant), variant)
+        else:
+            call = handle.run_batch.remote(inputs, self._stamp(model, variant))
+        try:
+            outputs, compute_s, device = await asyncio.wait_for(call, limit)
+        except asyncio.TimeoutError:
+            call.cancel()
+            raise self._late(model, variant, limit, timeout_s) from None
+        except (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError,
+                rex.ObjectLostError) as e:
+            raise ReplicaFailed(f"replica for '{model}/{variant}' died while running this batch "
+                                f"({type(e).__name__})") from None
+        except grpc.aio.AioRpcError as e:  # ray_transport grpc
+            if e.code() in _REPLICA_GONE:  # the replica's server went away mid-call: retried once
+                raise ReplicaFailed(f"replica for '{model}/{variant}' dropped this batch "
+                                    f"(gRPC {e.code().name})") from None
+            raise InternalError(f"the batch for '{model}/{variant}' could not be sent to its replica "
+                                f"(gRPC {e.code().name}: {e.details()!s:.200}); with a batch over "
+                                f"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH, raise it on the Ray nodes "
+                                f"or set ray_transport: object_ref") from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the gateway itself is cancelling this batch (shutdown)
+            # the replica's own call was cancelled under it (it died, or Serve dropped the call)
+            raise ReplicaFailed(f"replica for '{model}/{variant}' cancelled this batch") from None
+        except rex.RayTaskError as e:
+            raise InternalError(f"replica for '{model}/{variant}' failed: {e.cause!r:.200}") from None
+        return RunResult(outputs, compute_s, device)

@@ -1,0 +1,260 @@
+"""The in-process backend: replicas in the gateway's own process, in a thread pool, or (with
+``replica_processes``) in worker processes of their own (gateway/backends/processes.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from batching.batcher import RunResult
+from gateway.backends.base import BackendBase, ModelLoadError
+from gateway.errors import DeadlineExceeded
+from models.repository import ModelRepository
+from models.runtime import Replica, RuntimeOptions, device_type
+
+
+class InProcessBackend(BackendBase):
+    """``instances`` ONNX Runtime sessions per (model, variant) in this process.
+
+    Batches run in a thread pool (ORT releases the GIL), so the event loop keeps decoding
+    requests while a batch computes. Batches whose predicted compute is below
+    ``inline_below_s`` run on the loop itself: a thread hand-off costs more than they do.
+
+    ``fault_delay_s`` (chaos drills, per model) holds every batch of that model this long before
+    computing, like the Ray replicas' knob. A batch that runs in the thread pool is bounded by
+    the batcher's ``timeout_s`` and by ``batch_timeout_s`` (504 past it); ORT itself cannot be
+    stopped half-way, so an abandoned call finishes in its thread (ORT sessions run concurrently).
+
+    A pooled batch takes a free replica of its (model, variant) from a queue in its pool thread,
+    so one replica computes one batch at a time and a waiting batch goes to whichever replica
+    frees first (what the ``slo`` policy predicts). With ``pipeline_depth`` 2 the batcher may
+    hand over a second batch per replica: it waits in its thread and starts the moment a replica
+    frees, so ORT goes from batch to batch without waiting for the event loop to see a result
+    and hand over the next one. ``compute_s`` is the time on the replica (the chaos drill's
+    delay included, the wait for a replica excluded). A batch abandoned before it reached a
+    replica (its timeout passed, or it was cancelled) is skipped, never run late.
+
+    A model in ``shared`` has replicas that hold all of its variants: replica ``i`` is the ``i``-th
+    session of every variant, and one free queue per model hands out replica indices, so a batch of
+    any variant occupies the whole replica (``shared(model)`` tells the batcher).
+    """
+
+    name = "inprocess"
+    round_trip_latency = False  # calibrate on compute: the thread hand-off is tens of microseconds
+
+    def __init__(self, repo: ModelRepository, opts: RuntimeOptions, instances: int = 1,
+                 inline_below_s: float = 0.0, fault_delay_s: dict[str, float] | None = None,
+                 batch_timeout_s: float | None = None, pipeline_depth: int = 1, processes: bool = False,
+                 shared: set[str] | None = None):
+        self.repo = repo
+        self._shared = set(shared or ())
+        if self._shared and processes:
+            raise ValueError("shared replicas are not supported with worker processes")
+        self.processes = processes  # replicas compute in worker processes (gateway/backends/processes.py)
+        self._workers: dict[tuple[str, str], list] = {}
+        self.pipeline_depth = max(1, pipeline_depth)
+        self.fault_delay_s = {m: d for m, d in (fault_delay_s or {}).items() if d > 0}
+        self.batch_timeout_s = batch_timeout_s
+        self.opts = opts
+        self.instances = instances
+        self.inline_below_s = inline_below_s
+        self.device_type = device_type(opts.device)
+        self._replicas: dict[tuple[str, str], list[Replica]] = {}
+        self._free_q: dict[tuple[str, str], queue.SimpleQueue] = {}  # indices of replicas free to take a batch
+        self._pool: ThreadPoolExecutor | None = None
+        self._ready = False
+        self._fast: dict[tuple[str, str], bool] = {}
+
+    async def start(self) -> None:
+        total = sum(len(m.config.variants) for m in self.repo.models.values()) * self.instances
+        self._pool = ThreadPoolExecutor(max_workers=max(2, total * self.pipeline_depth), thread_name_prefix="ort")
+        if self.processes:
+            await self._start_workers()
+            self._report()
+            self._ready = True
+            return
+        for name, model in self.repo.models.items():
+            outs = [o.name for o in model.config.outputs]
+            for v in model.config.variants:
+                reps = await self._sessions(name, model, v.name, outs, self.instances)
+                self._install(name, v.name, reps)
+                # a shared replica's batches all go through its free queue (none inline on the loop)
+                self._fast[(name, v.name)] = name not in self._shared and self._probe_fast(reps[0], model)
+        self._report()
+        self._ready = True
+
+    def _report(self) -> None:
+        """Replica counts to the gauge, once: they are fixed for the backend's life. A shared model's
+        replicas hold every variant: counted once, under its most accurate one."""
+        for name, model in self.repo.models.items():
+            ranked = [v.name for v in model.config.variants_by_accuracy]
+            for v in ranked[:1] if name in self._shared else ranked:
+                self._report_replicas(name, v, self.device_type, "running", self.replica_count(name, v))
+
+    def _install(self, model: str, variant: str, reps: list, free_q=None) -> None:
+        """Make ``reps`` the replicas of (model, variant), free. A shared model's variants share one queue
+        of replica indices (made with its first variant), so a batch of any variant takes the replica."""
+        if model in self._shared:
+            first = next((k for k in self._free_q if k[0] == model), None)
+            if first is not None:
+                if len(reps) != len(self._replicas[first]):
+                    raise ValueError(f"shared model '{model}': every variant needs the same number of replicas")
+                self._replicas[(model, variant)] = reps
+                self._free_q[(model, variant)] = self._free_q[first]
+                return
+        self._replicas[(model, variant)] = reps
+        q = free_q if free_q is not None else queue.SimpleQueue()  # (free_q: a test's own queue)
+        for i in range(len(reps)):
+            q.put(i)
+        self._free_q[(model, variant)] = q
+
+    async def _start_workers(self) -> None:
+        """A worker process per replica, except for a variant whose batches are tiny (under
+        ``inline_below_s``): it stays an ORT session on the loop, as without workers, since a trip
+        through a worker's socket costs the loop more than computing such a batch does. A variant
+        whose profile for this device says it is not tiny (p50 at one row) goes to workers without
+        being loaded here; one without such a profile is loaded and probed, as without workers."""
+        from batching.profile import ProfileTable
+        from gateway.backends.processes import ProcessReplica
+
+        started = []
+        profiles = ProfileTable.load(self.repo.root) if self.inline_below_s > 0 else None
+        for name, model in self.repo.models.items():
+            outs = [o.name for o in model.config.outputs]
+            for v in model.config.variants:
+                curve = profiles.curves.get((name, v.name, self.device_type)) if profiles is not None else None
+                maybe_tiny = (profiles is not None and name not in self.fault_delay_s
+                              and (curve is None or curve.at(1, "p50") < self.inline_below_s))
+                if maybe_tiny:  # probe it here (no worker is started yet); as many sessions as without workers
+                    reps = await self._sessions(name, model, v.name, outs, 1)
+                    if self._probe_fast(reps[0], model):
+                        reps += await self._sessions(name, model, v.name, outs, self.instances - 1)
+                        self._install(name, v.name, reps)
+                        self._fast[(name, v.name)] = True
+                        continue
+                self._workers[(name, v.name)] = [
+                    ProcessReplica(model.onnx_path(v.name), self.opts, outs, f"{name}/{v.name}#{i}",
+                                   self.fault_delay_s.get(name)) for i in range(self.instances)]
+                self._fast[(name, v.name)] = False
+                started += [(name, v.name, model, w) for w in self._workers[(name, v.name)]]
+        results = await asyncio.gather(*(w.start() for *_, w in started), return_exceptions=True)
+        for (name, variant, model, _), r in zip(started, results):
+            if isinstance(r, BaseException):
+                await asyncio.gather(*(w.stop() for *_, w in started))
+                raise ModelLoadError(f"model '{name}' variant '{variant}': {model.onnx_path(variant)} "
+                                     f"cannot be loaded: {r}") from None
+
+    async def _run_on_worker(self, key: tuple[str, str], inputs: dict[str, np.ndarray],
+                             limit: float | None) -> tuple[dict[str, np.ndarray] | None, float]:
+        live = [w for w in self._workers[key] if w.available]
+        if not live:
+            from gateway.backends.processes import WorkerGone
+
+            raise WorkerGone(f"no worker of '{key[0]}/{key[1]}' is up (being started again); retry shortly",
+                             retry_after_s=1.0)
+        worker = min(live, key=lambda w: w.in_flight)
+        return await worker.run(inputs, limit)
+
+    async def _sessions(self, name: str, model, variant: str, outs: list[str], n: int) -> list[Replica]:
+        """``n`` ORT sessions of (``name``, ``variant``), built in the pool; a file ORT cannot load is a
+        :class:`ModelLoadError` naming it."""
+        loop = asyncio.get_running_loop()
+        reps = []
+        for _ in range(n):
+            try:
+                reps.append(await loop.run_in_executor(self._pool, Replica, model.onnx_path(variant), self.opts, outs))
+            except Exception as e:  # noqa: BLE001 - ORT's message names what is wrong
+                raise ModelLoadError(f"model '{name}' variant '{variant}': {model.onnx_path(variant)} "
+                                     f"cannot be loaded: {e}") from None
+        return reps
+
+    def _probe_fast(self, rep: Replica, model) -> bool:
+        if self.inline_below_s <= 0:
+            return False
+        from gateway.types import V2_TO_NUMPY
+
+        feeds = {t.name: np.zeros((1, *[max(d, 1) for d in t.shape]), V2_TO_NUMPY[t.datatype])
+                 for t in model.config.inputs}
+        rep.run(feeds)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            rep.run(feeds)
+        return (time.perf_counter() - t0) / 5 < self.inline_below_s
+
+    async def stop(self) -> None:
+        self._ready = False
+        await asyncio.gather(*(w.stop() for ws in self._workers.values() for w in ws))
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def device_type_of(self, model: str) -> str:
+        return self.device_type
+
+    def replica_count(self, model: str, variant: str) -> int:
+        """Replicas (ORT sessions or worker processes), not batch slots."""
+        key = (model, variant)
+        return len(self._workers.get(key) or self._replicas.get(key, ()))
+
+    def slots(self, model: str, variant: str) -> int:
+        return self.replica_count(model, variant) * self.pipeline_depth
+
+    def shared(self, model: str) -> bool:
+        """Whether ``model``'s replicas hold all its variants (its slots are one set, under every variant)."""
+        return model in self._shared
+
+    async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
+                  timeout_s: float | None = None) -> RunResult:
+        """Inline batches (predicted under ``inline_below_s``) ignore ``timeout_s``; pooled ones
+        fail with 504 once ``timeout_s`` (or ``batch_timeout_s``) has passed."""
+        key = (model, variant)
+        t0 = time.perf_counter()
+        delay = self.fault_delay_s.get(model)
+        if self._fast[key] and not delay:  # tiny: on the loop (ORT sessions may run concurrently)
+            outputs = self._replicas[key][0].run(inputs)
+            return RunResult(outputs, time.perf_counter() - t0, self.device_type)
+        limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
+        limit = min(limits) if limits else None
+        abandoned = threading.Event()
+        try:
+            if self.processes:
+                pooled = self._run_on_worker(key, inputs, limit)
+            else:
+                pooled = asyncio.get_running_loop().run_in_executor(self._pool, self._on_free_replica, key,
+                                                                    inputs, delay, abandoned)
+            outputs, compute_s = await asyncio.wait_for(pooled, limit)
+            if outputs is None:  # the worker skipped it: its deadline had passed before it started
+                raise asyncio.TimeoutError
+        except asyncio.TimeoutError:
+            abandoned.set()
+            raise DeadlineExceeded(
+                f"the batch on '{model}/{variant}' was not back {limit:.2f} s after dispatch "
+                f"(past its requests' deadlines plus late_grace_s, or batch_timeout_s); retry, "
+                f"or raise slo_ms") from None
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
+        return RunResult(outputs, compute_s, self.device_type)
+
+    def _on_free_replica(self, key: tuple[str, str], inputs: dict[str, np.ndarray], delay: float | None,
+                         abandoned: threading.Event) -> tuple[dict[str, np.ndarray] | None, float]:
+        """In a pool thread: wait for a free replica of ``key``, run the batch on it, free it."""
+        free = self._free_q[key]
+        i = free.get()
+        try:
+            if abandoned.is_set():  # its caller gave up while it waited: do not run it late
+                return None, 0.0
+            t0 = time.perf_counter()
+            if delay:
+                time.sleep(delay)  # chaos drill: the replica is busy this long, as a Ray replica would be
+            out = self._replicas[key][i].run(inputs)
+            return out, time.perf_counter() - t0
+        finally:
+            free.put(i)

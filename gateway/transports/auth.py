@@ -1,0 +1,289 @@
+"""Bearer-token authentication and per-token model allow-lists, for REST and gRPC alike.
+
+Tokens come from ``auth_tokens_file`` and/or ``auth_tokens`` (usually the environment variable
+``SLOSERVE_AUTH_TOKENS``), one entry a line (or ``;``-separated)::
+
+    # token                      models it may use (none or * = every model)
+    3f9c0e...a1                  digits,heavy
+    7be21d...04                  *
+
+When no token is configured, nothing is checked and nothing is installed on the hot path.
+When one is, every request needs ``Authorization: Bearer TOKEN`` except the open endpoints:
+liveness and readiness (``/v2/health/*``, gRPC ``ServerLive``/``ServerReady``), server metadata
+(``/v2``, ``ServerMetadata``), ``/metrics`` and the API docs (``/docs``, ``/openapi.json``).
+Model endpoints (metadata, readiness, inference) also check the model against the token's
+allow-list: a missing or unknown token is 401 / UNAUTHENTICATED, a known token asking for a model
+outside its list 403 / PERMISSION_DENIED (the list of served models is never revealed to it).
+
+Tokens are compared in constant time (:func:`hmac.compare_digest` over SHA-256 digests, against
+every configured token, no early exit), so timing reveals neither a token nor its length.
+
+>>> table = TokenTable.parse("s3cret-token digits\\nroot-token-1 *")
+>>> table.authorize("Bearer s3cret-token", "digits").name
+'token#1'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gateway.errors import PermissionDenied, ServingError, Unauthenticated
+from gateway.transports.status import grpc_code, http_status
+
+OPEN_HTTP_PATHS = frozenset({"/v2", "/v2/health/live", "/v2/health/ready", "/metrics", "/docs",
+                             "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+_SERVICE = "/inference.GRPCInferenceService/"
+OPEN_GRPC_METHODS = frozenset(_SERVICE + m for m in ("ServerLive", "ServerReady", "ServerMetadata"))
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a token belongs to: a name for logs (never the token) and the models it may use."""
+
+    name: str
+    models: frozenset[str] | None  # None = every model
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+def _digest(token: str | bytes) -> bytes:
+    return hashlib.sha256(token.encode() if isinstance(token, str) else token).digest()
+
+
+class TokenTable:
+    """The configured tokens, kept only as SHA-256 digests."""
+
+    def __init__(self, entries: list[tuple[str, frozenset[str] | None]]):
+        self._entries = [(_digest(tok), Principal(f"token#{i + 1}", models))
+                         for i, (tok, models) in enumerate(entries)]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @classmethod
+    def parse(cls, text: str, source: str = "auth_tokens") -> TokenTable:
+        return cls(_parse_entries(text, source))
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> TokenTable | None:
+        """The table for ``auth_tokens_file`` + ``auth_tokens``; None when neither is set."""
+        texts = []
+        if settings.auth_tokens_file is not None:
+            texts.append((Path(settings.auth_tokens_file).read_text(), str(settings.auth_tokens_file)))
+        if settings.auth_tokens is not None:
+            texts.append((settings.auth_tokens.get_secret_value(), "auth_tokens"))
+        if not texts:
+            return None
+        entries: list[tuple[str, frozenset[str] | None]] = []
+        for text, source in texts:
+            entries += _parse_entries(text, source)
+        if not entries:
+            raise ValueError("authentication is configured but no token was found in "
+                             + " and ".join(s for _, s in texts))
+        return cls(entries)
+
+    def lookup(self, token: str | None) -> Principal | None:
+        """The token's principal, or None; the time taken does not depend on which token matched."""
+        if not token:
+            return None
+        d = _digest(token)
+        found = None
+        for digest, principal in self._entries:
+            if hmac.compare_digest(d, digest) and found is None:
+                found = principal
+        return found
+
+    def authorize(self, authorization: str | None, model: str | None) -> Principal:
+        """Check an ``Authorization`` header value (and the model, when there is one)."""
+        token = bearer_token(authorization)
+        principal = self.lookup(token)
+        if principal is None:
+            what = "missing" if not authorization else ("malformed" if token is None else "invalid")
+            raise Unauthenticated(f"{what} bearer token: send `Authorization: Bearer <token>`")
+        if model is not None and not principal.may_use(model):
+            raise PermissionDenied(f"this token may not use model '{model:.128}'")
+        return principal
+
+
+def _parse_entries(text: str, source: str) -> list[tuple[str, frozenset[str] | None]]:
+    entries: list[tuple[str, frozenset[str] | None]] = []
+    for n, line in enumerate(text.replace(";", "\n").splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) > 2:
+            raise ValueError(f"{source} entry {n}: expected `TOKEN [model,model...]`, got {len(parts)} fields")
+        if len(parts[0]) < 8:
+            raise ValueError(f"{source} entry {n}: token shorter than 8 characters")
+        models: frozenset[str] | None = None
+        if len(parts) == 2 and parts[1] != "*":
+            models = frozenset(m for m in parts[1].split(",") if m)
+        entries.append((parts[0], models))
+    return entries
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+# ---- REST: a pure ASGI middleware (no per-request cost when auth is off: it is not installed) ----
+class BearerAuthMiddleware:
+    """Refuses protected HTTP requests without a valid token; the model comes from the path."""
+
+    def __init__(self, app: Callable, table: TokenTable):
+        self.app = app
+        self.table = table
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_HTTP_PATHS:
+            await self.app(scope, receive, send)
+            return
+        auth = None
+        for k, v in scope.get("headers", ()):
+            if k == b"authorization":
+                auth = v.decode("latin-1")
+                break
+        try:
+            self.table.authorize(auth, _model_from_path(scope["path"]))
+        except ServingError as e:
+            await _send_error(send, e)
+            return
+        await self.app(scope, receive, send)
+
+
+def _model_from_path(path: str) -> str | None:
+    parts = path.split("/")
+    # /v2/models/{model}[/...]
+    if len(parts) >= 4 and parts[1] == "v2" and parts[2] == "models" and parts[3]:
+        return parts[3]
+    return None
+
+
+async def _send_error(send: Callable, e: ServingError) -> None:
+    import orjson
+
+    body = orjson.dumps({"error": e.message})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if http_status(e) == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="sloserve"'))
+    await send({"type": "http.response.start", "status": http_status(e), "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# ---- gRPC: a server interceptor -----------------------------------------------------------------
+class _Malformed:
+    """Stands in for a request whose protobuf did not parse, so the handler can answer 400."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+def _safe_deserializer(deser: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deser is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deser(data)
+        except Exception as e:  # noqa: BLE001 - any parse failure is the client's bytes
+            return _Malformed(f"malformed protobuf request: {type(e).__name__}: {e}"[:300])
+
+    return parse
+
+
+class GrpcGuard(grpc.aio.ServerInterceptor):
+    """Malformed protobuf -> INVALID_ARGUMENT (grpc would say INTERNAL); tokens when configured.
+
+    Installed always for the first, the token check only acts when ``table`` is not None.
+    """
+
+    def __init__(self, table: TokenTable | None):
+        self.table = table
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            if handler is not None and self.table is not None and details.method not in OPEN_GRPC_METHODS:
+                return _deny_streaming(handler, self.table, details)
+            return handler
+        inner = handler.unary_unary
+        table = self.table if details.method not in OPEN_GRPC_METHODS else None
+        auth = _metadata_get(details.invocation_metadata, "authorization") if table is not None else None
+
+        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if table is not None:
+                try:
+                    table.authorize(auth, None)
+                except ServingError as e:
+                    await context.abort(grpc_code(e), e.message)
+            if isinstance(request, _Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+            if table is not None:
+                model = getattr(request, "model_name", None)
+                if model is None:
+                    model = getattr(request, "name", None)
+                try:
+                    table.authorize(auth, model if isinstance(model, str) else None)
+                except ServingError as e:
+                    await context.abort(grpc_code(e), e.message)
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded, request_deserializer=_safe_deserializer(handler.request_deserializer),
+            response_serializer=handler.response_serializer)
+
+
+def _deny_streaming(handler: Any, table: TokenTable, details: grpc.HandlerCallDetails) -> Any:
+    auth = _metadata_get(details.invocation_metadata, "authorization")
+    if table.lookup(bearer_token(auth)) is not None:
+        return handler
+
+    async def deny(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                            "missing or invalid bearer token: send metadata authorization: Bearer <token>")
+
+    kind = {(True, True): grpc.stream_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler}[(handler.request_streaming,
+                                                                   handler.response_streaming)]
+    return kind(deny, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+def _metadata_get(md: Any, key: str) -> str | None:
+    for k, v in md or ():
+        if k == key:
+            return v.decode("latin-1") if isinstance(v, bytes) else v
+    return None
+
+
+# ---- TLS ----------------------------------------------------------------------------------------
+def grpc_server_credentials(settings: Any) -> grpc.ServerCredentials | None:
+    if settings.tls_cert_file is None:
+        return None
+    key = Path(settings.tls_key_file).read_bytes()
+    cert = Path(settings.tls_cert_file).read_bytes()
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def uvicorn_tls_kwargs(settings: Any) -> dict[str, str]:
+    if settings.tls_cert_file is None:
+        return {}
+    return {"ssl_certfile": str(settings.tls_cert_file), "ssl_keyfile": str(settings.tls_key_file)}

@@ -1,0 +1,192 @@
+"""KServe V2 gRPC (``inference.GRPCInferenceService``) over grpc.aio: an adapter to the DataPlane.
+
+Wire messages are the protobuf stubs generated for that very service that the tritonclient
+package ships (``tritonclient.grpc.service_pb2``), never hand-written. Inputs come as
+``raw_input_contents`` (what tritonclient sends) or typed ``contents``; outputs always go back as
+``raw_output_contents``, the only form tritonclient decodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from gateway.transports.auth import GrpcGuard, TokenTable, grpc_server_credentials
+from gateway.transports.codec import MAX_ELEMENTS, InputLimits, array_from_binary, parse_params
+from gateway.dataplane import DataPlane
+from gateway.errors import InvalidArgument, ServingError
+from gateway.transports.status import grpc_code
+from gateway.types import NUMPY_TO_V2, V2_TO_NUMPY, InferRequest, RequestedOutput
+
+log = logging.getLogger("sloserve.grpc")
+
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+    "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+    "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def param_value(p: pb.InferParameter) -> Any:
+    which = p.WhichOneof("parameter_choice")
+    return None if which is None else getattr(p, which)
+
+
+def decode_grpc(req: pb.ModelInferRequest) -> InferRequest:
+    raw = req.raw_input_contents
+    if raw and len(raw) != len(req.inputs):
+        raise InvalidArgument(
+            f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs; "
+            f"give raw contents for every input or for none")
+    if not req.inputs:
+        raise InvalidArgument("the request needs at least one input")
+    inputs: dict[str, tuple[str, np.ndarray]] = {}
+    for i, t in enumerate(req.inputs):
+        where = f"input '{t.name:.64}'"
+        if not t.name:
+            raise InvalidArgument(f"inputs[{i}] needs a name")
+        if t.name in inputs:
+            raise InvalidArgument(f"{where} appears twice")
+        if t.datatype not in V2_TO_NUMPY:
+            raise InvalidArgument(f"{where}: unknown datatype {t.datatype!r:.40}; use one of {sorted(V2_TO_NUMPY)}")
+        shape = tuple(t.shape)
+        if any(d < 0 for d in shape) or len(shape) > 16:
+            raise InvalidArgument(f"{where}: shape {list(shape)} must hold at most 16 non-negative dimensions")
+        if any(d > MAX_ELEMENTS for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+            raise InvalidArgument(f"{where}: shape {list(shape)} has too many elements (max {MAX_ELEMENTS:,})")
+        if raw:
+            if t.HasField("contents"):
+                raise InvalidArgument(f"{where}: give raw_input_contents or contents, not both")
+            arr = array_from_binary(memoryview(raw[i]), t.datatype, shape, where)
+        else:
+            field = _CONTENTS_FIELD[t.datatype] if t.datatype in _CONTENTS_FIELD else None
+            if field is None:
+                raise InvalidArgument(f"{where}: datatype {t.datatype} can only be sent as raw_input_contents")
+            values = getattr(t.contents, field)
+            count = math.prod(shape)
+            if len(values) != count:
+                raise InvalidArgument(
+                    f"{where}: shape {list(shape)} needs {count} elements but contents.{field} has {len(values)}")
+            dtype = V2_TO_NUMPY[t.datatype]
+            if t.datatype == "BYTES":
+                arr = np.array(list(values), dtype=np.object_).reshape(shape)
+            else:
+                arr = np.asarray(values)
+                if dtype.kind in "iu" and arr.size:
+                    info = np.iinfo(dtype)
+                    if int(arr.min()) < info.min or int(arr.max()) > info.max:
+                        raise InvalidArgument(f"{where}: values out of range for {t.datatype}")
+                with np.errstate(over="ignore", invalid="ignore"):  # inf: InputLimits refuses it
+                    arr = arr.astype(dtype).reshape(shape)
+        inputs[t.name] = (t.datatype, arr)
+    params_raw = {k: param_value(v) for k, v in req.parameters.items()}
+    params = parse_params(params_raw)
+    outputs = [RequestedOutput(o.name, True) for o in req.outputs] if req.outputs else None
+    return InferRequest(model=req.model_name, version=req.model_version or None, inputs=inputs,
+                        id=req.id or None, outputs=outputs, params=params, binary_output=True)
+
+
+def _set_param(p: pb.InferParameter, v: Any) -> None:
+    if isinstance(v, bool):
+        p.bool_param = v
+    elif isinstance(v, int):
+        p.int64_param = v
+    elif isinstance(v, float):
+        p.double_param = v
+    else:
+        p.string_param = str(v)
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dp: DataPlane):
+        self.dp = dp
+        self.limits = InputLimits.from_settings(dp.settings)
+
+    async def _fail(self, context: grpc.aio.ServicerContext, e: ServingError):
+        if e.retry_after_s is not None:
+            context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(e.retry_after_s)))),))
+        await context.abort(grpc_code(e), e.message)
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.dp.live())
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.dp.ready())
+
+    async def ServerMetadata(self, request, context):
+        md = self.dp.server_metadata()
+        return pb.ServerMetadataResponse(name=md["name"], version=md["version"], extensions=md["extensions"])
+
+    async def ModelReady(self, request, context):
+        try:
+            return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version or None))
+        except ServingError as e:
+            await self._fail(context, e)
+
+    async def ModelMetadata(self, request, context):
+        try:
+            md = self.dp.model(request.name, request.version or None).metadata()
+        except ServingError as e:
+            await self._fail(context, e)
+            return
+        tm = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=md["name"], versions=md["versions"], platform=md["platform"],
+            inputs=[tm(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in md["inputs"]],
+            outputs=[tm(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in md["outputs"]],
+        )
+
+    async def ModelInfer(self, request, context):
+        ticket = None
+        try:
+            size = request.ByteSize()
+            ticket = self.dp.admit(request.model_name, size)
+            ticket.read(size)
+            req = decode_grpc(request)
+            self.limits.check(req)
+            md = dict(context.invocation_metadata() or ())
+            if "x-slo-ms" in md and req.params.slo_ms is None:
+                req.params.slo_ms = parse_params({"slo_ms": md["x-slo-ms"]}).slo_ms
+            req.arrival_s = ticket.arrival_s
+            resp = await self.dp.infer(req)
+        except ServingError as e:
+            self.dp.metrics.shed_answered(request.model_name, e)  # abort() raises: time it as handed over
+            await self._fail(context, e)
+            return
+        finally:
+            if ticket is not None:
+                ticket.release()
+        out = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id or "")
+        raws = []
+        for name, arr in resp.outputs.items():
+            t = out.outputs.add()
+            t.name = name
+            t.datatype = NUMPY_TO_V2.get(arr.dtype, "BYTES")
+            t.shape.extend(arr.shape)
+            raws.append(np.ascontiguousarray(arr).tobytes())
+        out.raw_output_contents.extend(raws)
+        for k, v in resp.parameters.items():
+            _set_param(out.parameters[k], v)
+        return out
+
+
+def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:
+    limit = dp.settings.max_request_bytes
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
+        ("grpc.so_reuseport", 0),
+    ], interceptors=[GrpcGuard(TokenTable.from_settings(dp.settings))])
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dp), server)
+    creds = grpc_server_credentials(dp.settings)
+    port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"cannot bind gRPC on {address}")
+    return server, port

@@ -1,0 +1,211 @@
+"""KServe V2 REST over FastAPI: a thin adapter from HTTP to the DataPlane.
+
+Bodies are parsed as V2 JSON whatever the Content-Type says (tritonclient's sync client sends
+none, its asyncio client sends application/octet-stream); ``Inference-Header-Content-Length``
+switches on the binary tensor extension. Every error is ``{"error": "..."}`` with the status the
+protocol gives it; a client's mistake is never a 500 or a FastAPI 422.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.transports.auth import BearerAuthMiddleware, TokenTable
+from gateway.transports.codec import InputLimits, decode_rest, encode_rest
+from gateway.dataplane import DataPlane
+from gateway.errors import InvalidArgument, PayloadTooLarge, ServingError
+from gateway.transports.status import http_status, retry_after_header
+
+log = logging.getLogger("sloserve.rest")
+HEADER_LEN = "inference-header-content-length"
+
+INFER_BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "parameters": {
+                            "type": "object",
+                            "properties": {
+                                "slo_ms": {"type": "number"},
+                                "min_accuracy": {"type": "number"},
+                                "priority": {"type": "integer"},
+                                "variant": {"type": "string"},
+                                "binary_data_output": {"type": "boolean"},
+                            },
+                        },
+                        "inputs": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["name", "shape", "datatype"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "shape": {"type": "array", "items": {"type": "integer"}},
+                                    "datatype": {"type": "string"},
+                                    "parameters": {"type": "object"},
+                                    "data": {"type": "array"},
+                                },
+                            },
+                        },
+                        "outputs": {"type": "array", "items": {"type": "object"}},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def error_response(e: ServingError) -> JSONResponse:
+    retry = retry_after_header(e)
+    return JSONResponse({"error": e.message}, status_code=http_status(e),
+                        headers={"Retry-After": retry} if retry else None)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            n = int(cl)
+        except ValueError:
+            raise InvalidArgument(f"Content-Length {cl!r:.40} is not an integer") from None
+        if n > limit:
+            raise PayloadTooLarge(f"request body of {n} bytes is over the {limit}-byte limit "
+                                  f"(max_request_bytes); send smaller batches")
+        return await request.body()
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body is over the {limit}-byte limit (max_request_bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant")
+
+
+async def infer_body(dp: DataPlane, limits: InputLimits, model: str, version: str | None, arrival: float,
+                     body: bytes, headers, on_shed=None) -> tuple[bytes, int | None]:
+    """One infer call from its body and (lower-case) headers to the encoded response: shared by the
+    FastAPI route and the raw-ASGI fast path (gateway/transports/fastpath.py), which passes ``on_shed``."""
+    hl = headers.get(HEADER_LEN)
+    try:
+        header_len = int(hl) if hl is not None else None
+    except ValueError:
+        raise InvalidArgument(f"{HEADER_LEN} {hl!r:.40} is not an integer") from None
+    slo_headers = {k: headers[k] for k in SLO_HEADERS if k in headers} or None
+    req = decode_rest(body, header_len, model, version, slo_headers)
+    limits.check(req)
+    req.arrival_s = arrival
+    resp = await dp.infer(req, on_shed)
+    return encode_rest(resp)
+
+
+def create_asgi(dp: DataPlane, routers=()):
+    """The served ASGI app: the infer fast path in front of FastAPI, bearer auth around both."""
+    from gateway.transports.fastpath import InferFastPath
+
+    api = create_app(dp, auth=False)
+    for r in routers:
+        api.include_router(r)
+    app = InferFastPath(api, dp, InputLimits.from_settings(dp.settings))
+    tokens = TokenTable.from_settings(dp.settings)
+    return BearerAuthMiddleware(app, table=tokens) if tokens is not None else app
+
+
+def create_app(dp: DataPlane, auth: bool = True) -> FastAPI:
+    app = FastAPI(title="sloserve", version="0.1.0",
+                  description="KServe V2 (Open Inference Protocol) with SLO-aware batching")
+    limit = dp.settings.max_request_bytes
+    limits = InputLimits.from_settings(dp.settings)
+
+    @app.exception_handler(ServingError)
+    async def _serving_error(request: Request, e: ServingError):
+        return error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse({"error": f"invalid request at {where}: {first.get('msg', 'invalid')}"}, 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException):
+        msg = e.detail if isinstance(e.detail, str) else str(e.detail)
+        if e.status_code == 404:
+            msg = f"no such endpoint {request.method} {request.url.path}; see /docs for the V2 API"
+        return JSONResponse({"error": msg}, status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        log.exception("internal error on %s", request.url.path)
+        return JSONResponse({"error": f"internal error: {type(e).__name__}"}, status_code=500)
+
+    @app.get("/v2/health/live")
+    async def live():
+        return Response(status_code=200 if dp.live() else 503)
+
+    @app.get("/v2/health/ready")
+    async def ready():
+        return Response(status_code=200 if dp.ready() else 503)
+
+    @app.get("/v2")
+    async def server_metadata():
+        return dp.server_metadata()
+
+    @app.get("/v2/models/{model}")
+    async def model_metadata(model: str):
+        return dp.model(model).metadata()
+
+    @app.get("/v2/models/{model}/versions/{version}")
+    async def model_version_metadata(model: str, version: str):
+        return dp.model(model, version).metadata()
+
+    @app.get("/v2/models/{model}/ready")
+    async def model_ready(model: str):
+        return Response(status_code=200 if dp.model_ready(model) else 503)
+
+    @app.get("/v2/models/{model}/versions/{version}/ready")
+    async def model_version_ready(model: str, version: str):
+        return Response(status_code=200 if dp.model_ready(model, version) else 503)
+
+    async def _infer(request: Request, model: str, version: str | None) -> Response:
+        cl = request.headers.get("content-length", "")
+        with dp.admit(model, int(cl) if cl.isdigit() and int(cl) <= limit else 0) as ticket:
+            body = await read_body(request, limit)
+            ticket.read(len(body))  # a lagging event loop refuses it here, undecoded (gateway/dataplane.py)
+            payload, json_len = await infer_body(dp, limits, model, version, ticket.arrival_s, body, request.headers)
+        if json_len is None:
+            return Response(payload, media_type="application/json")
+        return Response(payload, media_type="application/octet-stream",
+                        headers={"Inference-Header-Content-Length": str(json_len)})
+
+    @app.post("/v2/models/{model}/infer", openapi_extra=INFER_BODY_DOC)
+    async def infer(model: str, request: Request):
+        return await _infer(request, model, None)
+
+    @app.post("/v2/models/{model}/versions/{version}/infer", openapi_extra=INFER_BODY_DOC)
+    async def infer_version(model: str, version: str, request: Request):
+        return await _infer(request, model, version)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(dp.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    tokens = TokenTable.from_settings(dp.settings) if auth else None
+    if tokens is not None:  # see gateway/transports/auth.py for what stays open
+        app.add_middleware(BearerAuthMiddleware, table=tokens)
+    return app
