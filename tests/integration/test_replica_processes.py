@@ -23,6 +23,7 @@ from gateway.backends.processes import WorkerGone
 from gateway.backends.proctree import descendants
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
+from gateway.transports.status import http_status
 
 pytestmark = pytest.mark.integration
 
@@ -123,7 +124,7 @@ async def test_a_killed_worker_fails_its_batch_explicitly_and_comes_back(model_r
         os.kill(w._proc.pid, signal.SIGKILL)
         with pytest.raises(WorkerGone) as e:
             await asyncio.wait_for(in_flight, 5)
-        assert e.value.http_status == 503 and e.value.retry_after_s and "exited" in e.value.message
+        assert http_status(e.value) == 503 and e.value.retry_after_s and "exited" in e.value.message
         await until(lambda: w.available, 30, "the worker was not started again")  # without anyone asking
         r = await asyncio.wait_for(b.run("digits", "small", x), 10)
         assert r.outputs["label"].shape == (2,)

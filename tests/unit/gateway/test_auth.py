@@ -15,6 +15,7 @@ from gateway.transports.auth import (
 )
 from gateway.config import Settings
 from gateway.errors import Unauthenticated
+from gateway.transports.status import http_status
 
 TEXT = """
 # comment line
@@ -42,7 +43,7 @@ def test_parse_and_allow_lists():
 def test_refusals(header, word):
     with pytest.raises(Unauthenticated, match=word) as ei:
         TokenTable.parse(TEXT).authorize(header, "digits")
-    assert ei.value.http_status == 401
+    assert http_status(ei.value) == 401
 
 
 @pytest.mark.parametrize("text, msg", [("short", "shorter than 8"), ("a-long-token b c", "expected")])

@@ -7,13 +7,17 @@ import pytest
 
 from batching.batcher import Batcher, RunResult
 from batching.clock import FakeClock
-from batching.policy import make_policy
+from batching.policy import PolicyBase, make_policy
 from batching.types import Dispatch, Shed, Wait
 from gateway.errors import InternalError, ReplicaFailed, TooManyRequests, Unavailable
+from gateway.transports.status import http_status
 
 
 class Runner:
     """Doubles its input; records every batch; can be told to fail."""
+
+    round_trip_latency = True
+    pipeline_depth = 1
 
     def __init__(self, slots=1, fail=False):
         self.batches = []
@@ -24,6 +28,9 @@ class Runner:
 
     def slots(self, model, variant):
         return self._slots
+
+    def shared(self, model):
+        return False
 
     async def run(self, model, variant, inputs, timeout_s=None):
         self.batches.append((variant, inputs["x"].shape[0]))
@@ -94,7 +101,7 @@ async def test_replica_failure_fails_every_request_explicitly():
     await b.close()
 
 
-class ShedOldest:
+class ShedOldest(PolicyBase):
     name = "shed-test"
 
     def plan(self, view, now):
@@ -104,9 +111,6 @@ class ShedOldest:
         if first.priority < 0:
             return Shed((first.id,), "deadline", (0.005,))
         return Dispatch((first.id,), "v", "one")
-
-    def observe(self, result):
-        pass
 
 
 async def test_shed_answers_503_with_how_late():
@@ -119,7 +123,7 @@ async def test_shed_answers_503_with_how_late():
     await b.close()
 
 
-async def test_shed_calls_answer_now_inside_the_decision_and_survives_a_broken_hook():
+async def test_shed_calls_on_shed_inside_the_decision_and_survives_a_broken_hook():
     b = Batcher("m", ShedOldest(), Runner(), ["v"], max_batch_size=4, clock=FakeClock())
     b.start()
     seen = []
@@ -129,10 +133,10 @@ async def test_shed_calls_answer_now_inside_the_decision_and_survives_a_broken_h
         seen.append((err, futures[0].done()))
         return True
 
-    bad_task = asyncio.create_task(b.submit(x(0), 1, 0.02, ("v",), priority=-1, answer_now=answer_now))
+    bad_task = asyncio.create_task(b.submit(x(0), 1, 0.02, ("v",), priority=-1, on_shed=answer_now))
     await asyncio.sleep(0)  # the submit has queued its entry and awaits its future
     futures = [e.future for e in b._entries.values()]
-    good = await b.submit(x(1), 1, 0.02, ("v",), answer_now=lambda e: pytest.fail("not shed"))
+    good = await b.submit(x(1), 1, 0.02, ("v",), on_shed=lambda e: pytest.fail("not shed"))
     with pytest.raises(Unavailable) as bad:
         await bad_task
     assert good.outputs["y"][0, 0] == 2
@@ -142,7 +146,7 @@ async def test_shed_calls_answer_now_inside_the_decision_and_survives_a_broken_h
         raise RuntimeError("transport bug")
 
     with pytest.raises(Unavailable, match="late by 5.0 ms"):  # still answered through the future
-        await b.submit(x(0), 1, 0.02, ("v",), priority=-1, answer_now=broken)
+        await b.submit(x(0), 1, 0.02, ("v",), priority=-1, on_shed=broken)
     await b.close()
 
 
@@ -225,7 +229,7 @@ async def test_replica_death_past_the_deadline_fails_explicitly():
     b.start()
     with pytest.raises(ReplicaFailed) as e:
         await b.submit(x(5), 1, deadline_s=0.020, variants=("v",))
-    assert "not retried" in e.value.message and e.value.http_status == 503 and runner.calls == 1
+    assert "not retried" in e.value.message and http_status(e.value) == 503 and runner.calls == 1
     assert "batch_failed" in events
     await b.close()
 

@@ -10,6 +10,7 @@ import pytest
 from gateway.transports.codec import decode_rest, encode_rest
 from gateway.errors import InvalidArgument
 from gateway.types import InferResponse, RequestedOutput
+from gateway.transports.status import http_status
 
 
 def body(inputs, **extra):
@@ -71,7 +72,7 @@ def test_bytes_binary():
 def test_client_mistakes_are_400_with_a_reason(raw, needle):
     with pytest.raises(InvalidArgument) as e:
         decode_rest(raw, None, "m", None)
-    assert needle in e.value.message and e.value.http_status == 400
+    assert needle in e.value.message and http_status(e.value) == 400
 
 
 def test_binary_size_mismatch_and_header_length():

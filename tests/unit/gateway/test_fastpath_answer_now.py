@@ -122,20 +122,20 @@ async def test_paused_after_the_status_line_the_handler_sends_the_body_under_uvi
 
     monkeypatch.setattr(fp, "_infer", shed_at_once)
 
-    class Inflight:
-        def take(self, n, model):
-            return n
+    class Ticket:  # the data plane's door lets it in (no byte bound, no lagging loop)
+        arrival_s = 0.0
 
-        def give(self, n):
+        def read(self, n):
+            pass
+
+        def release(self):
             pass
 
     class Settings:
         max_request_bytes = 1 << 20
-        shed_answer_early = True
 
     dp = DP()
-    dp.settings, dp.inflight, dp.arrival_now = Settings(), Inflight(), lambda: 0.0
-    dp.door = lambda model: None  # the event loop is not lagging
+    dp.settings, dp.admit = Settings(), lambda model, declared=0: Ticket()
     app = fp.InferFastPath(None, dp, None)
     c.scope["headers"] = [(b"content-length", b"2")]
     await c.run_asgi(app)
@@ -144,12 +144,14 @@ async def test_paused_after_the_status_line_the_handler_sends_the_body_under_uvi
     assert len(dp.metrics.answered) == 1  # timed once, at the status line
 
 
-async def test_a_send_that_fails_marks_nothing_so_the_handler_answers():
+async def test_a_send_that_fails_marks_nothing_so_the_handler_answers(monkeypatch):
+    from gateway.transports import fastpath
+
     t = Transport()
     c = cycle(t)
     early = _AnswerNow.for_send(c.send, DP(), "m")
     bad = DeadlineUnreachable("x")
-    bad.http_status = 999  # uvicorn has no status line for it: its send raises
+    monkeypatch.setattr(fastpath, "http_status", lambda e: 999)  # uvicorn has no status line for it: its send raises
     with pytest.raises(KeyError):
         early(bad)
     assert not early.wrote and early.pending is None
