@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 REPO   ?= model_repository
 
-.PHONY: run test install models unit integration bench clean
+.PHONY: run test lint install models unit integration bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,17 @@ models: $(REPO)/.built
 run: models
 	$(VENV)/bin/sloserve serve --repo $(REPO)
 
-# The whole suite: unit tests (no Ray, no sleeps) and integration tests (real servers, real Ray).
-test: models
+# The whole suite: the standing checks, unit tests (no Ray, no sleeps) and integration tests
+# (real servers, real Ray).
+test: models lint
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# Lint and format (ruff), types (mypy), and the layers of docs/architecture.md (import-linter).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit

@@ -162,122 +162,138 @@ class _Slots:
 def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
                       placement: PlacementHook | None = None, progress=None) -> dict[str, Any]:
     """Simulate every request of ``specs`` under ``autoscaler``; returns summary, records, timing."""
-    rng = np.random.default_rng(cfg.seed)
-    duration = max(s.arrivals.duration_s for s in specs)
-    n_min = math.ceil(duration / cfg.minute_s)
     ctl = Controller(make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs,
                      placement or FixedPool())
-    models = [_Model(s, batching_policy_for(cfg, s), ModelRecord(s.name, n_min, cfg.minute_s), cfg.gateways)
-              for s in specs]
-    heap: list = []
-    seq = 0
+    return _RequestSim(specs, cfg, ctl).run(progress)
 
-    def push(t, kind, mi, payload=None):
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (t, seq, kind, mi, payload))
 
-    for mi, m in enumerate(models):
-        m.slots = _Slots(m, mi, rng, push, cfg.minute_s)
+class _RequestSim:
+    """One request-level run: the event heap, the models, their arrivals."""
 
-    arrivals = []
-    for mi, (s, m) in enumerate(zip(specs, models)):
-        times = s.arrivals.sample_times(rng)
-        arrivals.append(times)
-        if len(times):
-            push(float(times[0]), _ARRIVE, mi, 0)
-        for _ in range(s.initial_replicas):
-            r = _Replica()
-            r.ready = True
-            m.replicas.append(r)
-    gw_of = [rng.integers(0, cfg.gateways, len(t)) for t in arrivals]
-    push(0.0, _TICK, -1)
-    next_id = 0
-    last_tick = 0.0
-    end = duration + 5 * max(s.service.slo_s for s in specs)
+    def __init__(self, specs: list[ModelSpec], cfg: SimConfig, ctl: Controller):
+        self.specs, self.cfg, self.ctl = specs, cfg, ctl
+        self.rng = np.random.default_rng(cfg.seed)
+        self.duration = max(s.arrivals.duration_s for s in specs)
+        self.n_min = math.ceil(self.duration / cfg.minute_s)
+        self.models = [_Model(s, batching_policy_for(cfg, s), ModelRecord(s.name, self.n_min, cfg.minute_s),
+                              cfg.gateways) for s in specs]
+        self.heap: list = []
+        self.seq = 0
+        for mi, m in enumerate(self.models):
+            m.slots = _Slots(m, mi, self.rng, self.push, cfg.minute_s)
+        self.arrivals = []
+        for mi, (s, m) in enumerate(zip(specs, self.models)):
+            times = s.arrivals.sample_times(self.rng)
+            self.arrivals.append(times)
+            if len(times):
+                self.push(float(times[0]), _ARRIVE, mi, 0)
+            for _ in range(s.initial_replicas):
+                r = _Replica()
+                r.ready = True
+                m.replicas.append(r)
+        self.gw_of = [self.rng.integers(0, cfg.gateways, len(t)) for t in self.arrivals]
+        self.push(0.0, _TICK, -1)
+        self.next_id = 0
+        self.last_tick = 0.0
 
-    def pump(m: _Model, mi: int, now: float) -> None:
+    def push(self, t, kind, mi, payload=None) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, mi, payload))
+
+    def pump(self, m: _Model, mi: int, now: float) -> None:
         until = m.vq.run(m.slots, now)
         if until is not None and until > now and (m.wake_at is None or until < m.wake_at):
             m.wake_at = until
-            push(until, _WAKE, mi)
+            self.push(until, _WAKE, mi)
 
-    while heap:
-        now, _, kind, mi, payload = heapq.heappop(heap)
-        if now > end:
-            break
-        if kind == _TICK:
-            obs = []
-            for m, s in zip(models, specs):
-                m.account(now)
-                span = max(now - last_tick, 1e-9)
-                wins = tuple(RateWindow(f"gw{g}", last_tick, now, c, 1.0 / cfg.gateways)
-                             for g, c in enumerate(m.gw_counts)) if now > last_tick else ()
-                m.gw_counts = [0] * cfg.gateways
-                ready = sum(1 for r in m.replicas if r.ready and not r.draining)
-                target = sum(1 for r in m.replicas if not r.draining)
-                obs.append(Observation(target, ready, m.ongoing_acc / span, wins,
-                                       s.arrivals.peak_rate(now, now + cfg.startup_s + cfg.tick_s)))
-                m.ongoing_acc = 0.0
-            grants = ctl.round(now, obs)
-            delays = ctl.placement.start_delay_s  # e.g. waiting for a preempted GPU, as in fluid mode
-            for mi2, (m, g) in enumerate(zip(models, grants)):
-                _resize(m, g, now, cfg.startup_s + delays.get(m.spec.name, 0.0),
-                        lambda t, r, i=mi2: push(t, _READY, i, r))
-                m.rec.tick(now, m.spec.arrivals.rate_at(now), g, obs[mi2].ready)
-                pump(m, mi2, now)
-            last_tick = now
-            if now + cfg.tick_s <= duration:
-                push(now + cfg.tick_s, _TICK, -1)
-            if progress is not None:
-                progress(now)
-            continue
-        m = models[mi]
-        if kind == _ARRIVE:
-            i = payload
-            t_arr = now
-            m.account(now)
-            m.vq.add(QueuedItem(next_id, t_arr, t_arr + m.spec.service.slo_s, 1, 0, m.allowed))
-            next_id += 1
-            m.in_system += 1
-            m.gw_counts[int(gw_of[mi][i])] += 1
-            if i + 1 < len(arrivals[mi]):
-                push(float(arrivals[mi][i + 1]), _ARRIVE, mi, i + 1)
-        elif kind == _DONE:
-            r = payload
-            m.account(now)
-            slo = m.spec.service.slo_s
-            good = 0
-            for it in r.batch:
-                k = int(it.arrival_s // cfg.minute_s)
-                m.rec.minute_total[k] += 1
-                if now - it.arrival_s <= slo + 1e-12:
-                    m.rec.minute_good[k] += 1
-                    good += 1
-            m.in_system -= len(r.batch)
-            m.policy.observe(BatchResult(m.spec.name, r.variant, len(r.batch), now - r.started, now,
-                                         device_type=m.spec.device_type, late_rows=len(r.batch) - good))
-            r.batch = ()
-            if r.draining:
-                m.hold(now)
-                m.replicas.remove(r)
-        elif kind == _READY:
-            if payload in m.replicas:
-                payload.ready = True
-        elif kind == _WAKE:
-            if m.wake_at is None or now < m.wake_at - 1e-12:
+    def run(self, progress=None) -> dict[str, Any]:
+        end = self.duration + 5 * max(s.service.slo_s for s in self.specs)
+        while self.heap:
+            now, _, kind, mi, payload = heapq.heappop(self.heap)
+            if now > end:
+                break
+            if kind == _TICK:
+                self.tick(now)
+                if progress is not None:
+                    progress(now)
                 continue
-            m.wake_at = None
-        pump(m, mi, now)
+            m = self.models[mi]
+            if kind == _ARRIVE:
+                self.arrive(m, mi, payload, now)
+            elif kind == _DONE:
+                self.done(m, payload, now)
+            elif kind == _READY:
+                if payload in m.replicas:
+                    payload.ready = True
+            elif kind == _WAKE:
+                if m.wake_at is None or now < m.wake_at - 1e-12:
+                    continue
+                m.wake_at = None
+            self.pump(m, mi, now)
+        return self.result()
 
-    ctl.placement.finish(duration)  # a hook with its own clock (sim/harvest.py) runs to the end
-    for m in models:
-        m.hold(duration)
-        for it in m.vq.items:  # never served
-            m.rec.minute_total[min(int(it.arrival_s // cfg.minute_s), n_min - 1)] += 1
-    records = [m.rec for m in models]
-    return {"summary": summarize(records, duration, cfg.sla), "records": records, "duration_s": duration,
-            "placement": ctl.placement.report()}
+    def tick(self, now: float) -> None:
+        """An autoscaling round: the gateways' windows and the models' state to the controller."""
+        cfg, obs = self.cfg, []
+        for m, s in zip(self.models, self.specs):
+            m.account(now)
+            span = max(now - self.last_tick, 1e-9)
+            wins = tuple(RateWindow(f"gw{g}", self.last_tick, now, c, 1.0 / cfg.gateways)
+                         for g, c in enumerate(m.gw_counts)) if now > self.last_tick else ()
+            m.gw_counts = [0] * cfg.gateways
+            ready = sum(1 for r in m.replicas if r.ready and not r.draining)
+            target = sum(1 for r in m.replicas if not r.draining)
+            obs.append(Observation(target, ready, m.ongoing_acc / span, wins,
+                                   s.arrivals.peak_rate(now, now + cfg.startup_s + cfg.tick_s)))
+            m.ongoing_acc = 0.0
+        grants = self.ctl.round(now, obs)
+        delays = self.ctl.placement.start_delay_s  # e.g. waiting for a preempted GPU, as in fluid mode
+        for mi, (m, g) in enumerate(zip(self.models, grants)):
+            _resize(m, g, now, cfg.startup_s + delays.get(m.spec.name, 0.0),
+                    lambda t, r, i=mi: self.push(t, _READY, i, r))
+            m.rec.tick(now, m.spec.arrivals.rate_at(now), g, obs[mi].ready)
+            self.pump(m, mi, now)
+        self.last_tick = now
+        if now + cfg.tick_s <= self.duration:
+            self.push(now + cfg.tick_s, _TICK, -1)
+
+    def arrive(self, m: _Model, mi: int, i: int, now: float) -> None:
+        m.account(now)
+        m.vq.add(QueuedItem(self.next_id, now, now + m.spec.service.slo_s, 1, 0, m.allowed))
+        self.next_id += 1
+        m.in_system += 1
+        m.gw_counts[int(self.gw_of[mi][i])] += 1
+        if i + 1 < len(self.arrivals[mi]):
+            self.push(float(self.arrivals[mi][i + 1]), _ARRIVE, mi, i + 1)
+
+    def done(self, m: _Model, r: _Replica, now: float) -> None:
+        """A batch finished: count its requests by minute, tell the policy, free (or drop) the replica."""
+        m.account(now)
+        slo = m.spec.service.slo_s
+        good = 0
+        for it in r.batch:
+            k = int(it.arrival_s // self.cfg.minute_s)
+            m.rec.minute_total[k] += 1
+            if now - it.arrival_s <= slo + 1e-12:
+                m.rec.minute_good[k] += 1
+                good += 1
+        m.in_system -= len(r.batch)
+        m.policy.observe(BatchResult(m.spec.name, r.variant, len(r.batch), now - r.started, now,
+                                     device_type=m.spec.device_type, late_rows=len(r.batch) - good))
+        r.batch = ()
+        if r.draining:
+            m.hold(now)
+            m.replicas.remove(r)
+
+    def result(self) -> dict[str, Any]:
+        self.ctl.placement.finish(self.duration)  # a hook with its own clock (sim/harvest.py) runs to the end
+        for m in self.models:
+            m.hold(self.duration)
+            for it in m.vq.items:  # never served
+                m.rec.minute_total[min(int(it.arrival_s // self.cfg.minute_s), self.n_min - 1)] += 1
+        records = [m.rec for m in self.models]
+        return {"summary": summarize(records, self.duration, self.cfg.sla), "records": records,
+                "duration_s": self.duration, "placement": self.ctl.placement.report()}
 
 
 def _resize(m: _Model, target: int, now: float, startup_s: float, on_start) -> None:

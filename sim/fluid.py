@@ -103,66 +103,82 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
                    placement: PlacementHook | None = None, progress=None,
                    controller_cls: Callable[..., Controller] = Controller) -> dict[str, Any]:
     """``controller_cls`` builds the round's driver (``sim.bound`` passes one that feeds the oracle hindsight)."""
-    rng = np.random.default_rng(cfg.seed)
-    n = len(specs)
-    interval = specs[0].arrivals.interval_s
-    if any(abs(s.arrivals.interval_s - interval) > 1e-9 for s in specs):
-        raise ValueError("fluid mode needs one rate interval for all models")
-    steps_per_interval = interval / dt_s
-    if abs(steps_per_interval - round(steps_per_interval)) > 1e-9 or cfg.tick_s / dt_s % 1:
-        raise ValueError("dt_s must divide the rate interval and tick_s")
-    n_int = max(len(s.arrivals.rates) for s in specs)
-    rates = np.zeros((n_int, n))
-    for j, s in enumerate(specs):
-        rates[:len(s.arrivals.rates), j] = s.arrivals.rates
-    duration = n_int * interval
-    n_steps = round(duration / dt_s)
-    n_min = math.ceil(duration / cfg.minute_s)
-    recs = [ModelRecord(s.name, n_min, cfg.minute_s) for s in specs]
+    run = _FluidRun(specs, cfg, dt_s)
     ctl = controller_cls(make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs,
-                     placement or FixedPool())
+                         placement or FixedPool())
+    for tk in range(run.n_ticks):
+        t = tk * run.tick_steps * dt_s
+        run.round(ctl, tk, t)
+        if progress is not None:
+            progress(t)
+        run.block(ctl, tk)
+    ctl.placement.finish(run.duration)  # a hook with its own clock (sim/harvest.py) runs to the end
+    recs = run.records()
+    return {"summary": summarize(recs, run.duration, cfg.sla), "records": recs, "duration_s": run.duration,
+            "placement": ctl.placement.report()}
 
-    classes: dict[ServiceModel, list[int]] = {}
-    for j, s in enumerate(specs):
-        classes.setdefault(s.service, []).append(j)
-    tables = [(_late_table(svc), np.array(idx), svc) for svc, idx in classes.items()]
-    raw = [s.service.fallback or s.service for s in specs]  # under a backlog the batcher serves the cheapest
-    bmax = np.array([r.max_batch_size for r in raw], float)
-    mu1 = bmax / np.array([r.curve.at(r.max_batch_size, "p50") for r in raw])
-    hold_s = np.array([max(r.slo_s - r.curve.at(r.max_batch_size), 0.0) for r in raw])
-    fb_x = np.zeros(n)  # share of the served requests answered by the fallback variant, this step
-    fb_tot = np.zeros(n)
 
-    ready = np.array([s.initial_replicas for s in specs], np.int64)
-    target = ready.copy()
-    pending: list[tuple[float, int, int]] = []  # (ready_at, model, count)
-    backlog = np.zeros(n)
-    tick_steps = round(cfg.tick_s / dt_s)
-    n_ticks = math.ceil(n_steps / tick_steps)
-    total_m = np.zeros((n_min, n))
-    good_m = np.zeros((n_min, n))
-    shed_tot = np.zeros(n)
-    rs = np.zeros(n)
-    ser_target = np.zeros((n_ticks, n), np.int64)
-    ser_ready = np.zeros((n_ticks, n), np.int64)
-    gws = [f"gw{g}" for g in range(cfg.gateways)]
-    share_w = 1.0 / cfg.gateways
-    svc = [s.service for s in specs]
-    names = [s.name for s in specs]
-    mins = [s.min_replicas for s in specs]
-    maxs = [s.max_replicas for s in specs]
-    blk_arr = np.zeros(n)
-    blk_q = np.zeros(n)
-    blk_lam = np.zeros(n)
-    late = np.zeros(n)
-    cap_step = hold_cap = None
-    late_key = None
+class _FluidRun:
+    """The state of one fluid run: every model's rates, replicas, backlog and counters, as arrays."""
 
-    def apply(j: int, g: int, now: float) -> None:
+    def __init__(self, specs: list[ModelSpec], cfg: SimConfig, dt_s: float):
+        self.specs, self.cfg, self.dt_s = specs, cfg, dt_s
+        self.rng = np.random.default_rng(cfg.seed)
+        n = self.n = len(specs)
+        interval = self.interval = specs[0].arrivals.interval_s
+        if any(abs(s.arrivals.interval_s - interval) > 1e-9 for s in specs):
+            raise ValueError("fluid mode needs one rate interval for all models")
+        steps_per_interval = interval / dt_s
+        if abs(steps_per_interval - round(steps_per_interval)) > 1e-9 or cfg.tick_s / dt_s % 1:
+            raise ValueError("dt_s must divide the rate interval and tick_s")
+        n_int = self.n_int = max(len(s.arrivals.rates) for s in specs)
+        self.rates = np.zeros((n_int, n))
+        for j, s in enumerate(specs):
+            self.rates[:len(s.arrivals.rates), j] = s.arrivals.rates
+        self.duration = n_int * interval
+        self.n_steps = round(self.duration / dt_s)
+        n_min = math.ceil(self.duration / cfg.minute_s)
+        self.recs = [ModelRecord(s.name, n_min, cfg.minute_s) for s in specs]
+        classes: dict[ServiceModel, list[int]] = {}
+        for j, s in enumerate(specs):
+            classes.setdefault(s.service, []).append(j)
+        self.tables = [(_late_table(svc), np.array(idx), svc) for svc, idx in classes.items()]
+        raw = [s.service.fallback or s.service for s in specs]  # under a backlog the batcher serves the cheapest
+        bmax = np.array([r.max_batch_size for r in raw], float)
+        self.mu1 = bmax / np.array([r.curve.at(r.max_batch_size, "p50") for r in raw])
+        self.hold_s = np.array([max(r.slo_s - r.curve.at(r.max_batch_size), 0.0) for r in raw])
+        self.fb_x = np.zeros(n)  # share of the served requests answered by the fallback variant, this step
+        self.fb_tot = np.zeros(n)
+        self.ready = np.array([s.initial_replicas for s in specs], np.int64)
+        self.target = self.ready.copy()
+        self.pending: list[tuple[float, int, int]] = []  # (ready_at, model, count)
+        self.backlog = np.zeros(n)
+        self.tick_steps = round(cfg.tick_s / dt_s)
+        self.n_ticks = math.ceil(self.n_steps / self.tick_steps)
+        self.total_m = np.zeros((n_min, n))
+        self.good_m = np.zeros((n_min, n))
+        self.shed_tot = np.zeros(n)
+        self.rs = np.zeros(n)
+        self.ser_target = np.zeros((self.n_ticks, n), np.int64)
+        self.ser_ready = np.zeros((self.n_ticks, n), np.int64)
+        self.gws = [f"gw{g}" for g in range(cfg.gateways)]
+        self.share_w = 1.0 / cfg.gateways
+        self.blk_arr = np.zeros(n)
+        self.blk_q = np.zeros(n)
+        self.blk_lam = np.zeros(n)
+        self.late = np.zeros(n)
+        self.cap_step: np.ndarray | None = None
+        self.hold_cap: np.ndarray | None = None
+        self.late_key: int | None = None
+        self.alloc = self.target.astype(float)
+
+    def apply(self, ctl: Controller, j: int, g: int, now: float) -> None:
         """Model ``j`` is granted ``g`` replicas at ``now``: start or drop the difference."""
+        pending, target = self.pending, self.target
         diff = g - int(target[j])
         if diff > 0:
-            heapq.heappush(pending, (now + cfg.startup_s + ctl.placement.start_delay_s.get(names[j], 0.0), j, diff))
+            start = now + self.cfg.startup_s + ctl.placement.start_delay_s.get(self.specs[j].name, 0.0)
+            heapq.heappush(pending, (start, j, diff))
         elif diff < 0:  # drop starting replicas first (newest), then ready ones
             drop = -diff
             keep = []
@@ -173,39 +189,44 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
                     keep.append((item[0], j, item[2] - take))
             pending[:] = [p for p in pending if p[1] != j] + keep
             heapq.heapify(pending)
-            ready[j] -= drop
+            self.ready[j] -= drop
         target[j] = g
 
-    for tk in range(n_ticks):
-        t = tk * tick_steps * dt_s
-        # ---- autoscaling round, on what the previous block measured
+    def round(self, ctl: Controller, tk: int, t: float) -> None:
+        """The autoscaling round at ``t``, on what the previous block measured."""
+        cfg, specs, n = self.cfg, self.specs, self.n
         lat = np.zeros(n)
-        for tab, idx, _ in tables:
-            lat[idx] = tab.mean_latency(np.maximum(ready[idx], 1), blk_lam[idx])
-        ongoing = blk_lam * lat + blk_q
-        i0 = min(int(t // interval), n_int - 1)
-        i1 = min(int((t + cfg.startup_s + cfg.tick_s) // interval), n_int - 1)
-        fut = rates[i0:i1 + 1].max(axis=0).tolist()
-        share = (blk_arr * share_w).tolist()
+        for tab, idx, _ in self.tables:
+            lat[idx] = tab.mean_latency(np.maximum(self.ready[idx], 1), self.blk_lam[idx])
+        ongoing = self.blk_lam * lat + self.blk_q
+        i0 = min(int(t // self.interval), self.n_int - 1)
+        i1 = min(int((t + cfg.startup_s + cfg.tick_s) // self.interval), self.n_int - 1)
+        fut = self.rates[i0:i1 + 1].max(axis=0).tolist()
+        share = (self.blk_arr * self.share_w).tolist()
         ongoing_l = ongoing.tolist()
         t_prev = t - cfg.tick_s
-        tgt_l, ready_l = target.tolist(), ready.tolist()
-        snaps = [ScalingSnapshot(names[j], tgt_l[j], ready_l[j], svc[j], ongoing_l[j],
-                                 tuple([RateWindow(g, t_prev, t, share[j], share_w) for g in gws]) if tk else (),
-                                 mins[j], maxs[j], fut[j]) for j in range(n)]
+        tgt_l, ready_l = self.target.tolist(), self.ready.tolist()
+        snaps = [ScalingSnapshot(s.name, tgt_l[j], ready_l[j], s.service, ongoing_l[j],
+                                 tuple([RateWindow(g, t_prev, t, share[j], self.share_w) for g in self.gws])
+                                 if tk else (), s.min_replicas, s.max_replicas, fut[j])
+                 for j, s in enumerate(specs)]
         grants = ctl.round_snapshots(t, snaps)
         for j, g in enumerate(grants):
-            apply(j, g, t)
-        ser_target[tk] = target
-        ser_ready[tk] = ready
-        alloc = target.astype(float)
-        if progress is not None:
-            progress(t)
-        # ---- the block of steps until the next round
-        k0, k1 = tk * tick_steps, min((tk + 1) * tick_steps, n_steps)
+            self.apply(ctl, j, g, t)
+        self.ser_target[tk] = self.target
+        self.ser_ready[tk] = self.ready
+        self.alloc = self.target.astype(float)
+
+    def block(self, ctl: Controller, tk: int) -> None:
+        """The steps until the next round: arrivals, service, backlog, shedding, lateness."""
+        cfg, dt_s, rates = self.cfg, self.dt_s, self.rates
+        k0, k1 = tk * self.tick_steps, min((tk + 1) * self.tick_steps, self.n_steps)
+        blk_arr, blk_q, blk_lam = self.blk_arr, self.blk_q, self.blk_lam
         blk_arr[:] = 0
         blk_q[:] = 0
         blk_lam[:] = 0
+        pending, ready, late = self.pending, self.ready, self.late
+        lam = rates[0]
         for k in range(k0, k1):
             tt = k * dt_s
             changed = False
@@ -213,49 +234,50 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
                 _, j, cnt = heapq.heappop(pending)
                 ready[j] += cnt
                 changed = True
-            ii = int(tt // interval)
-            if changed or late_key != ii or cap_step is None:
+            ii = int(tt // self.interval)
+            if changed or self.late_key != ii or self.cap_step is None:
                 lam = rates[ii]
-                for tab, idx, sv in tables:
+                for tab, idx, sv in self.tables:
                     late[idx] = tab.lookup(ready[idx], lam[idx])
                     if sv.fallback is not None:
-                        late[idx], fb_x[idx] = _with_fallback(sv, ready[idx], lam[idx], late[idx])
-                cap_step = ready * mu1 * dt_s
-                hold_cap = ready * mu1 * hold_s
-                late_key = ii
-            a = rng.poisson(lam * dt_s).astype(float)
-            work = backlog + a
-            served = np.minimum(work, cap_step)
+                        late[idx], self.fb_x[idx] = _with_fallback(sv, ready[idx], lam[idx], late[idx])
+                self.cap_step = ready * self.mu1 * dt_s
+                self.hold_cap = ready * self.mu1 * self.hold_s
+                self.late_key = ii
+            else:
+                lam = rates[ii]
+            a = self.rng.poisson(lam * dt_s).astype(float)
+            work = self.backlog + a
+            served = np.minimum(work, self.cap_step)
             over = work - served
-            backlog = np.minimum(over, hold_cap)
-            shed = over - backlog
+            self.backlog = np.minimum(over, self.hold_cap)
+            shed = over - self.backlog
             late_n = np.minimum(shed + late * served, a)
-            fb_tot += fb_x * served
+            self.fb_tot += self.fb_x * served
             mi = int(tt // cfg.minute_s)
-            total_m[mi] += a
-            good_m[mi] += a - late_n
-            shed_tot += shed
+            self.total_m[mi] += a
+            self.good_m[mi] += a - late_n
+            self.shed_tot += shed
             blk_arr += a
-            blk_q += backlog
+            blk_q += self.backlog
             blk_lam += lam
         steps = max(k1 - k0, 1)
-        rs += alloc * (steps * dt_s)
+        self.rs += self.alloc * (steps * dt_s)
         blk_q /= steps
         blk_lam /= steps
 
-    ctl.placement.finish(duration)  # a hook with its own clock (sim/harvest.py) runs to the end
-    t_ser = [tk * tick_steps * dt_s for tk in range(n_ticks)]
-    idx = np.minimum((np.array(t_ser) // interval).astype(int), n_int - 1)  # each tick's trace interval
-    for j, r in enumerate(recs):
-        r.minute_total = total_m[:, j].copy()
-        r.minute_good = good_m[:, j].copy()
-        r.replica_seconds = float(rs[j])
-        r.shed = float(shed_tot[j])
-        r.fallback = float(fb_tot[j])
-        r.series_t = t_ser
-        r.series_target = ser_target[:, j].tolist()
-        r.series_ready = ser_ready[:, j].tolist()
-        r.series_rate = rates[idx, j].tolist()
-        r.scale_events = int((np.diff(ser_target[:, j]) != 0).sum())
-    return {"summary": summarize(recs, duration, cfg.sla), "records": recs, "duration_s": duration,
-            "placement": ctl.placement.report()}
+    def records(self) -> list[ModelRecord]:
+        t_ser = [tk * self.tick_steps * self.dt_s for tk in range(self.n_ticks)]
+        idx = np.minimum((np.array(t_ser) // self.interval).astype(int), self.n_int - 1)  # each tick's interval
+        for j, r in enumerate(self.recs):
+            r.minute_total = self.total_m[:, j].copy()
+            r.minute_good = self.good_m[:, j].copy()
+            r.replica_seconds = float(self.rs[j])
+            r.shed = float(self.shed_tot[j])
+            r.fallback = float(self.fb_tot[j])
+            r.series_t = t_ser
+            r.series_target = self.ser_target[:, j].tolist()
+            r.series_ready = self.ser_ready[:, j].tolist()
+            r.series_rate = self.rates[idx, j].tolist()
+            r.scale_events = int((np.diff(self.ser_target[:, j]) != 0).sum())
+        return self.recs

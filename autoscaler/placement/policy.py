@@ -67,17 +67,7 @@ def _run(mode: Mode, snap: PlacementSnapshot, cfg: PlacementConfig, state: Place
 
     # 1. keep replicas claimed by explicit targets on their own type; everything else is stopped
     #    provisionally (and re-claimed below when still wanted and its GPU still has room).
-    vacated: list[Replica] = []
-    claimed: set[str] = set()
-    for t in explicit:
-        mine = [r for r in snap.replicas if (r.model, r.variant) == (t.model, t.variant) and r.replica_id not in claimed
-                and r.gpu_id in c.gpus and c.gpus[r.gpu_id].gpu_type == t.gpu_type]
-        mine.sort(key=lambda r: (c.slots[r.gpu_id].job is not None, r.gpu_id, r.replica_id))
-        claimed.update(r.replica_id for r in mine[: t.count])
-    for r in snap.replicas:
-        if r.replica_id not in claimed and r.gpu_id in c.gpus:
-            c.remove_replica(r.gpu_id, r.model, r.variant, r.memory_mib)
-            vacated.append(r)
+    claimed, vacated = _claim(c, snap, explicit)
 
     unplaced: list[Unplaced] = []
     deficits: list[tuple[object, int]] = []
@@ -93,12 +83,7 @@ def _run(mode: Mode, snap: PlacementSnapshot, cfg: PlacementConfig, state: Place
             deficits.append((t, missing))
 
     def reclaim(model: str, variant: str, mem: int, gpu_type: str) -> bool:
-        for r in sorted(vacated, key=lambda r: r.gpu_id):
-            if (r.model, r.variant, r.memory_mib) == (model, variant, mem) and c.gpus[r.gpu_id].gpu_type == gpu_type \
-                    and c.reclaim_replica(r.gpu_id, r.model, r.variant, r.memory_mib):
-                vacated.remove(r)
-                return True
-        return False
+        return _reclaim(c, vacated, model, variant, mem, gpu_type)
 
     # 3. targets of any type: keep existing replicas on the best types, then place the rest
     for t in anytype:
@@ -132,13 +117,7 @@ def _run(mode: Mode, snap: PlacementSnapshot, cfg: PlacementConfig, state: Place
                   for r in sorted(vacated, key=lambda r: r.replica_id))
 
     # 5. training: least attained service first (Tiresias), backfilling what does not fit
-    headroom = {ty: cfg.training_headroom_gpus for ty in types}
-    started: list[StartTraining] = []
-    queued = [j for j in snap.jobs if not j.running]
-    for j in sorted(queued, key=lambda j: (j.attained_gpu_s, j.submit_time_s, j.job_id)):
-        gids = c.place_training(j, headroom)
-        if gids is not None:
-            started.append(StartTraining(j.job_id, gids, "resume" if j.checkpoint_iteration > 0 else "idle-gpus"))
+    started = _start_training(c, snap, cfg, types)
 
     requested = dict(in_flight)
     requested.update({p.job_id: now_s for p in c.preempts})
@@ -146,6 +125,45 @@ def _run(mode: Mode, snap: PlacementSnapshot, cfg: PlacementConfig, state: Place
                                  start_replicas=tuple(c.starts), start_training=tuple(started),
                                  unplaced=tuple(unplaced))
     return decision, PlacementState(round=state.round + 1, preempt_requested_s=requested)
+
+
+def _claim(c: Cluster, snap: PlacementSnapshot, explicit: list) -> tuple[set[str], list[Replica]]:
+    """The replicas explicit targets keep on their own type (fewest beside training first), and the
+    rest, taken off their GPUs provisionally."""
+    vacated: list[Replica] = []
+    claimed: set[str] = set()
+    for t in explicit:
+        mine = [r for r in snap.replicas if (r.model, r.variant) == (t.model, t.variant) and r.replica_id not in claimed
+                and r.gpu_id in c.gpus and c.gpus[r.gpu_id].gpu_type == t.gpu_type]
+        mine.sort(key=lambda r: (c.slots[r.gpu_id].job is not None, r.gpu_id, r.replica_id))
+        claimed.update(r.replica_id for r in mine[: t.count])
+    for r in snap.replicas:
+        if r.replica_id not in claimed and r.gpu_id in c.gpus:
+            c.remove_replica(r.gpu_id, r.model, r.variant, r.memory_mib)
+            vacated.append(r)
+    return claimed, vacated
+
+
+def _reclaim(c: Cluster, vacated: list[Replica], model: str, variant: str, mem: int, gpu_type: str) -> bool:
+    """Put back one vacated replica of (model, variant) on a GPU of ``gpu_type`` that still has room."""
+    for r in sorted(vacated, key=lambda r: r.gpu_id):
+        if (r.model, r.variant, r.memory_mib) == (model, variant, mem) and c.gpus[r.gpu_id].gpu_type == gpu_type \
+                and c.reclaim_replica(r.gpu_id, r.model, r.variant, r.memory_mib):
+            vacated.remove(r)
+            return True
+    return False
+
+
+def _start_training(c: Cluster, snap: PlacementSnapshot, cfg: PlacementConfig, types) -> list[StartTraining]:
+    """Queued jobs, least attained service first (Tiresias), on what inference leaves idle."""
+    headroom = {ty: cfg.training_headroom_gpus for ty in types}
+    started: list[StartTraining] = []
+    queued = [j for j in snap.jobs if not j.running]
+    for j in sorted(queued, key=lambda j: (j.attained_gpu_s, j.submit_time_s, j.job_id)):
+        gids = c.place_training(j, headroom)
+        if gids is not None:
+            started.append(StartTraining(j.job_id, gids, "resume" if j.checkpoint_iteration > 0 else "idle-gpus"))
+    return started
 
 
 # ------------------------------------------------------------------ the policies

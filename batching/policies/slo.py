@@ -408,7 +408,21 @@ class SLOPolicy(PolicyBase):
 
         ``pool.begin_s``: when the batch would start computing (later than ``now`` in a pipelined
         slot). Such a slot takes only a batch that is already full; a smaller one waits for the
-        replica to free, since it could still grow until then.
+        replica to free, since it could still grow until then."""
+        begin = max(now, pool.begin_s)
+        got = self._gather(v, rank, spill, ents, reserved, now, B, pool, overloaded, begin)
+        if type(got) is Dispatch:
+            return got
+        ids, rows, cap, skips, head = got
+        if not ids:
+            return None
+        if rows >= cap:
+            return Dispatch(tuple(ids), v, "full" if cap >= B else "deadline")
+        return self._now_or_later(v, ids, rows, cap, skips, head, reserved, now, begin)
+
+    def _gather(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int,
+                pool: _Pool, overloaded, begin: float):
+        """The batch ``v`` would take: ``(ids, rows, cap, skips, head)``, or a late start's Dispatch.
 
         ``keep_up`` (from the pool's replicas and the arrival rate, computed only when a head is
         short of slack): the batch size with which this variant keeps up with the arrivals. When
@@ -423,7 +437,6 @@ class SLOPolicy(PolicyBase):
         one-row batches that never drain it (docs/batching.md). The request passed over stays
         queued: another replica or variant may still take it, else it is shed when infeasible."""
         lat = self.lat
-        begin = max(now, pool.begin_s)
         ids: list[int] = []
         rows = cap = skips = 0
         head = None
@@ -462,10 +475,12 @@ class SLOPolicy(PolicyBase):
             rows += it.size
             if rows >= cap:
                 break
-        if not ids:
-            return None
-        if rows >= cap:
-            return Dispatch(tuple(ids), v, "full" if cap >= B else "deadline")
+        return ids, rows, cap, skips, head
+
+    def _now_or_later(self, v: str, ids: list[int], rows: int, cap: int, skips: int, head: QueuedItem,
+                      reserved: set[int], now: float, begin: float):
+        """A batch short of its cap: dispatch it now, or the time to look again (its ids reserved)."""
+        lat = self.lat
         latest = head.deadline_s - lat.latency_s(v, rows) - self.safety_s
         if begin > now + EPS_S:  # a pipelined slot: only full batches queue behind the running one
             reserved.update(ids)

@@ -184,6 +184,18 @@ def decode_rest(body: bytes, header_length: int | None, model: str, version: str
     params = parse_params(params_raw)
     if headers:
         _params_from_headers(params, headers)
+    inputs = _rest_inputs(raw_inputs, binary)
+    binary_output = bool(isinstance(params_raw, dict) and params_raw.get("binary_data_output") is True)
+    outputs = _rest_outputs(doc.get("outputs"), binary_output)
+    rid = doc.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise InvalidArgument("'id' must be a string")
+    return InferRequest(model=model, version=version, inputs=inputs, id=rid, outputs=outputs,
+                        params=params, binary_output=binary_output)
+
+
+def _rest_inputs(raw_inputs: list, binary: memoryview) -> dict[str, tuple[str, np.ndarray]]:
+    """The ``inputs`` list: each tensor from its JSON ``data`` or its slice of the binary part, in order."""
     inputs: dict[str, tuple[str, np.ndarray]] = {}
     offset = 0
     for i, t in enumerate(raw_inputs):
@@ -222,25 +234,24 @@ def decode_rest(body: bytes, header_length: int | None, model: str, version: str
         inputs[name] = (datatype, arr)
     if offset != len(binary):
         raise InvalidArgument(f"{len(binary) - offset} bytes of binary data follow the inputs unused")
-    binary_output = bool(isinstance(params_raw, dict) and params_raw.get("binary_data_output") is True)
-    outputs = None
-    raw_outputs = doc.get("outputs")
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise InvalidArgument("'outputs' must be a list of {name, parameters}")
-        outputs = []
-        for j, o in enumerate(raw_outputs):
-            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
-                raise InvalidArgument(f"outputs[{j}] must be an object with a 'name'")
-            op = o.get("parameters") or {}
-            if not isinstance(op, dict):
-                raise InvalidArgument(f"outputs[{j}].parameters must be an object")
-            outputs.append(RequestedOutput(o["name"], bool(op.get("binary_data", binary_output))))
-    rid = doc.get("id")
-    if rid is not None and not isinstance(rid, str):
-        raise InvalidArgument("'id' must be a string")
-    return InferRequest(model=model, version=version, inputs=inputs, id=rid, outputs=outputs,
-                        params=params, binary_output=binary_output)
+    return inputs
+
+
+def _rest_outputs(raw_outputs: Any, binary_output: bool) -> list[RequestedOutput] | None:
+    """The ``outputs`` list, or None for every output."""
+    if raw_outputs is None:
+        return None
+    if not isinstance(raw_outputs, list):
+        raise InvalidArgument("'outputs' must be a list of {name, parameters}")
+    outputs = []
+    for j, o in enumerate(raw_outputs):
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise InvalidArgument(f"outputs[{j}] must be an object with a 'name'")
+        op = o.get("parameters") or {}
+        if not isinstance(op, dict):
+            raise InvalidArgument(f"outputs[{j}].parameters must be an object")
+        outputs.append(RequestedOutput(o["name"], bool(op.get("binary_data", binary_output))))
+    return outputs
 
 
 _HEADER_PARAMS = {"x-slo-ms": "slo_ms", "x-min-accuracy": "min_accuracy", "x-priority": "priority",

@@ -118,7 +118,7 @@ def create_asgi(dp: DataPlane, routers=()):
     """The served ASGI app: the infer fast path in front of FastAPI, bearer auth around both."""
     from gateway.transports.fastpath import InferFastPath
 
-    api = create_app(dp, auth=False)
+    api = create_app(dp)
     for r in routers:
         api.include_router(r)
     app = InferFastPath(api, dp, InputLimits.from_settings(dp.settings))
@@ -126,11 +126,19 @@ def create_asgi(dp: DataPlane, routers=()):
     return BearerAuthMiddleware(app, table=tokens) if tokens is not None else app
 
 
-def create_app(dp: DataPlane, auth: bool = True) -> FastAPI:
+def create_app(dp: DataPlane) -> FastAPI:
+    """The FastAPI app: metadata, health, metrics, and the infer routes (the fast path serves those
+    first, ``gateway/transports/fastpath.py``); :func:`create_asgi` puts authentication around both."""
     app = FastAPI(title="sloserve", version="0.1.0",
                   description="KServe V2 (Open Inference Protocol) with SLO-aware batching")
-    limit = dp.settings.max_request_bytes
-    limits = InputLimits.from_settings(dp.settings)
+    _error_handlers(app)
+    _metadata_routes(app, dp)
+    _infer_routes(app, dp)
+    return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every error is ``{"error": "..."}``: a client's mistake is never a 500 or a FastAPI 422."""
 
     @app.exception_handler(ServingError)
     async def _serving_error(request: Request, e: ServingError):
@@ -154,6 +162,8 @@ def create_app(dp: DataPlane, auth: bool = True) -> FastAPI:
         log.exception("internal error on %s", request.url.path)
         return JSONResponse({"error": f"internal error: {type(e).__name__}"}, status_code=500)
 
+
+def _metadata_routes(app: FastAPI, dp: DataPlane) -> None:
     @app.get("/v2/health/live")
     async def live():
         return Response(status_code=200 if dp.live() else 503)
@@ -182,6 +192,15 @@ def create_app(dp: DataPlane, auth: bool = True) -> FastAPI:
     async def model_version_ready(model: str, version: str):
         return Response(status_code=200 if dp.model_ready(model, version) else 503)
 
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(dp.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _infer_routes(app: FastAPI, dp: DataPlane) -> None:
+    limit = dp.settings.max_request_bytes
+    limits = InputLimits.from_settings(dp.settings)
+
     async def _infer(request: Request, model: str, version: str | None) -> Response:
         cl = request.headers.get("content-length", "")
         with dp.admit(model, int(cl) if cl.isdigit() and int(cl) <= limit else 0) as ticket:
@@ -200,12 +219,3 @@ def create_app(dp: DataPlane, auth: bool = True) -> FastAPI:
     @app.post("/v2/models/{model}/versions/{version}/infer", openapi_extra=INFER_BODY_DOC)
     async def infer_version(model: str, version: str, request: Request):
         return await _infer(request, model, version)
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(generate_latest(dp.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    tokens = TokenTable.from_settings(dp.settings) if auth else None
-    if tokens is not None:  # see gateway/transports/auth.py for what stays open
-        app.add_middleware(BearerAuthMiddleware, table=tokens)
-    return app
