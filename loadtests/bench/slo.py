@@ -17,10 +17,12 @@ highest rate with attainment >= ``--target`` (0.99), and the tail at light load:
 on the same server, ``--light-requests`` Poisson arrivals at ``--light-fraction`` (10%) of that
 rate, with their p50, p99, p99.9 and sheds.
 
-Every peer named without a configuration is tuned first: each configuration of
-``--triton-configs`` (queue delay x model instances), ``--rayserve-configs`` (batch wait x replicas,
-with or without Ray Serve's high-throughput mode and HAProxy) and ``--mlserver-configs`` (batch time
-x parallel workers) is swept once, and the best goes into the interleaved rounds.
+A peer named with configurations (``triton-5x1``, ``rayserve-2x1-ha``, ...) runs each of them in
+the interleaved rounds, and the ratios are taken against its best one (the highest median rate). A
+peer named without one is tuned first: each configuration of ``--triton-configs`` (queue delay x
+model instances), ``--rayserve-configs`` (batch wait x replicas, with or without Ray Serve's
+high-throughput mode and HAProxy) and ``--mlserver-configs`` (batch time x parallel workers) is swept
+once, and the best goes into the rounds.
 
     sloserve bench slo --model heavy --variant large --slo-ms 20 --rounds 2 \\
         --out results/slo-heavy.json --plot docs/img/bench_slo_heavy.png
@@ -590,6 +592,24 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
     return out
 
 
+def best_configs(summary: dict[str, Any]) -> dict[str, str]:
+    """Per peer, its configuration with the highest median rate at target (goodput breaks ties): when the
+    rounds measure several configurations of a peer, the ratios are taken against its best one.
+
+    >>> best_configs({"triton-0x1": {"max_rate_at_target_median": 900, "saturation_goodput_rps": 1},
+    ...               "triton-5x1": {"max_rate_at_target_median": 1000, "saturation_goodput_rps": 1},
+    ...               "sloserve-default": {"max_rate_at_target_median": 2000}})
+    {'triton': 'triton-5x1'}
+    """
+    out: dict[str, str] = {}
+    for peer in PEERS_TUNED:
+        ok = [s for s, v in summary.items() if s.partition("-")[0] == peer and v.get("max_rate_at_target_median")]
+        if ok:
+            out[peer] = max(ok, key=lambda s: (summary[s]["max_rate_at_target_median"],
+                                               summary[s].get("saturation_goodput_rps", 0)))
+    return out
+
+
 def plot(summary: dict[str, Any], args: argparse.Namespace, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -681,10 +701,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(args.pause)
     summary = summarise(results, args)
     ratios = {}
-    bases = [next((s for s in summary if s.startswith(p)), None) for p in PEERS_TUNED]
-    for base in bases:
-        if base and summary.get(base, {}).get("max_rate_at_target_median"):
-            b = summary[base]["max_rate_at_target_median"]
+    best = best_configs(summary)
+    for base in best.values():
+        b = summary[base]["max_rate_at_target_median"]
+        if b:
             ratios[base] = {s: round(v["max_rate_at_target_median"] / b, 3) for s, v in summary.items()
                             if "max_rate_at_target_median" in v and s != base}
     result = {
@@ -699,7 +719,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         | ({"trace_column": args._trace_column} if args.arrival == "trace" else {}),
         "accuracy": args._accuracy,
         "compute_bound": compute_bound(repo, args.model, args.variant, args.max_batch_size),
-        "summary": summary, "ratios_of_max_rate": ratios, "tuning": tuning, "runs": results,
+        "summary": summary, "best_configs": best, "ratios_of_max_rate": ratios, "tuning": tuning, "runs": results,
     }
     if args.keep_tmp or any("error" in x for v in results.values() for x in v):
         print(f"server logs kept in {tmp}", file=sys.stderr)
