@@ -10,7 +10,7 @@ predict) and returns a rate. We tried four (numbers in docs/simulator.md, "Rate 
   the latest rate: what ``swayam`` keeps, because on the Azure traces it under-predicts least
   for the same over-provisioning, and a window (not a decay) bounds how long a spike counts;
 * ``linreg-shift`` -- ``linreg`` over the points since the last level shift, so a step is not
-  extrapolated as a trend (tried with swayam in the fifth session: cheaper, but it loses the
+  extrapolated as a trend (tried with swayam: cheaper, but it loses the
   SLA on on/off load; docs/simulator.md).
 
 >>> round(predict_linreg(((0, 10.0), (10, 20.0), (20, 30.0)), horizon_s=10), 6)

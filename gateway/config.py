@@ -124,7 +124,7 @@ class Settings(BaseSettings):
                     "moment the first ends, without a round trip through the event loop. Default: 1 in threads "
                     "(2 pays on hosts with 4+ cores, ~1.4-1.9x past the knee; on 2 cores it costs attainment), "
                     "2 with replica_processes (a worker at depth 1 idles through every round trip: "
-                    "docs/benchmarks.md, eighth session).",
+                    "docs/benchmarks.md).",
     )
     replica_processes: bool = Field(
         default=False,

@@ -97,9 +97,9 @@ class Gateway:
         """What must run before any server thread exists (idempotent; ``start`` calls it too).
 
         The embedded Ray forks its GCS and raylet and runs Python between fork and exec; done from
-        an executor thread while the gRPC server's threads were live, Ray's GCS child never came up
-        (twice on 2026-11-22, once in CI: an empty session log directory, then a 2x120 s timeout).
-        Here it runs on the main thread of a process that is still a plain Ray driver."""
+        an executor thread while the gRPC server's threads are live, Ray's GCS child can fail to come
+        up (an empty session log directory, then a 2x120 s timeout). Here it runs on the main thread
+        of a process that is still a plain Ray driver."""
         if not self._prepared:
             self._prepared = True
             self.backend.prepare()

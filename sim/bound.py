@@ -1,8 +1,8 @@
-"""How close to the clairvoyant oracle can a causal autoscaler get? A hindsight-tuned bound (issue 5).
+"""How close to the clairvoyant oracle can a causal autoscaler get? A hindsight-tuned bound .
 
     python -m sim.bound [--column C[,C...]] [--seasonal-period-s 300] [--out results.json]
 
-Issue 5 asks swayam to meet the SLA in >= 99 % of minutes at <= 1.1x the oracle's replica-seconds.
+The question: can swayam meet the SLA in >= 99 % of minutes at <= 1.1x the oracle's replica-seconds?
 This module measures what that asks of *any* policy that does not see the future. It runs the
 oracle's own sizing (``autoscaler.queueing.replicas_needed``, no margin of its own, scale-in at
 once) in the fluid simulator, but feeds it, instead of the future peak, a **hindsight-reactive**
@@ -16,7 +16,7 @@ That policy measures better than any real one, and ``K`` and ``m`` are then **ch
 hindsight**: for each ``K`` the smallest ``m`` whose run meets the SLA in >= 99 % of minutes, and of
 those the cheapest. The result is optimistic for the whole family of "react to the recent peak
 plus a margin" policies: a trace on which even it costs more than 1.1x the oracle cannot meet
-issue 5's third goal with such a policy. Only knowledge of rises before they happen (seasonality)
+that goal with such a policy. Only knowledge of rises before they happen (seasonality)
 can, and ``--seasonal-period-s`` says how far a replay of one period would take it.
 
 The setup is the one of docs/benchmarks.md "Simulator: autoscaling" (``--peak-replicas 8``,

@@ -1,4 +1,4 @@
-"""Harvest simulation (issue 6 item 4): the pure placement policy drives typed GPUs shared by
+"""Harvest simulation: the pure placement policy drives typed GPUs shared by
 guaranteed inference replicas and opportunistic training jobs, in virtual time.
 
 :class:`HarvestPlacement` is a :class:`sim.placement.PlacementHook`. Each autoscaling round the

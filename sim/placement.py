@@ -1,10 +1,10 @@
-"""The placement hook the simulator calls after each autoscaling round (issue 6 plugs in here).
+"""The placement hook the simulator calls after each autoscaling round (the harvest plugs in here).
 
 A hook gets every model's wish (replicas the autoscaler wants) and what it holds now, and
 answers how many replicas each model may hold; it may also keep its own books (training jobs,
 typed GPUs). The default, :class:`FixedPool`, has ``gpus`` GPUs of one type, one replica per GPU:
 shrinking wishes are granted first, then growing ones in order of their shortfall, until the
-pool is empty. Issue 6's pure placement policy (``autoscaler.placement.policy``) wraps into this
+pool is empty. The pure placement policy (``autoscaler.placement.policy``) wraps into this
 protocol: ``allocate`` builds its ``PlacementSnapshot`` from the wishes, applies the decision to
 its inventory and returns the replicas it started or kept per model.
 

@@ -104,7 +104,7 @@ def result_json(runs: dict[str, Any], specs: list[ModelSpec], cfg: SimConfig, me
         s["wall_s"] = round(res["wall_s"], 3)
         s["mode"] = res["mode"]
         s["placement"] = res["placement"]
-        if "training_gpu_hours" in res["placement"]:  # harvest runs (issue 6): the goal metrics at top level
+        if "training_gpu_hours" in res["placement"]:  # harvest runs: the goal metrics at top level
             s.update({k: v for k, v in res["placement"].items() if k not in ("series", "placement", "gpus")})
             s["inference_slo_attainment"] = s["slo_attainment"]
         s["replica_seconds_by_device"] = {}

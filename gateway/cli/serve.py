@@ -57,9 +57,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     # A clean stop has released everything: replicas and worker processes, Ray (ray.shutdown completed:
     # the embedded one stopped, or the driver disconnected from a joined cluster), the sockets. Skip the
-    # interpreter's own teardown: the destructors of native extensions crashed it there once (exit -11
-    # after Ray's driver logged "Driver shutdown complete", 2026-11-22), which turns a graceful SIGTERM
-    # into a crash for a supervisor. Only this path exits so; errors propagate.
+    # interpreter's own teardown: the destructors of native extensions can crash it there (exit -11 after
+    # Ray's driver logged "Driver shutdown complete"), which turns a graceful SIGTERM into a crash for a
+    # supervisor. Only this path exits so; errors propagate.
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, default=1_000_000, help="size of the fixed GPU pool")
     p.add_argument("--swayam", default="{}", help="JSON overrides of SwayamConfig")
     p.add_argument("--seed", type=int, default=0)
-    t = p.add_argument_group("training harvest (issue 6)", "share typed GPUs with preemptible training jobs")
+    t = p.add_argument_group("training harvest", "share typed GPUs with preemptible training jobs")
     t.add_argument("--training-trace", help="CSV of training jobs (submit time, duration, GPU count)")
     t.add_argument("--training-submit-col", default="submit_s", help="column: submit time, seconds")
     t.add_argument("--training-duration-col", default="duration_s", help="column: duration, seconds")
@@ -121,7 +121,7 @@ def main(a: argparse.Namespace) -> int:
         series = [s.sliced(t0, t0 + (a.minutes * 60.0 if a.minutes else s.duration_s)) for s in series]
     table = default_profiles()
     classes = a.model_class.split(",")
-    devices = a.device.split(",")  # a comma list assigns devices round robin (typed GPUs, issue 6)
+    devices = a.device.split(",")  # a comma list assigns devices round robin (typed GPUs)
     fallbacks = a.fallback_class.split(",") if a.fallback_class else []
     if fallbacks and len(fallbacks) != len(classes):
         raise SystemExit(f"sloserve sim: --fallback-class lists {len(fallbacks)} classes for {len(classes)} "

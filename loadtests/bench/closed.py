@@ -91,7 +91,7 @@ class RoundBound:
     """The compute bound measured right before and right after each round, with nothing else
     running: ``b / p50(b)`` for the batch size ``b`` at which the stored profile peaks (max batch
     capped), one ORT thread as the profile and the replicas use. This box's ORT speed moves by up
-    to 1.5x within minutes (docs/benchmarks.md, seventh session), so a profile taken once per run
+    to 1.5x within minutes, so a profile taken once per run
     makes the saturation ratio swing with the box; per round, the bound is the mean of the two
     bracketing measurements."""
 
@@ -221,8 +221,8 @@ def summarise(rounds: dict[str, list[dict[str, Any]]], baseline: str = "triton")
 
 
 def saturation(summary: dict[str, Any], bound: dict[str, Any]) -> dict[str, Any]:
-    """Each system's rows per second as a fraction of this machine's compute bound (issue 3's
-    saturation goal: >= 0.9), from the profile of this machine's device type when there is one."""
+    """Each system's rows per second as a fraction of this machine's compute bound (the
+    saturation the benchmarks check: >= 0.9), from the profile of this machine's device type when there is one."""
     from models.runtime import device_type
 
     here = device_type()
@@ -258,6 +258,27 @@ def machine() -> dict[str, Any]:
         wrk_v = None
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": mem_gb, "kernel": platform.release(),
             "python": platform.python_version(), "wrk": wrk_v}
+
+
+def _one_round(s: str, r: int, args: argparse.Namespace, repo: Path, knobs: BatchingKnobs, tmp: Path, body: bytes,
+               body_path: Path, body_headers: dict[str, str], log_dir: Path, round_bound) -> dict[str, Any]:
+    """One system, started, measured under wrk and stopped; a failure is recorded, the run goes on."""
+    print(f"[round {r + 1}/{args.rounds}] {s}: starting", file=sys.stderr, flush=True)
+    try:
+        launch = make_launch(s, repo, args.model, args.variant, knobs, tmp)
+        lua = tmp / f"{s}.lua"
+        write_lua(lua, body_path, {**launch.headers, **body_headers})
+        rec = measure_once(launch, body, lua, args, log_dir, round_bound)
+    except Exception as e:  # noqa: BLE001 - a peer that fails is recorded, the run goes on
+        rec = {"error": f"{type(e).__name__}: {e}"[:4000]}
+        print(f"[round {r + 1}] {s}: FAILED {rec['error'][:400]}", file=sys.stderr, flush=True)
+    else:
+        print(f"[round {r + 1}/{args.rounds}] {s}: {rec['rps']:.0f} rps  p50 {rec['p50_ms']:.2f} ms  "
+              f"p99 {rec['p99_ms']:.2f} ms  server {rec['server_cpu_ms_per_req']:.3f} ms CPU/req  "
+              f"wrk {rec['wrk_cores']:.2f} cores  other {rec['other_cores']:.2f} cores"
+              + (f"  batch {rec['avg_batch']}" if "avg_batch" in rec else ""), file=sys.stderr, flush=True)
+    rec["round"] = r + 1
+    return rec
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -298,21 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for r in range(args.rounds):
         order = systems if (r % 2 == 0 or not args.alternate) else systems[::-1]
         for s in order:
-            print(f"[round {r + 1}/{args.rounds}] {s}: starting", file=sys.stderr, flush=True)
-            try:
-                launch = make_launch(s, repo, args.model, args.variant, knobs, tmp)
-                lua = tmp / f"{s}.lua"
-                write_lua(lua, body_path, {**launch.headers, **body_headers})
-                rec = measure_once(launch, body, lua, args, log_dir, round_bound)
-            except Exception as e:  # noqa: BLE001 - a peer that fails is recorded, the run goes on
-                rec = {"error": f"{type(e).__name__}: {e}"[:4000]}
-                print(f"[round {r + 1}] {s}: FAILED {rec['error'][:400]}", file=sys.stderr, flush=True)
-            else:
-                print(f"[round {r + 1}/{args.rounds}] {s}: {rec['rps']:.0f} rps  p50 {rec['p50_ms']:.2f} ms  "
-                      f"p99 {rec['p99_ms']:.2f} ms  server {rec['server_cpu_ms_per_req']:.3f} ms CPU/req  "
-                      f"wrk {rec['wrk_cores']:.2f} cores  other {rec['other_cores']:.2f} cores"
-                      + (f"  batch {rec['avg_batch']}" if "avg_batch" in rec else ""), file=sys.stderr, flush=True)
-            rec["round"] = r + 1
+            rec = _one_round(s, r, args, repo, knobs, tmp, body, body_path, body_headers, log_dir, round_bound)
             rounds[s].append(rec)
             time.sleep(args.pause)
     failed = any("error" in r for recs in rounds.values() for r in recs)
@@ -340,27 +347,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "saturation": saturation(summary, bound),
         "rounds": rounds,
     }
-    if "sloserve" in summary and "triton" in summary and "rps_ratio_vs_triton" in summary["sloserve"]:
-        s = summary["sloserve"]
-        result["goal_issue2"] = {
-            "target": "sloserve >= 0.8x Triton throughput at p99 <= 10 ms",
-            "rps_ratio": s["rps_ratio_vs_triton"], "p99_ms": s["p99_ms"],
-            "met": bool(s["rps_ratio_vs_triton"] >= 0.8 and s["p99_ms"] <= 10.0),
-        }
-    if "sloserve-ray" in summary and "rps" in summary["sloserve-ray"]:
-        ray_path = summary["sloserve-ray"]
-        goal: dict[str, Any] = {"target": "sloserve on Ray >= 5x Ray Serve's own throughput and >= 0.7x in-process",
-                                "sloserve_ray_rps": ray_path["rps"], "sloserve_ray_p99_ms": ray_path["p99_ms"],
-                                "ray_stack_pss_mb": ray_path.get("pss_mb")}
-        for other, key, need in (("rayserve", "vs_rayserve", 5.0), ("sloserve", "vs_inprocess", 0.7)):
-            if summary.get(other, {}).get("rps"):
-                goal[f"rps_ratio_{key}"] = round(ray_path["rps"] / summary[other]["rps"], 3)
-                paired = [a["rps"] / b["rps"] for a, b in zip(rounds["sloserve-ray"], rounds[other])
-                          if "rps" in a and "rps" in b and b["rps"]]
-                if paired:
-                    goal[f"rps_ratio_{key}_paired_median"] = round(statistics.median(paired), 3)
-                goal[f"met_{key}"] = bool(goal[f"rps_ratio_{key}"] >= need)
-        result["goal_issue4"] = goal
+    result["ratios_of_rps"] = {base: {s: round(v["rps"] / summary[base]["rps"], 3) for s, v in summary.items()
+                                      if s != base and v.get("rps")}
+                               for base in ("triton", "rayserve", "mlserver", "sloserve") if summary.get(base, {}).get("rps")}
     return result
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 3's sloserve-only goals (saturation, the 3x burst) on a quiet many-core machine: the lent GPU machine of
+# sloserve's own saturation and 3x-burst measurements on a quiet many-core machine: the lent GPU machine of
 # the workplace's device tool (16 cores, no package registries; ONNX Runtime on its CPU, as on the 2-core box).
-# Everything sloserve needs and the machine lacks travels as wheels in .whl/ (docs/benchmarks.md, fifth session),
+# Everything sloserve needs and the machine lacks travels as wheels in .whl/,
 # wrk as .wrk/. Each part writes its JSON and log to OUT as soon as it ends, so a part cut short loses only itself.
 #
 #   bash loadtests/bench/device_goals.sh OUT PARTS        PARTS: comma list of setup, sat, sat1, burst

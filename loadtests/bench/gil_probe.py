@@ -9,7 +9,7 @@ the outputs. Each time, it waits until the other thread is made to let go, which
     .venv/bin/python -m loadtests.bench.gil_probe --switch-interval-ms 0.5
 
 Exploratory: it changes nothing in gateway/. Ray replicas run in processes of their own and do not
-share the gateway's GIL. Results: docs/benchmarks.md, seventh session.
+share the gateway's GIL.
 """
 
 from __future__ import annotations

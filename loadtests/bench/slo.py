@@ -657,7 +657,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         body_path.write_bytes(body)
     t_start = time.time()
     results: dict[str, list[dict[str, Any]]] = {}
-    tuning: dict[str, Any] = {}
 
     def one(system: str, r: int, start_rate: float = 0.0, light: bool = True) -> dict[str, Any]:
         for attempt in (1, 2):  # a system that fails to start is started once more (pytriton's start is flaky)
@@ -671,8 +670,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     return {"system": system, "round": r, "error": err}
         raise AssertionError("unreachable")
 
-    # Tuning pass for each peer named without a configuration: every configuration of --<peer>-configs once
-    # (no light-load step), and the one with the highest rate at target goes into the rounds
+    systems, tuning = tune_peers(systems, args, one, results)
+    for s in systems:
+        results.setdefault(s, [])
+    for r in range(1, args.rounds + 1):
+        order = systems if r % 2 == 1 else systems[::-1]
+        for s in order:
+            prev = [x["max_rate_at_target"] for x in results[s] if "error" not in x]
+            start = args.skip_below * min(prev) if (prev and args.skip_below) else 0.0
+            start = max((x for x in rates if x <= start), default=0.0)
+            results[s].append(one(s, r, start))
+            time.sleep(args.pause)
+    summary = summarise(results, args)
+    result = result_doc(args, repo, t_start, summary, tuning, results)
+    if args.keep_tmp or any("error" in x for v in results.values() for x in v):
+        print(f"server logs kept in {tmp}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.plot:
+        plot(summary, args, args.plot)
+    return result
+
+
+def tune_peers(systems: list[str], args: argparse.Namespace, one, results: dict) -> tuple[list[str], dict]:
+    """The tuning pass of each peer named without a configuration: every configuration of
+    ``--<peer>-configs`` once (no light-load step); the one with the highest rate at target takes the
+    peer's place in the rounds. Returns the systems of the rounds and what the pass found."""
+    tuning: dict[str, Any] = {}
     for peer in PEERS_TUNED:
         if peer not in systems:
             continue
@@ -689,17 +713,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if best is None:
             results[peer] = [{"system": peer, "error": f"every {peer} configuration failed: "
                               + json.dumps(tuning[peer]["errors"])[:3000]}]
-    for s in systems:
-        results.setdefault(s, [])
-    for r in range(1, args.rounds + 1):
-        order = systems if r % 2 == 1 else systems[::-1]
-        for s in order:
-            prev = [x["max_rate_at_target"] for x in results[s] if "error" not in x]
-            start = args.skip_below * min(prev) if (prev and args.skip_below) else 0.0
-            start = max((x for x in rates if x <= start), default=0.0)
-            results[s].append(one(s, r, start))
-            time.sleep(args.pause)
-    summary = summarise(results, args)
+    return systems, tuning
+
+
+def result_doc(args: argparse.Namespace, repo: Path, t_start: float, summary: dict, tuning: dict,
+               results: dict) -> dict[str, Any]:
+    """The run's JSON: the command, machine and commit, the summary, the ratios against each peer's best
+    configuration, and every round."""
     ratios = {}
     best = best_configs(summary)
     for base in best.values():
@@ -707,7 +727,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if b:
             ratios[base] = {s: round(v["max_rate_at_target_median"] / b, 3) for s, v in summary.items()
                             if "max_rate_at_target_median" in v and s != base}
-    result = {
+    return {
         "benchmark": "slo",
         "command": "sloserve bench " + " ".join(sys.argv[sys.argv.index("slo"):]) if "slo" in sys.argv else None,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
@@ -721,13 +741,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "compute_bound": compute_bound(repo, args.model, args.variant, args.max_batch_size),
         "summary": summary, "best_configs": best, "ratios_of_max_rate": ratios, "tuning": tuning, "runs": results,
     }
-    if args.keep_tmp or any("error" in x for v in results.values() for x in v):
-        print(f"server logs kept in {tmp}", file=sys.stderr)
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if args.plot:
-        plot(summary, args, args.plot)
-    return result
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

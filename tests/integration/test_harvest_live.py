@@ -1,4 +1,4 @@
-"""Live reclaim (issue 6): a training job harvests the idle emulated T4, a load step makes the swayam
+"""Live reclaim: a training job harvests the idle emulated T4, a load step makes the swayam
 autoscaler want a second replica, no GPU is free, the harvest controller preempts the job
 (checkpoint at an iteration boundary), Ray schedules the pending replica on the freed GPU; when load
 stops and the replica scales in, the job resumes from its checkpoint.
@@ -129,7 +129,7 @@ def test_load_step_preempts_training_then_training_resumes(harvest_server):
     rec = report["reclaims"][0]
     assert rec["job_id"] == "harvest-1" and rec["model"] == "digits" and rec["gpu_type"] == "T4"
     assert rec["outcome"] == "checkpointed", rec
-    assert rec["freed_s"] <= 1.0, rec  # issue 6 goal: decision -> GPU freed within a second
+    assert rec["freed_s"] <= 1.0, rec  # decision -> GPU freed within a second
     assert rec["lost_iterations"] <= CHECKPOINT_EVERY, rec
     st = status(s, "harvest-1")
     ck = rec["checkpoint_iteration"]

@@ -131,7 +131,7 @@ def test_three_times_capacity_then_normal(overload_server):
     # Goal: >= 99% of admitted requests on time. Measured 98.3-100% (docs/reliability.md,
     # "Overload"); 36-45% before the discrete admission estimate and the calibrator fix.
     assert admitted > 0 and met / admitted >= 0.95, (met, admitted)
-    # Issue 3: a shed request gets its answer within 1 ms of the decision, timed by the server from
+    # A shed request gets its answer within 1 ms of the decision, timed by the server from
     # the decision to the 503 written (sloserve_shed_answer_seconds).
     shed_n, shed_1ms = during["shed_n"] - before["shed_n"], during["shed_1ms"] - before["shed_1ms"]
     print("sheds timed", shed_n, "within 1 ms", shed_1ms, "admitted on time", met, "of", admitted)

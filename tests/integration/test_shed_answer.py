@@ -1,5 +1,5 @@
 """A request shed out of the queue is answered within 1 ms of the decision, also when the event
-loop is saturated (issue 3).
+loop is saturated.
 
 The gateway runs in-process on this test's event loop, next to a hog: ten callbacks that each
 spin 0.4 ms and re-queue themselves, so every loop iteration has ~4 ms of ready work. A woken

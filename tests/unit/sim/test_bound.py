@@ -1,4 +1,4 @@
-"""sim.bound: the hindsight-tuned reactive bound on what a causal autoscaler can reach (issue 5)."""
+"""sim.bound: the hindsight-tuned reactive bound on what a causal autoscaler can reach."""
 
 import doctest
 
