@@ -122,17 +122,16 @@ class Settings(BaseSettings):
         default=None, ge=1, le=8,
         description="Batches in flight per in-process replica: a second one waits on the replica and starts the "
                     "moment the first ends, without a round trip through the event loop. Default: 1 in threads "
-                    "(2 pays on hosts with 4+ cores, ~1.4-1.9x past the knee; on 2 cores it costs attainment), "
-                    "2 with replica_processes (a worker at depth 1 idles through every round trip: "
-                    "docs/benchmarks.md).",
+                    "(2 pays on hosts with 4+ cores; on 2 cores the waiting thread competes with the event loop), "
+                    "2 with replica_processes (a worker at depth 1 idles through every round trip).",
     )
     replica_processes: bool = Field(
         default=False,
         description="In-process backend: each replica computes in a worker process of its own (batches cross a "
                     "socket, pickled), so ONNX Runtime never waits for the gateway's GIL (gateway/backends/processes.py). "
                     "A variant whose batches run under inline_below_us gets no worker: it computes on the loop, "
-                    "as without workers. Pays on hosts with a core per worker beside the loop's; on 2 cores "
-                    "it costs attainment under a burst (docs/benchmarks.md).",
+                    "as without workers. Pays on hosts with a core per worker beside the loop's (docs/benchmarks.md, saturation "
+                    "on a 16-core host); on 2 cores the workers compete with the event loop.",
     )
     ray_transport: Literal["direct", "grpc", "object_ref"] = Field(
         default="direct",

@@ -1,18 +1,14 @@
-"""The event loop's lag: a metric, and optionally counted against each request's deadline.
+"""The event loop's lag: a metric, and the signal of the door.
 
-A request's bytes can sit in its socket for a whole loop iteration before the gateway reads them
-and stamps its arrival: under a burst one iteration decodes dozens of JSON bodies, several
-milliseconds. The client's clock started when it sent; the gateway's starts at the stamp, so that
-wait is lateness the batching policy never sees (measured under a 3x burst on heavy, 20 ms SLO:
-98.3% on time by the gateway's count, 96.0% by the client's).
+A request's bytes can sit in its socket for a whole loop iteration before the gateway reads them:
+under a burst one iteration decodes dozens of JSON bodies, several milliseconds. When the loop runs
+that far behind, the front end, not the replicas, is the bottleneck.
 
 :class:`LoopLag` probes the loop with a timer every ``period_s`` and keeps an exponentially
 weighted mean of how late the timer ran: a ready callback waits as long as a freshly readable
 socket does, for the rest of the iteration in progress (idle, ~0.15 ms under uvloop). It is
-exported as ``sloserve_event_loop_lag_seconds``. The estimate, while the latest probe is late too, drives
-the door (``loop_lag_shed_ms``, gateway/dataplane.py). With ``arrival_lag_compensation`` (off by
-default: it measured no gain, docs/benchmarks.md) the data plane stamps an arrival that much
-earlier, so deadlines, admission, shedding and the on-time count start nearer the client's send.
+exported as ``sloserve_event_loop_lag_seconds``. The estimate, while the latest probe is late too,
+drives the door (``loop_lag_shed_ms``, gateway/dataplane.py).
 
 The probe runs only while requests come (it stops ``idle_s`` after the last one and the next
 arrival restarts it): an idle gateway pays nothing, a busy one ~200 timer callbacks a second.

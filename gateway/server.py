@@ -131,8 +131,8 @@ class Gateway:
         if self.harvest is not None:
             self.harvest.start()
         # Everything loaded so far lives as long as the server: freeze it out of the collector's
-        # sight. Full collections over it took ~50 ms each, every ~0.6 s under load (the p99 tail
-        # in docs/benchmarks.md); frozen, they take ~0.5 ms.
+        # sight. Full collections over it took ~50 ms each, every ~0.6 s under load (a p99 tail of
+        # tens of ms, `python -m loadtests.bench.gc_probe`); frozen, they take ~0.5 ms.
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)

@@ -25,7 +25,7 @@ class RuntimeOptions:
     """ONNX Runtime settings per session.
 
     ``intra_op_threads`` 1 is right on a small shared box; spinning is off by default because
-    spinning threads steal the cores the gateway needs (see docs/benchmarks.md).
+    spinning threads steal the cores the gateway needs.
     """
 
     intra_op_threads: int = 1

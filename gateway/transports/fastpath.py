@@ -1,15 +1,15 @@
 """A raw-ASGI path for ``POST /v2/models/{m}[/versions/{v}]/infer``, in front of FastAPI.
 
-Measured on this 2-core box (docs/benchmarks.md), FastAPI/Starlette's middleware stack, routing,
-Request and Response objects cost about half of the gateway's CPU per request on a small model.
+Profiled under load on a small model, FastAPI/Starlette's middleware stack, routing, Request and
+Response objects cost about half of the gateway's CPU per request.
 The infer call needs none of it: this path reads the body, runs the very same
 :func:`gateway.transports.rest.infer_body` as the FastAPI route, and writes the response itself. Every other
 request (metadata, health, metrics, training, /docs) falls through to FastAPI unchanged.
 
 A request the batcher sheds out of its queue is answered from inside the shed decision
 (:class:`_AnswerNow`): the 503 is written before the event loop gets back to the request's own
-coroutine. On a saturated loop that coroutine waits behind every other ready callback, which put
-11-48 % of shed answers more than 1 ms after the decision (docs/benchmarks.md).
+coroutine. On a saturated loop that coroutine waits behind every other ready callback, milliseconds
+after the decision (tests/integration/test_shed_answer.py).
 """
 
 from __future__ import annotations

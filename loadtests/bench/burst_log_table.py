@@ -2,7 +2,7 @@
 each system's rounds and median, and each `@any` system against the best single variant (`@large`, `@medium`),
 on medians and paired per round.
 
-    python loadtests/bench/burst_log_table.py docs/data/s10/burst-shared2.log [more logs: rounds pooled]
+    python loadtests/bench/burst_log_table.py docs/data/burst/burst8-250-r6.log [more logs: rounds pooled]
 """
 import re
 import statistics as st

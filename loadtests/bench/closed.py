@@ -36,9 +36,12 @@ from loadtests.bench.systems import (
     binary_body,
     compute_bound,
     default_tmp,
+    from_tree,
     make_launch,
+    parse_trees,
     prioritise,
     request_body,
+    split_tree,
 )
 
 LUA = r"""
@@ -265,8 +268,10 @@ def _one_round(s: str, r: int, args: argparse.Namespace, repo: Path, knobs: Batc
     """One system, started, measured under wrk and stopped; a failure is recorded, the run goes on."""
     print(f"[round {r + 1}/{args.rounds}] {s}: starting", file=sys.stderr, flush=True)
     try:
-        launch = make_launch(s, repo, args.model, args.variant, knobs, tmp)
-        lua = tmp / f"{s}.lua"
+        base, tree = split_tree(s, args._trees)
+        launch = from_tree(make_launch(base, repo, args.model, args.variant, knobs, tmp), tree)
+        launch.system = s
+        lua = tmp / f"{s.replace(':', '_')}.lua"
         write_lua(lua, body_path, {**launch.headers, **body_headers})
         rec = measure_once(launch, body, lua, args, log_dir, round_bound)
     except Exception as e:  # noqa: BLE001 - a peer that fails is recorded, the run goes on
@@ -284,13 +289,14 @@ def _one_round(s: str, r: int, args: argparse.Namespace, repo: Path, knobs: Batc
 def run(args: argparse.Namespace) -> dict[str, Any]:
     repo = Path(args.repo)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args._trees = parse_trees(args.tree)
     for s in systems:
-        if s not in SYSTEMS:
+        if split_tree(s, args._trees)[0] not in SYSTEMS:
             raise SystemExit(f"sloserve bench closed: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
     knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                           triton_instances=args.triton_instances, sloserve_config=args.sloserve_config,
                           sloserve_policy=args.sloserve_policy)
-    bad = [s for s in systems if s not in BINARY_SYSTEMS] if args.binary else []
+    bad = [s for s in systems if split_tree(s, args._trees)[0] not in BINARY_SYSTEMS] if args.binary else []
     if bad:
         raise SystemExit(f"sloserve bench closed: --binary: {', '.join(bad)} do not take KServe's binary tensor "
                          f"extension (only {', '.join(BINARY_SYSTEMS)})")
@@ -327,7 +333,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"server logs and temp files kept in {tmp}", file=sys.stderr)
     else:
         shutil.rmtree(tmp, ignore_errors=True)
-    summary = summarise(rounds)
+    summary = summarise(rounds, args.baseline)
     bound = compute_bound(repo, args.model, args.variant, args.max_batch_size)
     result = {
         "benchmark": "closed",
@@ -361,7 +367,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=10.0, help="measured seconds per system per round")
     p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds before each measurement")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (A B A B ...); medians reported")
-    p.add_argument("--systems", default="sloserve,triton", help=f"comma list of {', '.join(SYSTEMS)}")
+    p.add_argument("--systems", default="sloserve,triton",
+                   help=f"comma list of {', '.join(SYSTEMS)}; a sloserve system may end in :LABEL (see --tree)")
+    p.add_argument("--baseline", default="triton", help="the system the ratios are taken against")
+    p.add_argument("--tree", action="append", metavar="LABEL=PATH",
+                   help="another sloserve checkout; `sloserve:LABEL` runs from it (before/after comparisons)")
     p.add_argument("--threads", type=int, default=1, help="wrk threads (1 is the cheapest)")
     p.add_argument("--binary", action="store_true",
                    help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of "

@@ -65,10 +65,13 @@ from loadtests.bench.systems import (
     binary_body,
     compute_bound,
     default_tmp,
+    from_tree,
     make_launch,
+    parse_trees,
     prioritise,
     prom_sum,
     request_body,
+    split_tree,
 )
 
 POLICIES = ("slo", "timeout", "fixed", "aimd", "nexus")
@@ -166,7 +169,16 @@ def policy_batching(policy: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> tuple[Launch, dict[str, str], str]:
-    """(launch, generator headers, variant served by a peer or pinned)."""
+    """(launch, generator headers, variant served by a peer or pinned); ``<system>:LABEL`` runs a sloserve
+    system from the checkout given as ``--tree LABEL=PATH``."""
+    base, tree = split_tree(system, args._trees)
+    launch, hdrs, pin = _launch_for(base, args, repo, tmp)
+    launch = from_tree(launch, tree)
+    launch.system = system
+    return launch, hdrs, pin
+
+
+def _launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) -> tuple[Launch, dict[str, str], str]:
     if system.startswith("sloserve"):
         name, _, pin = system.partition("@")
         hdrs = {"x-slo-ms": f"{args.slo_ms:g}"}
@@ -749,6 +761,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", default="model_repository")
     p.add_argument("--slo-ms", type=float, default=20.0)
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="comma list (see above)")
+    p.add_argument("--tree", action="append", metavar="LABEL=PATH",
+                   help="another sloserve checkout; a sloserve system ending in :LABEL runs from it "
+                        "(before/after comparisons in one interleaved run)")
     p.add_argument("--triton-configs", default="0x1,0.1x1,1x1,5x1,0x2,0.1x2,1x2,5x2",
                    help="Triton tuning pass: max_queue_delay_ms x model instances (plain callable, metrics off)")
     p.add_argument("--triton-metrics", action="store_true",
@@ -777,7 +792,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-slo-ms", type=float, default=1000.0,
                    help="sloserve's budget during warm-up: its slo policy calibrates on admitted batches, and a "
                         "cold first batch can make it refuse everything at the benchmark's SLO (then nothing is "
-                        "admitted and the calibration never recovers: recorded in docs/benchmarks.md)")
+                        "admitted and the calibration never learns otherwise)")
     p.add_argument("--gap", type=float, default=0.5, help="seconds between rates")
     p.add_argument("--target", type=float, default=0.99)
     p.add_argument("--stop-after", type=int, default=2, help="stop a sweep after this many rates under target")
@@ -818,9 +833,10 @@ def main_args(args: argparse.Namespace) -> int:
                          f"--max-batch-size ({args.max_batch_size}): a request is never split across batches")
     if args.min_requests < 0:
         raise SystemExit(f"--min-requests must be >= 0 (got {args.min_requests}; 0 never stretches a step)")
-    unknown = [s for s in (x.strip() for x in args.systems.split(","))
-               if s and s.partition("@")[0] not in SYSTEMS and not s.startswith("sloserve-")
-               and not PEER_CONFIG.fullmatch(s)]
+    args._trees = parse_trees(args.tree)
+    bases = [split_tree(x.strip(), args._trees)[0] for x in args.systems.split(",") if x.strip()]
+    unknown = [s for s in bases
+               if s.partition("@")[0] not in SYSTEMS and not s.startswith("sloserve-") and not PEER_CONFIG.fullmatch(s)]
     if unknown:
         raise SystemExit(f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)}, "
                          f"sloserve-default (exactly `make run`), sloserve-default-inprocess, "

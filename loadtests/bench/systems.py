@@ -99,6 +99,7 @@ class Launch:
     log_path: Path | None = None
     started_s: float = 0.0
     ready_s: float = 0.0
+    cwd: Path | None = None  # another source tree (``--tree``); None: this one
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, log_dir: Path, nice: int = 0) -> None:
@@ -108,7 +109,7 @@ class Launch:
         env.update(self.env)
         self.started_s = time.monotonic()
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(self.argv, cwd=self.cwd or ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=prioritise(nice))
 
@@ -297,6 +298,44 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
             argv.append("--haproxy")
         return _with_tmp(Launch(system, argv, url, None, grace_s=15.0), tmp_dir)
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+
+
+def parse_trees(specs: list[str] | None) -> dict[str, Path]:
+    """``--tree LABEL=PATH`` options: other checkouts of sloserve a system can run from (``sloserve:LABEL``)."""
+    trees: dict[str, Path] = {}
+    for spec in specs or []:
+        label, sep, path = spec.partition("=")
+        tree = Path(path).resolve()
+        if not sep or not label or not (tree / "gateway").is_dir():
+            raise SystemExit(f"--tree {spec!r}: expected LABEL=PATH with PATH a sloserve checkout")
+        trees[label] = tree
+    return trees
+
+
+def split_tree(system: str, trees: dict[str, Path]) -> tuple[str, Path | None]:
+    """``sloserve-ray:before`` -> (``sloserve-ray``, the tree labelled ``before``); no label: (system, None)."""
+    base, sep, label = system.partition(":")
+    if not sep:
+        return system, None
+    if not base.startswith("sloserve"):
+        raise SystemExit(f"{system!r}: only sloserve systems run from another tree")
+    if label not in trees:
+        raise SystemExit(f"{system!r}: no --tree {label}=PATH given")
+    return base, trees[label]
+
+
+def from_tree(launch: Launch, tree: Path | None) -> Launch:
+    """Run a sloserve launch from another checkout: its own code (``python -m gateway.cli`` with that tree
+    first on the path, inherited by a local Ray's workers), this interpreter and its packages."""
+    if tree is None:
+        return launch
+    argv = list(launch.argv)
+    if Path(argv[0]).name == "sloserve":
+        argv = [sys.executable, "-m", "gateway.cli", *argv[1:]]
+    launch.argv = argv
+    launch.cwd = tree
+    launch.env["PYTHONPATH"] = str(tree)
+    return launch
 
 
 def _with_tmp(launch: Launch, tmp_dir: Path) -> Launch:

@@ -93,7 +93,7 @@ async def test_tiny_variants_stay_on_the_loop_and_only_the_rest_get_workers(mode
     """A variant whose batch is under ``inline_below_s`` computes inline, as without workers (a trip
     through a worker's socket costs the loop more than such a batch): it gets no worker process. Measured
     on a 16-core host before this rule: a 3x burst of single-row requests drove `heavy/medium`, all of
-    whose batches then went through a worker, to 0 on time for the whole peak (docs/benchmarks.md)."""
+    whose batches then went through a worker, to 0 on time for the whole peak."""
     before = workers()
     b = await started(model_repo, tmp_path, inline_below_s=1.0)  # every digits variant is "tiny" at 1 s
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from loadtests.bench.slo import schedule, server_on_time, slo_counts, step_duration
 
 
@@ -39,7 +41,6 @@ def test_server_on_time_from_two_scrapes():
 
 
 def test_bad_arguments_stop_before_anything_starts():
-    import pytest
 
     from loadtests.bench.slo import add_arguments, main_args
 
@@ -153,3 +154,25 @@ def test_the_bench_module_examples_hold():
     import loadtests.bench.slo as slo
 
     assert doctest.testmod(slo).failed == 0
+
+
+def test_a_system_runs_from_another_tree(tmp_path):
+    """``--tree before=PATH`` and ``sloserve-default:before``: that checkout's code, this interpreter."""
+    import sys
+
+    from loadtests.bench.systems import Launch, from_tree, parse_trees, split_tree
+
+    (tmp_path / "gateway").mkdir()
+    trees = parse_trees([f"before={tmp_path}"])
+    assert split_tree("sloserve-default:before", trees) == ("sloserve-default", tmp_path.resolve())
+    assert split_tree("triton-1x1", trees) == ("triton-1x1", None)
+    with pytest.raises(SystemExit, match="no --tree after"):
+        split_tree("sloserve:after", trees)
+    with pytest.raises(SystemExit, match="only sloserve"):
+        split_tree("triton:before", trees)
+    with pytest.raises(SystemExit, match="LABEL=PATH"):
+        parse_trees([f"x={tmp_path / 'nope'}"])
+    launch = from_tree(Launch("sloserve-default", ["/venv/bin/sloserve", "serve", "--repo", "r"], "u", None),
+                       trees["before"])
+    assert launch.argv[:3] == [sys.executable, "-m", "gateway.cli"] and launch.argv[3:] == ["serve", "--repo", "r"]
+    assert launch.cwd == tmp_path.resolve() and launch.env["PYTHONPATH"] == str(tmp_path.resolve())
