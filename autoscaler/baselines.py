@@ -49,8 +49,9 @@ class RayDefaultState:
     wish_up: bool = True
 
 
-def decide_ray_default(snap: ScalingSnapshot, config: RayDefaultConfig, state: RayDefaultState, now: float
-                       ) -> tuple[ScaleDecision, RayDefaultState]:
+def decide_ray_default(
+    snap: ScalingSnapshot, config: RayDefaultConfig, state: RayDefaultState, now: float
+) -> tuple[ScaleDecision, RayDefaultState]:
     since = now - config.look_back_period_s
     samples = tuple(p for p in state.samples if p[0] > since) + ((now, snap.ongoing_requests),)
     ongoing = _window_mean(samples, since)
@@ -116,8 +117,7 @@ def decide_kpa(snap: ScalingSnapshot, config: KpaConfig, state: KpaState, now: f
         panic_since = None
     if panic_since is not None:
         desired = max(panic, state.max_panic_pods)
-        return (ScaleDecision(clamp(desired, snap), "panic"),
-                KpaState(samples, panic_since, desired))
+        return (ScaleDecision(clamp(desired, snap), "panic"), KpaState(samples, panic_since, desired))
     return ScaleDecision(clamp(stable, snap), "stable"), KpaState(samples, None, 0)
 
 
@@ -135,8 +135,9 @@ class OracleState:
     pass
 
 
-def decide_oracle(snap: ScalingSnapshot, config: OracleConfig, state: OracleState, now: float
-                  ) -> tuple[ScaleDecision, OracleState]:
+def decide_oracle(
+    snap: ScalingSnapshot, config: OracleConfig, state: OracleState, now: float
+) -> tuple[ScaleDecision, OracleState]:
     if snap.future_peak_rps is None:
         raise ValueError("oracle needs a clairvoyant driver: ScalingSnapshot.future_peak_rps is None")
     planned = snap.future_peak_rps * (1 + config.margin_frac)

@@ -43,8 +43,9 @@ SHARE_PREFIX = "sloserve_share/"
 STATE_KEY = "sloserve_swayam"
 
 
-def windows_from_metrics(metrics: dict | None, now: float, interval_s: float,
-                         prefix: str = RATE_PREFIX) -> tuple[RateWindow, ...]:
+def windows_from_metrics(
+    metrics: dict | None, now: float, interval_s: float, prefix: str = RATE_PREFIX
+) -> tuple[RateWindow, ...]:
     """Gateway reports out of Ray's ``aggregated_metrics`` ({metric: {replica_id: value}})."""
     if not metrics:
         return ()
@@ -52,7 +53,7 @@ def windows_from_metrics(metrics: dict | None, now: float, interval_s: float,
     for name, per_replica in sorted(metrics.items()):
         if not name.startswith(prefix) or not per_replica:
             continue
-        gw = name[len(prefix):]
+        gw = name[len(prefix) :]
         rate = max(float(v) for v in per_replica.values())
         shares = metrics.get(SHARE_PREFIX + gw) or {}
         share = max((float(v) for v in shares.values()), default=0.0)
@@ -64,8 +65,11 @@ _PAIRS = ("season", "recent")  # SwayamState's other (time_s, value) series
 
 
 def state_to_json(s: SwayamState) -> dict[str, Any]:
-    d: dict[str, Any] = {"history": [list(p) for p in s.history], "needs": [list(p) for p in s.needs],
-                         "gateways_seen": s.gateways_seen}
+    d: dict[str, Any] = {
+        "history": [list(p) for p in s.history],
+        "needs": [list(p) for p in s.needs],
+        "gateways_seen": s.gateways_seen,
+    }
     for name in _PAIRS:
         d[name] = [list(p) for p in getattr(s, name)]
     return d
@@ -74,10 +78,15 @@ def state_to_json(s: SwayamState) -> dict[str, Any]:
 def state_from_json(d: dict[str, Any] | None) -> SwayamState:
     if not d:
         return SwayamState()
-    extra = {name: tuple((float(t), int(v) if name == "recent" else float(v)) for t, v in d.get(name, ()))
-             for name in _PAIRS}
-    return SwayamState(tuple((float(t), float(r)) for t, r in d["history"]),
-                       tuple((float(t), int(n)) for t, n in d["needs"]), int(d.get("gateways_seen", 1)), **extra)
+    extra = {
+        name: tuple((float(t), int(v) if name == "recent" else float(v)) for t, v in d.get(name, ())) for name in _PAIRS
+    }
+    return SwayamState(
+        tuple((float(t), float(r)) for t, r in d["history"]),
+        tuple((float(t), int(n)) for t, n in d["needs"]),
+        int(d.get("gateways_seen", 1)),
+        **extra,
+    )
 
 
 class SwayamRayPolicy:
@@ -90,15 +99,26 @@ class SwayamRayPolicy:
     replicas hold (``shared_replicas``), which swayam sizes its warm buffer with (``fallback_buffer``).
     """
 
-    def __init__(self, slo_ms: float, batch_sizes: list[int], p99_ms: list[float], max_batch_size: int = 64,
-                 p50_ms: list[float] | None = None, slo_percentile: float = 0.99,
-                 swayam: dict[str, Any] | None = None, fallback_batch_sizes: list[int] | None = None,
-                 fallback_p99_ms: list[float] | None = None):
+    def __init__(
+        self,
+        slo_ms: float,
+        batch_sizes: list[int],
+        p99_ms: list[float],
+        max_batch_size: int = 64,
+        p50_ms: list[float] | None = None,
+        slo_percentile: float = 0.99,
+        swayam: dict[str, Any] | None = None,
+        fallback_batch_sizes: list[int] | None = None,
+        fallback_p99_ms: list[float] | None = None,
+    ):
         curve = Curve(tuple(batch_sizes), tuple(x / 1e3 for x in (p50_ms or p99_ms)), tuple(x / 1e3 for x in p99_ms))
         fallback = None
         if fallback_batch_sizes and fallback_p99_ms:  # the replicas also hold a cheaper variant (shared_replicas)
-            fb = Curve(tuple(fallback_batch_sizes), tuple(x / 1e3 for x in fallback_p99_ms),
-                       tuple(x / 1e3 for x in fallback_p99_ms))
+            fb = Curve(
+                tuple(fallback_batch_sizes),
+                tuple(x / 1e3 for x in fallback_p99_ms),
+                tuple(x / 1e3 for x in fallback_p99_ms),
+            )
             fallback = ServiceModel(fb, slo_ms / 1e3, max_batch_size, slo_percentile)
         self.service = ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile, fallback)
         self.config = SwayamConfig.model_validate(swayam or {})
@@ -110,14 +130,19 @@ class SwayamRayPolicy:
         if not windows:  # no gateway stamps: Little's law on Ray's ongoing-request count
             mean_latency_s = self.service.curve.at(1, "p50") + self.service.slo_s / 2
             rate = float(ctx.total_num_requests) / mean_latency_s
-            windows = (RateWindow("ray-ongoing", now - self.config.interval_s, now,
-                                  rate * self.config.interval_s, 1.0),)
+            windows = (
+                RateWindow("ray-ongoing", now - self.config.interval_s, now, rate * self.config.interval_s, 1.0),
+            )
         snap = ScalingSnapshot(
-            model=ctx.deployment_name, target_replicas=int(ctx.target_num_replicas),
-            ready_replicas=int(ctx.current_num_replicas), service=self.service,
-            ongoing_requests=float(ctx.total_num_requests), windows=windows,
+            model=ctx.deployment_name,
+            target_replicas=int(ctx.target_num_replicas),
+            ready_replicas=int(ctx.current_num_replicas),
+            service=self.service,
+            ongoing_requests=float(ctx.total_num_requests),
+            windows=windows,
             min_replicas=int(ctx.capacity_adjusted_min_replicas),
-            max_replicas=int(ctx.capacity_adjusted_max_replicas))
+            max_replicas=int(ctx.capacity_adjusted_max_replicas),
+        )
         decision, state = decide(snap, self.config, state_from_json(policy_state.get(STATE_KEY)), now)
         policy_state[STATE_KEY] = state_to_json(state)
         policy_state["sloserve_reason"] = decision.reason

@@ -62,7 +62,8 @@ def make_autoscaler(name: str, **config: Any) -> Autoscaler:
 
 
 register_autoscaler(AutoscalerSpec("swayam", swayam.decide, swayam.SwayamConfig, swayam.SwayamState))
-register_autoscaler(AutoscalerSpec("ray-default", baselines.decide_ray_default, baselines.RayDefaultConfig,
-                                   baselines.RayDefaultState))
+register_autoscaler(
+    AutoscalerSpec("ray-default", baselines.decide_ray_default, baselines.RayDefaultConfig, baselines.RayDefaultState)
+)
 register_autoscaler(AutoscalerSpec("kpa", baselines.decide_kpa, baselines.KpaConfig, baselines.KpaState))
 register_autoscaler(AutoscalerSpec("oracle", baselines.decide_oracle, baselines.OracleConfig, baselines.OracleState))

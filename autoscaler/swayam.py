@@ -46,8 +46,7 @@ from autoscaler.types import RateWindow, ScaleDecision, ScalingSnapshot, clamp
 class SwayamConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    predictor: str = Field(default="linreg", description="Rate predictor: last | ewma | holt | linreg | "
-                           "linreg-shift.")
+    predictor: str = Field(default="linreg", description="Rate predictor: last | ewma | holt | linreg | linreg-shift.")
     window_s: float = Field(default=60.0, gt=0, description="History the predictor sees, seconds.")
     startup_s: float = Field(default=10.0, ge=0, description="Replica start-up (model load) time, seconds.")
     interval_s: float = Field(default=10.0, gt=0, description="Seconds between two decisions.")
@@ -55,24 +54,42 @@ class SwayamConfig(BaseModel):
     noise_z: float = Field(default=1.0, ge=0, description="Poisson standard errors of head-room on the rate.")
     keep_alive_s: float = Field(default=60.0, ge=0, description="Idle time before a replica is scaled in.")
     # scale in to a high quantile of the recent needs, not below
-    hold_quantile: float = Field(default=0.9, ge=0, le=1, description="Hold at least this quantile of the "
-                                 "needs of the last hold_window_s (0: off; the keep-alive alone).")
+    hold_quantile: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="Hold at least this quantile of the "
+        "needs of the last hold_window_s (0: off; the keep-alive alone).",
+    )
     hold_window_s: float = Field(default=600.0, gt=0, description="Needs the hold quantile is taken over.")
     # seasonal bumps: a rise that recurred at the same lag in each of the last season_cycles periods
-    season_periods_s: tuple[float, ...] = Field(default=(300.0, 900.0, 3600.0), description="Candidate periods, seconds "
-                                                "(empty: no seasonal term).")
+    season_periods_s: tuple[float, ...] = Field(
+        default=(300.0, 900.0, 3600.0), description="Candidate periods, seconds (empty: no seasonal term)."
+    )
     season_cycles: int = Field(default=2, ge=1, description="A bump must have recurred in this many periods.")
-    season_spike_frac: float | None = Field(default=0.15, ge=0, description="A rise that recurred in every cycle "
-                                            "by more than this share of its base level is planned at its largest "
-                                            "cycle, a smaller one at its smallest (None: always the smallest).")
+    season_spike_frac: float | None = Field(
+        default=0.15,
+        ge=0,
+        description="A rise that recurred in every cycle "
+        "by more than this share of its base level is planned at its largest "
+        "cycle, a smaller one at its smallest (None: always the smallest).",
+    )
     season_base_s: float = Field(default=30.0, gt=0, description="Level before a bump, seconds.")
-    season_scale_in: bool = Field(default=True, description="Scale in before the keep-alive ends when the "
-                                  "rate fell at this phase in every recent cycle.")
-    season_bucket_s: float = Field(default=10.0, gt=0, description="One seasonal sample per this many seconds "
-                                   "(bounds the history whatever the call rate).")
-    fallback_buffer: bool = Field(default=True, description="When the model has a cheaper fallback variant, size "
-                                  "the warm buffer (keep-alive and hold) with its throughput: a step the "
-                                  "predictor did not see is served by the fallback until new replicas are up.")
+    season_scale_in: bool = Field(
+        default=True,
+        description="Scale in before the keep-alive ends when the rate fell at this phase in every recent cycle.",
+    )
+    season_bucket_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="One seasonal sample per this many seconds (bounds the history whatever the call rate).",
+    )
+    fallback_buffer: bool = Field(
+        default=True,
+        description="When the model has a cheaper fallback variant, size "
+        "the warm buffer (keep-alive and hold) with its throughput: a step the "
+        "predictor did not see is served by the fallback until new replicas are up.",
+    )
 
     def model_post_init(self, _ctx) -> None:
         if self.predictor not in PREDICTORS:
@@ -100,7 +117,7 @@ class SeasonLog:
         self._t = [t for t, _ in pairs]
         self._r = [r for _, r in pairs]
         self._lo, self._hi = 0, len(self._t)
-        self._sorted = all(a <= b for a, b in zip(self._t, self._t[1:]))  # (False with a NaN time)
+        self._sorted = all(a <= b for a, b in zip(self._t, self._t[1:], strict=False))  # (False with a NaN time)
 
     @classmethod
     def of(cls, season) -> SeasonLog:
@@ -146,7 +163,7 @@ class SeasonLog:
         return self._hi - self._lo
 
     def __iter__(self):
-        return zip(self._t[self._lo:self._hi], self._r[self._lo:self._hi])
+        return zip(self._t[self._lo : self._hi], self._r[self._lo : self._hi], strict=True)
 
     def __getitem__(self, k):
         if isinstance(k, slice):
@@ -212,7 +229,7 @@ def aggregate_rate(windows: tuple[RateWindow, ...], gateways_seen: int) -> float
 
 def _drop_before(points: tuple, t0: float) -> tuple:
     """The points with time > t0."""
-    return points[_first_after(points, t0):]
+    return points[_first_after(points, t0) :]
 
 
 def _push_max(points: tuple, now: float, value, keep_s: float) -> tuple:
@@ -237,8 +254,15 @@ def _first_after(points: tuple, t0: float, lo: int = 0) -> int:
     return bisect.bisect_right(points, (t0, math.inf), lo)
 
 
-def seasonal_changes(season, now: float, horizon_s: float, periods_s: tuple[float, ...], cycles: int,
-                     base_s: float, spike_frac: float | None = None) -> tuple[float, float] | None:
+def seasonal_changes(
+    season,
+    now: float,
+    horizon_s: float,
+    periods_s: tuple[float, ...],
+    cycles: int,
+    base_s: float,
+    spike_frac: float | None = None,
+) -> tuple[float, float] | None:
     """How the rate moved over the coming ``horizon_s`` one, two, ... ``cycles`` periods ago.
 
     For each period ``P`` and cycle ``k`` the change ``d`` is the largest rate in ``(now - kP, now - kP +
@@ -266,8 +290,15 @@ def seasonal_changes(season, now: float, horizon_s: float, periods_s: tuple[floa
     return _changes(SeasonLog.of(season), now, horizon_s, periods_s, cycles, base_s, spike_frac)
 
 
-def _changes(log: SeasonLog, now: float, horizon_s: float, periods_s: tuple[float, ...], cycles: int,
-             base_s: float, spike_frac: float | None = None) -> tuple[float, float] | None:
+def _changes(
+    log: SeasonLog,
+    now: float,
+    horizon_s: float,
+    periods_s: tuple[float, ...],
+    cycles: int,
+    base_s: float,
+    spike_frac: float | None = None,
+) -> tuple[float, float] | None:
     times, rates, lo, hi = log._t, log._r, log._lo, log._hi
     if lo == hi:
         return None
@@ -317,18 +348,18 @@ def _changes(log: SeasonLog, now: float, horizon_s: float, periods_s: tuple[floa
             base = (0.0 + rates[b]) if i == b + 1 else sum(rates[b:i]) / (i - b)
             d = (rates[i] if j == i + 1 else max(rates[i:j])) - base
             # low = min(low, d) and high = max(high, d), as the plain loop had them (ifs are faster)
-            if d < low:  # noqa: PLR1730
+            if d < low:
                 low = d
-            if d > high:  # noqa: PLR1730
+            if d > high:
                 high = d
             if clear:
-                if d > top:  # noqa: PLR1730
+                if d > top:
                     top = d
                 if d <= spike_frac * base:
                     clear = False
         if clear:  # a clear spike recurred every cycle: plan for its largest height, not its smallest
             low = top
-        if low > rise:  # noqa: PLR1730
+        if low > rise:
             rise = low
     if rise == _NINF:
         return None
@@ -343,8 +374,9 @@ def _quantile(values, q: float) -> float:
     return xs[min(int(q * len(xs)), len(xs) - 1)]
 
 
-def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now: float
-           ) -> tuple[ScaleDecision, SwayamState]:
+def decide(
+    snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now: float
+) -> tuple[ScaleDecision, SwayamState]:
     seen = state.gateways_seen
     if len(snap.windows) > seen:
         seen = max(seen, len({w.gateway for w in snap.windows}))
@@ -365,8 +397,15 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     fall_to = None  # a rate the seasonal history says the coming horizon stays under
     log = SeasonLog.of(season) if config.season_periods_s and season else None
     if log is not None:
-        ch = _changes(log, now, horizon_s, config.season_periods_s, config.season_cycles, config.season_base_s,
-                      config.season_spike_frac)
+        ch = _changes(
+            log,
+            now,
+            horizon_s,
+            config.season_periods_s,
+            config.season_cycles,
+            config.season_base_s,
+            config.season_spike_frac,
+        )
         if ch is not None:
             level = log._level(now - config.season_base_s)
             if ch[0] > 0:
@@ -391,8 +430,15 @@ def decide(snap: ScalingSnapshot, config: SwayamConfig, state: SwayamState, now:
     if config.hold_quantile > 0:
         usual = need  # the need without a recurring (seasonal) bump: the level worth holding
         if log is not None:
-            ch = _changes(log, now - config.interval_s, config.interval_s, config.season_periods_s,
-                          config.season_cycles, config.season_base_s, config.season_spike_frac)
+            ch = _changes(
+                log,
+                now - config.interval_s,
+                config.interval_s,
+                config.season_periods_s,
+                config.season_cycles,
+                config.season_base_s,
+                config.season_spike_frac,
+            )
             if ch is not None and ch[0] > 0:
                 usual = size(max(predicted - ch[0], 0.0))
         recent = _drop_before(recent, now - config.hold_window_s)

@@ -8,7 +8,6 @@ clock; policies never read a clock.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from batching.profile import Curve

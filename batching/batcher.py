@@ -24,8 +24,6 @@ from typing import Protocol
 import numpy as np
 
 from batching.clock import Clock, MonotonicClock
-from batching.policy import BatchPolicy
-from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed, Wait
 from batching.errors import (
     DeadlineUnreachable,
     InternalError,
@@ -34,6 +32,8 @@ from batching.errors import (
     TooManyRequests,
     Unavailable,
 )
+from batching.policy import BatchPolicy
+from batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed, Wait
 
 log = logging.getLogger("sloserve.batching")
 
@@ -63,8 +63,9 @@ class BatchRunner(Protocol):
 
     def shared(self, model: str) -> bool: ...
 
-    def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
-            timeout_s: float | None = None) -> Awaitable[RunResult]: ...
+    def run(
+        self, model: str, variant: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+    ) -> Awaitable[RunResult]: ...
 
 
 @dataclass(slots=True)
@@ -206,7 +207,9 @@ class Batcher:
                 f"refused at admission: model '{self.model}' cannot meet this request's "
                 f"{_ms(deadline_s - arrival)} ms deadline at the current load (predicted late by "
                 f"{_ms(late)} ms); retry later or raise slo_ms / lower min_accuracy",
-                retry_after_s=max(0.05, late), reason="admission")
+                retry_after_s=max(0.05, late),
+                reason="admission",
+            )
         fut = asyncio.get_running_loop().create_future()
         self._entries[item.id] = _Entry(item, inputs, fut, now, on_shed)
         self._items.append(item)
@@ -223,8 +226,9 @@ class Batcher:
         return {v: self.runner.slots(self.model, v) - self._busy[v] for v in self.variants}
 
     def _view(self) -> QueueView:
-        return QueueView(self.model, self._items, self._idle(), self.max_batch_size, depth=self._depth,
-                         shared=self._shared)
+        return QueueView(
+            self.model, self._items, self._idle(), self.max_batch_size, depth=self._depth, shared=self._shared
+        )
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -291,7 +295,7 @@ class Batcher:
     def _shed(self, d: Shed, now: float) -> None:
         entries = self._pop(d.ids)
         lates = d.late_by_s or (0.0,) * len(entries)
-        for e, late in zip(entries, lates):
+        for e, late in zip(entries, lates, strict=False):
             if not e.future.done():
                 err = DeadlineUnreachable(
                     f"shed: model '{self.model}' cannot meet this request's "
@@ -347,7 +351,7 @@ class Batcher:
                 except ServingError as e:
                     err = e
                     ok = False
-                except Exception as e:  # noqa: BLE001 - replica failure, answered explicitly
+                except Exception as e:
                     log.warning("batch of %d on %s/%s failed: %r", rows, self.model, variant, e)
                     err = InternalError(f"replica for '{self.model}/{variant}' failed on this batch: {e}")
                     ok = False
@@ -366,16 +370,18 @@ class Batcher:
             # shrink the batches and feed back into more lateness).
             observed = finished - started if self.round_trip_latency else res.compute_s
             late = sum(e.item.size for e in entries if finished > e.item.deadline_s)
-            self.policy.observe(BatchResult(self.model, variant, rows, observed, finished,
-                                            device_type=res.device_type, late_rows=late))
+            self.policy.observe(
+                BatchResult(self.model, variant, rows, observed, finished, device_type=res.device_type, late_rows=late)
+            )
             self.on_event("batch", (variant, rows, res.compute_s, d.reason))
             off = 0
             for e in entries:
                 n = e.item.size
                 if not e.future.done():
-                    sl = {k: v[off:off + n] for k, v in res.outputs.items()}
-                    e.future.set_result(Outcome(sl, variant, rows, started - e.item.arrival_s, res.compute_s,
-                                                res.device_type))
+                    sl = {k: v[off : off + n] for k, v in res.outputs.items()}
+                    e.future.set_result(
+                        Outcome(sl, variant, rows, started - e.item.arrival_s, res.compute_s, res.device_type)
+                    )
                 off += n
         except Exception as e:  # e.g. inputs that would not concatenate
             log.exception("batch on %s/%s failed before reaching a replica", self.model, variant)

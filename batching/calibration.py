@@ -104,9 +104,18 @@ class Calibrator:
     can cache curves derived from it.
     """
 
-    def __init__(self, table: ProfileTable | None = None, *, window: int = 256, min_samples: int = 16,
-                 prior_weight: float = 16.0, max_age_s: float = 300.0, tail_quantile: float = 0.99,
-                 prior_ms_per_row: float = 1.0, recent: int = 8):
+    def __init__(
+        self,
+        table: ProfileTable | None = None,
+        *,
+        window: int = 256,
+        min_samples: int = 16,
+        prior_weight: float = 16.0,
+        max_age_s: float = 300.0,
+        tail_quantile: float = 0.99,
+        prior_ms_per_row: float = 1.0,
+        recent: int = 8,
+    ):
         if window < 1 or min_samples < 1 or prior_weight < 0 or max_age_s <= 0 or recent < 0:
             raise ValueError("window, min_samples, max_age_s must be positive; prior_weight, recent >= 0")
         self.recent = recent
@@ -190,8 +199,7 @@ class Calibrator:
 
     def drift(self) -> dict[Key, float]:
         """Per key, median observed / profile p50 latency (1.0: the profile is right; >1: slower)."""
-        return {key: st.pooled.stats(self.tail_quantile)[1] for key, st in self._keys.items()
-                if st.pooled.samples}
+        return {key: st.pooled.stats(self.tail_quantile)[1] for key, st in self._keys.items() if st.pooled.samples}
 
     def samples(self, key: Key) -> int:
         st = self._keys.get(key)
@@ -208,6 +216,7 @@ class Calibrator:
                 sizes.add(n)
                 n *= 2
             xs = tuple(sorted(sizes))
-            curves[key] = Curve(xs, tuple(self.latency_s(*key, x, "p50") for x in xs),
-                                tuple(self.latency_s(*key, x, "p99") for x in xs))
+            curves[key] = Curve(
+                xs, tuple(self.latency_s(*key, x, "p50") for x in xs), tuple(self.latency_s(*key, x, "p99") for x in xs)
+            )
         return ProfileTable(curves, self.prior.accuracy)

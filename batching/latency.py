@@ -21,20 +21,28 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Union
 
 from batching.calibration import Calibrator
 from batching.profile import ProfileTable
 from batching.types import BatchResult
 
 LatencyFn = Callable[[str, int], float]
-LatencySource = Union[Calibrator, ProfileTable, LatencyFn, str, Path, None]
+LatencySource = Calibrator | ProfileTable | LatencyFn | str | Path | None
 
 
 class LatencyModel:
-    def __init__(self, source: LatencySource, max_batch_size: int, *, model: str = "",
-                 device_type: str = "cpu", quantile: str = "p99", calibrate: bool = True,
-                 refresh_every: int = 8, recent: int = 8):
+    def __init__(
+        self,
+        source: LatencySource,
+        max_batch_size: int,
+        *,
+        model: str = "",
+        device_type: str = "cpu",
+        quantile: str = "p99",
+        calibrate: bool = True,
+        refresh_every: int = 8,
+        recent: int = 8,
+    ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         if isinstance(source, (str, Path)):

@@ -78,8 +78,9 @@ def settings_from(name: str, model: type[BaseModel], values: Mapping[str, Any]) 
         key = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             known = sorted(model.model_fields) or ["none"]
-            raise ValueError(f"batching policy {name!r}: unknown setting {key!r}; its settings: "
-                             f"{', '.join(known)}") from None
+            raise ValueError(
+                f"batching policy {name!r}: unknown setting {key!r}; its settings: {', '.join(known)}"
+            ) from None
         raise ValueError(f"batching policy {name!r}: {key}={err.get('input')!r:.60}: {err['msg']}") from None
 
 

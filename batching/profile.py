@@ -73,11 +73,16 @@ class ProfileTable:
         object.__setattr__(self, "accuracy", MappingProxyType(dict(self.accuracy)))
 
     @classmethod
-    def from_points(cls, points: Mapping[Key, tuple[Iterable[int], Iterable[float], Iterable[float]]],
-                    accuracy: Mapping[tuple[str, str], float] | None = None) -> ProfileTable:
+    def from_points(
+        cls,
+        points: Mapping[Key, tuple[Iterable[int], Iterable[float], Iterable[float]]],
+        accuracy: Mapping[tuple[str, str], float] | None = None,
+    ) -> ProfileTable:
         """Build from milliseconds: {(model, variant, device): (batch_sizes, p50_ms, p99_ms)}."""
-        curves = {k: Curve(tuple(b), tuple(x / 1e3 for x in p50), tuple(x / 1e3 for x in p99))
-                  for k, (b, p50, p99) in points.items()}
+        curves = {
+            k: Curve(tuple(b), tuple(x / 1e3 for x in p50), tuple(x / 1e3 for x in p99))
+            for k, (b, p50, p99) in points.items()
+        }
         return cls(curves, accuracy or {})
 
     @classmethod
@@ -88,8 +93,9 @@ class ProfileTable:
         for path in sorted(Path(repo).glob("*/*/profiles/*.json")):
             doc = json.loads(path.read_text())
             key = (doc["model"], doc["variant"], doc["device_type"])
-            curves[key] = Curve(tuple(doc["batch_sizes"]), tuple(x / 1e3 for x in doc["p50_ms"]),
-                                tuple(x / 1e3 for x in doc["p99_ms"]))
+            curves[key] = Curve(
+                tuple(doc["batch_sizes"]), tuple(x / 1e3 for x in doc["p50_ms"]), tuple(x / 1e3 for x in doc["p99_ms"])
+            )
             if "accuracy" in doc:
                 accuracy[(doc["model"], doc["variant"])] = float(doc["accuracy"])
         return cls(curves, accuracy)

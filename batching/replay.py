@@ -59,8 +59,7 @@ class RequestOutcome:
 
     @property
     def on_time(self) -> bool:
-        return (not self.shed and self.finish_s is not None
-                and self.finish_s <= self.deadline_s + ON_TIME_EPS_S)
+        return not self.shed and self.finish_s is not None and self.finish_s <= self.deadline_s + ON_TIME_EPS_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +134,18 @@ class VirtualQueue:
     Without it such a dispatch stops the plan loop until the next event (or ``retry_s`` later).
     """
 
-    def __init__(self, policy: BatchPolicy, model: str, max_batch_size: int, *, depth: int = 1,
-                 shared: bool = False, strict: bool = True, retry_s: float | None = None,
-                 max_plans_per_instant: int = 100_000):
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        model: str,
+        max_batch_size: int,
+        *,
+        depth: int = 1,
+        shared: bool = False,
+        strict: bool = True,
+        retry_s: float | None = None,
+        max_plans_per_instant: int = 100_000,
+    ):
         self.policy, self.model, self.max_batch_size = policy, model, max_batch_size
         self.depth, self.shared, self.strict = depth, shared, strict
         self.retry_s = retry_s  # not strict: a dispatch with no free slot is planned again this much later
@@ -200,8 +208,9 @@ class VirtualQueue:
                 raise PolicyError(f"not a decision: {d!r}")
             known = [self.queued[i] for i in d.ids if i in self.queued]
             if self.strict and sum(it.size for it in known) > self.max_batch_size:
-                raise PolicyError(f"batch of {sum(it.size for it in known)} rows over max_batch_size "
-                                  f"{self.max_batch_size}")
+                raise PolicyError(
+                    f"batch of {sum(it.size for it in known)} rows over max_batch_size {self.max_batch_size}"
+                )
             if not slots.start(d, known, now):
                 if self.strict:
                     raise PolicyError(f"dispatch to {d.variant!r} with no idle replica: {d!r}")
@@ -213,8 +222,17 @@ class VirtualQueue:
 class _FixedSlots:
     """``replay``'s replicas: a fixed pool per variant, each queueing up to ``depth`` batches."""
 
-    def __init__(self, n_rep: Mapping[str, int], depth: int, busy_until: bool, latency_fn, rows_of, outcomes,
-                 batches: list, completions: list):
+    def __init__(
+        self,
+        n_rep: Mapping[str, int],
+        depth: int,
+        busy_until: bool,
+        latency_fn,
+        rows_of,
+        outcomes,
+        batches: list,
+        completions: list,
+    ):
         # a free slot is a replica id, listed once per batch it can still queue
         self.free: dict[str, list[int]] = {v: [r for r in range(n) for _ in range(depth)] for v, n in n_rep.items()}
         self.busy: dict[str, dict[int, float]] = {v: {} for v in n_rep}  # replica -> finish time (depth 1)
@@ -246,15 +264,17 @@ class _FixedSlots:
             self.busy[d.variant][rep] = fin
         heapq.heappush(self.completions, (fin, bi, rep))
         for it in items:
-            self.outcomes[it.id] = RequestOutcome(it.id, it.arrival_s, it.deadline_s, d.variant, now, fin, bi,
-                                                  reason=d.reason)
+            self.outcomes[it.id] = RequestOutcome(
+                it.id, it.arrival_s, it.deadline_s, d.variant, now, fin, bi, reason=d.reason
+            )
         return True
 
     def shed(self, d: Shed, items: list[QueuedItem], now: float) -> None:
         lates = d.late_by_s or (0.0,) * len(items)
-        for it, late in zip(items, lates):
-            self.outcomes[it.id] = RequestOutcome(it.id, it.arrival_s, it.deadline_s, finish_s=now, shed=True,
-                                                  reason=d.reason, late_by_s=late)
+        for it, late in zip(items, lates, strict=False):
+            self.outcomes[it.id] = RequestOutcome(
+                it.id, it.arrival_s, it.deadline_s, finish_s=now, shed=True, reason=d.reason, late_by_s=late
+            )
 
     def complete(self, now: float, policy: BatchPolicy, model: str, device_type: str) -> None:
         """Free the replicas of the batches done by ``now`` and tell the policy."""
@@ -264,15 +284,27 @@ class _FixedSlots:
             self.busy[b.variant].pop(rep, None)
             self.free[b.variant].append(rep)
             late = sum(self.rows_of[rid] for rid in b.ids if fin > self.outcomes[rid].deadline_s)  # rows, as live
-            policy.observe(BatchResult(model, b.variant, b.rows, fin - b.start_s, fin, True, device_type,
-                                       late_rows=late))
+            policy.observe(
+                BatchResult(model, b.variant, b.rows, fin - b.start_s, fin, True, device_type, late_rows=late)
+            )
 
 
-def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callable[[str, int], float],
-           n_replicas_per_variant: Mapping[str, int] | int, *, model: str = "m",
-           max_batch_size: int = 32, variants: Sequence[str] | None = None, admission: bool = False,
-           busy_until: bool = False, device_type: str = "cpu", strict: bool = True,
-           max_plans_per_instant: int = 100_000, depth: int = 1) -> ReplayResult:
+def replay(
+    policy: BatchPolicy,
+    requests: Iterable[Request],
+    latency_fn: Callable[[str, int], float],
+    n_replicas_per_variant: Mapping[str, int] | int,
+    *,
+    model: str = "m",
+    max_batch_size: int = 32,
+    variants: Sequence[str] | None = None,
+    admission: bool = False,
+    busy_until: bool = False,
+    device_type: str = "cpu",
+    strict: bool = True,
+    max_plans_per_instant: int = 100_000,
+    depth: int = 1,
+) -> ReplayResult:
     """Run ``policy`` on ``requests`` in virtual time.
 
     ``latency_fn(variant, rows) -> seconds`` is the *actual* service time of a batch (pass a
@@ -294,20 +326,40 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
     if isinstance(n_replicas_per_variant, int):
         n_replicas_per_variant = {v: n_replicas_per_variant for v in variants}
     if depth < 1 or (depth > 1 and busy_until):
-        raise ValueError(f"depth must be >= 1 (got {depth}), and busy_until needs depth 1 (got busy_until={busy_until})")
+        raise ValueError(
+            f"depth must be >= 1 (got {depth}), and busy_until needs depth 1 (got busy_until={busy_until})"
+        )
     outcomes: dict[int, RequestOutcome] = {}
     batches: list[BatchRecord] = []
     completions: list[tuple[float, int, int]] = []  # (finish_s, batch index, replica)
-    slots = _FixedSlots(dict(n_replicas_per_variant), depth, busy_until, latency_fn, {r.id: r.size for r in reqs},
-                        outcomes, batches, completions)
-    q = VirtualQueue(policy, model, max_batch_size, depth=depth, strict=strict, retry_s=0.001,
-                     max_plans_per_instant=max_plans_per_instant)
+    slots = _FixedSlots(
+        dict(n_replicas_per_variant),
+        depth,
+        busy_until,
+        latency_fn,
+        {r.id: r.size for r in reqs},
+        outcomes,
+        batches,
+        completions,
+    )
+    q = VirtualQueue(
+        policy,
+        model,
+        max_batch_size,
+        depth=depth,
+        strict=strict,
+        retry_s=0.001,
+        max_plans_per_instant=max_plans_per_instant,
+    )
     timer_s: float | None = None
     i, n_req = 0, len(reqs)
     while True:
         # next event time: an arrival, a completion or the timer
-        cands = [t for t in (reqs[i].arrival_s if i < n_req else None, completions[0][0] if completions else None,
-                             timer_s) if t is not None]
+        cands = [
+            t
+            for t in (reqs[i].arrival_s if i < n_req else None, completions[0][0] if completions else None, timer_s)
+            if t is not None
+        ]
         if not cands:
             break
         now = min(cands)
@@ -320,8 +372,9 @@ def replay(policy: BatchPolicy, requests: Iterable[Request], latency_fn: Callabl
             refused = q.admit(item, slots, now) if admission else None
             if refused is not None:
                 late = refused.late_by_s[0] if refused.late_by_s else 0.0
-                outcomes[r.id] = RequestOutcome(r.id, r.arrival_s, item.deadline_s, finish_s=now,
-                                                shed=True, reason=refused.reason, late_by_s=late)
+                outcomes[r.id] = RequestOutcome(
+                    r.id, r.arrival_s, item.deadline_s, finish_s=now, shed=True, reason=refused.reason, late_by_s=late
+                )
                 continue
             q.add(item)
         until = q.run(slots, now)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +88,7 @@ class Shed:
     late_by_s: tuple[float, ...] = ()
 
 
-Decision = Union[Dispatch, Wait, Shed]
+Decision = Dispatch | Wait | Shed
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,10 @@ names the key and the value.
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -59,18 +59,20 @@ class ModelOverride(BaseModel):
         default=None, description="Scale this model's Ray replicas with the swayam policy (None: fixed count)."
     )
     fault_delay_ms: float = Field(
-        default=0.0, ge=0, le=600_000,
+        default=0.0,
+        ge=0,
+        le=600_000,
         description="Chaos drills only: each replica (Ray or in-process) sleeps this long inside every batch "
-                    "before computing.",
+        "before computing.",
     )
     shared_replicas: bool = Field(
         default=False,
         description="Every replica holds all of the model's variants and runs whichever a batch asks for, so a "
-                    "cheaper variant absorbs an overload on the same replicas instead of idling on replicas of its "
-                    "own (docs/batching.md, 'Variants on shared replicas'); with autoscaling, swayam sizes its warm "
-                    "buffer with the next variant down. Ray: one deployment per model, '<model>-shared-<device>' "
-                    "(with ray_deploy false, deploy models.ray_replica:build_app with args.variants, best first). "
-                    "The replicas gauge counts them once, under the best variant. Not with replica_processes.",
+        "cheaper variant absorbs an overload on the same replicas instead of idling on replicas of its "
+        "own (docs/batching.md, 'Variants on shared replicas'); with autoscaling, swayam sizes its warm "
+        "buffer with the next variant down. Ray: one deployment per model, '<model>-shared-<device>' "
+        "(with ray_deploy false, deploy models.ray_replica:build_app with args.variants, best first). "
+        "The replicas gauge counts them once, under the best variant. Not with replica_processes.",
     )
 
 
@@ -80,15 +82,19 @@ class TrainingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(
-        default=False, description="Run the harvest controller and serve /v2/training (needs backend ray).")
+        default=False, description="Run the harvest controller and serve /v2/training (needs backend ray)."
+    )
     jobs_dir: Path = Field(default=Path(".sloserve/training"), description="Training jobs and their checkpoints.")
     grace_s: float = Field(
-        default=1.0, gt=0, description="A preempted job gets this long to checkpoint and stop before it is killed.")
+        default=1.0, gt=0, description="A preempted job gets this long to checkpoint and stop before it is killed."
+    )
     auto_fill: bool = Field(
-        default=True, description="Start queued jobs and resume preempted ones on idle GPUs; False only preempts.")
+        default=True, description="Start queued jobs and resume preempted ones on idle GPUs; False only preempts."
+    )
     interval_s: float = Field(default=0.5, gt=0, le=60, description="Seconds between placement rounds.")
     policy: Literal["cost-aware", "cost-blind", "static"] = Field(
-        default="cost-aware", description="Placement policy (autoscaler/placement/policy.py).")
+        default="cost-aware", description="Placement policy (autoscaler/placement/policy.py)."
+    )
     gpu_memory_mib: int = Field(default=16384, ge=1, description="Memory of one (emulated) GPU, for placement.")
 
 
@@ -119,35 +125,38 @@ class Settings(BaseSettings):
         default=2, ge=1, le=8, description="Batches in flight per Ray replica (2 overlaps Ray's hand-off with compute)."
     )
     inprocess_pipeline_depth: int | None = Field(
-        default=None, ge=1, le=8,
+        default=None,
+        ge=1,
+        le=8,
         description="Batches in flight per in-process replica: a second one waits on the replica and starts the "
-                    "moment the first ends, without a round trip through the event loop. Default: 1 in threads "
-                    "(2 pays on hosts with 4+ cores; on 2 cores the waiting thread competes with the event loop), "
-                    "2 with replica_processes (a worker at depth 1 idles through every round trip).",
+        "moment the first ends, without a round trip through the event loop. Default: 1 in threads "
+        "(2 pays on hosts with 4+ cores; on 2 cores the waiting thread competes with the event loop), "
+        "2 with replica_processes (a worker at depth 1 idles through every round trip).",
     )
     replica_processes: bool = Field(
         default=False,
         description="In-process backend: each replica computes in a worker process of its own (batches cross a "
-                    "socket, pickled), so ONNX Runtime never waits for the gateway's GIL (gateway/backends/processes.py). "
-                    "A variant whose batches run under inline_below_us gets no worker: it computes on the loop, "
-                    "as without workers. Pays on hosts with a core per worker beside the loop's (docs/benchmarks.md, saturation "
-                    "on a 16-core host); on 2 cores the workers compete with the event loop.",
+        "socket, pickled), so ONNX Runtime never waits for the gateway's GIL (gateway/backends/processes.py). "
+        "A variant whose batches run under inline_below_us gets no worker: it computes on the loop, "
+        "as without workers. Pays on hosts with a core per worker beside the loop's (docs/benchmarks.md, saturation "
+        "on a 16-core host); on 2 cores the workers compete with the event loop.",
     )
     ray_transport: Literal["direct", "grpc", "object_ref"] = Field(
         default="direct",
         description="How a batch reaches its Ray Serve replica: direct (the gateway keeps a socket to each "
-                    "running replica's batch channel and routes batches itself; gateway/backends/ray_channels.py), "
-                    "grpc (through a DeploymentHandle, whose router calls the replica's inter-deployment gRPC "
-                    "server, as Ray Serve's throughput-optimized mode does) or object_ref (a DeploymentHandle "
-                    "call as a Ray actor task). direct keeps a 20 ms SLO's tail that the handle's path misses "
-                    "(docs/architecture.md, 'The Ray hand-off'); direct and grpc need the gateway to reach the "
-                    "replicas' nodes.",
+        "running replica's batch channel and routes batches itself; gateway/backends/ray_channels.py), "
+        "grpc (through a DeploymentHandle, whose router calls the replica's inter-deployment gRPC "
+        "server, as Ray Serve's throughput-optimized mode does) or object_ref (a DeploymentHandle "
+        "call as a Ray actor task). direct keeps a 20 ms SLO's tail that the handle's path misses "
+        "(docs/architecture.md, 'The Ray hand-off'); direct and grpc need the gateway to reach the "
+        "replicas' nodes.",
     )
     batch_timeout_s: float = Field(default=30.0, gt=0, description="A batch not back by then fails (504).")
     late_grace_s: float | None = Field(
-        default=1.0, ge=0,
+        default=1.0,
+        ge=0,
         description="A dispatched batch still out this long after its latest deadline fails (504); "
-                    "null waits up to batch_timeout_s. Bounds Ray's own re-routing after a replica dies.",
+        "null waits up to batch_timeout_s. Bounds Ray's own re-routing after a replica dies.",
     )
     ray_deploy: bool = Field(
         default=True, description="Deploy the replicas on start; False attaches to already deployed ones."
@@ -159,48 +168,54 @@ class Settings(BaseSettings):
         default=100.0, ge=0, description="Run batches predicted faster than this on the event loop."
     )
     loop_lag_shed_ms: float | None = Field(
-        default=None, ge=0, le=25,
+        default=None,
+        ge=0,
+        le=25,
         description="Refuse requests at the door (503 + Retry-After, before decoding) while the event loop runs "
-                    "more than this far behind (the lag probes' mean, while the latest probe is late too; "
-                    "gateway/looplag.py): a share "
-                    "rising from 0 at this lag to all at twice it (at most 25: a probe counts at most 50 ms). "
-                    "The front end, not the replicas, is then the bottleneck, and a refusal costs it a fraction of an "
-                    "answer (heavy/medium at 6,000/s on 2 cores, docs/benchmarks.md). An idle loop lags ~0.2 ms. "
-                    "Default: 5 with the inprocess backend; off (0) with ray, where it is not measured.",
+        "more than this far behind (the lag probes' mean, while the latest probe is late too; "
+        "gateway/looplag.py): a share "
+        "rising from 0 at this lag to all at twice it (at most 25: a probe counts at most 50 ms). "
+        "The front end, not the replicas, is then the bottleneck, and a refusal costs it a fraction of an "
+        "answer (heavy/medium at 6,000/s on 2 cores, docs/benchmarks.md). An idle loop lags ~0.2 ms. "
+        "Default: 5 with the inprocess backend; off (0) with ray, where it is not measured.",
     )
     max_request_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
     )
     max_queue_rows: int = Field(default=4096, ge=1, description="Bound on queued rows per model (429 above).")
     max_inflight_bytes: int = Field(
-        default=256 * 1024 * 1024, ge=1024,
+        default=256 * 1024 * 1024,
+        ge=1024,
         description="Bound on the request bytes (REST bodies, gRPC messages) held in the gateway at once, "
-                    "being decoded, queued or in a batch, over every model and transport (429 + Retry-After above).",
+        "being decoded, queued or in a batch, over every model and transport (429 + Retry-After above).",
     )
     max_tensor_elements: int = Field(
-        default=1 << 24, ge=1, le=1 << 31,
+        default=1 << 24,
+        ge=1,
+        le=1 << 31,
         description="Most elements one input tensor may hold (400 above); bounds memory per request.",
     )
     max_batch_rows: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="Most batch rows (first dimension) one request may carry, over every model; "
-                    "null leaves each model's max_batch_size as the only bound.",
+        "null leaves each model's max_batch_size as the only bound.",
     )
     allow_nonfinite: bool = Field(
         default=False,
         description="Accept NaN and +-Inf in FP16/FP32/FP64 inputs (REST JSON, REST binary, gRPC); "
-                    "by default they are refused with a 400 naming the input and the element.",
+        "by default they are refused with a 400 naming the input and the element.",
     )
     auth_tokens_file: Path | None = Field(
         default=None,
         description="Bearer tokens, one a line: `TOKEN [model,model...]` (no models or `*` = all); "
-                    "'#' starts a comment. When set (or auth_tokens), inference and model metadata "
-                    "need `Authorization: Bearer TOKEN`; health, /v2 and /metrics stay open.",
+        "'#' starts a comment. When set (or auth_tokens), inference and model metadata "
+        "need `Authorization: Bearer TOKEN`; health, /v2 and /metrics stay open.",
     )
     auth_tokens: SecretStr | None = Field(
         default=None,
         description="Bearer tokens inline, in the file's format with ';' or newlines between entries; "
-                    "meant for the environment (SLOSERVE_AUTH_TOKENS), merged with auth_tokens_file.",
+        "meant for the environment (SLOSERVE_AUTH_TOKENS), merged with auth_tokens_file.",
     )
     tls_cert_file: Path | None = Field(
         default=None, description="PEM certificate (chain): serve REST and gRPC over TLS with it."
@@ -210,29 +225,35 @@ class Settings(BaseSettings):
         default="slo", description="Batching policy for models that name none: slo | timeout | fixed | aimd | nexus."
     )
     gateway_share: float = Field(
-        default=1.0, gt=0, le=1,
+        default=1.0,
+        gt=0,
+        le=1,
         description="This gateway's share of the traffic (1/N behind an even load balancer): the "
-                    "autoscaler scales its partial view up to the aggregate, as Swayam's frontends do.",
+        "autoscaler scales its partial view up to the aggregate, as Swayam's frontends do.",
     )
     slo_max_wait_ms: float | None = Field(
-        default=2.0, ge=0,
+        default=2.0,
+        ge=0,
         description="Longest the slo policy holds the oldest request to grow a batch (null: up to its "
-                    "latest feasible start). Waiting to the edge leaves no slack for real-world variance.",
+        "latest feasible start). Waiting to the edge leaves no slack for real-world variance.",
     )
     slo_size_quantile: Literal["p50", "p99"] = Field(
         default="p50",
         description="Latency quantile the slo policy sizes batches with (plus dispatch_margin_ms). The "
-                    "calibrated p99 of a CPU-contended replica is outlier-driven and shrank batches into "
-                    "collapse near capacity (docs/architecture.md); shedding always uses the median.",
+        "calibrated p99 of a CPU-contended replica is outlier-driven and shrank batches into "
+        "collapse near capacity (docs/architecture.md); shedding always uses the median.",
     )
     dispatch_margin_ms: float = Field(
-        default=2.0, ge=0, le=1000,
+        default=2.0,
+        ge=0,
+        le=1000,
         description="Slack the slo policy keeps between a planned dispatch and a deadline, for timer and "
-                    "hand-off jitter of the live event loop (the simulator uses 0).",
+        "hand-off jitter of the live event loop (the simulator uses 0).",
     )
     models: dict[str, ModelOverride] = Field(default_factory=dict, description="Per-model overrides.")
     training: TrainingSettings = Field(
-        default_factory=TrainingSettings, description="Preemptible training jobs on idle GPUs (harvest).")
+        default_factory=TrainingSettings, description="Preemptible training jobs on idle GPUs (harvest)."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("host")
@@ -257,8 +278,10 @@ class Settings(BaseSettings):
             raise ValueError("training.enabled needs backend ray (jobs run as Ray actors on GPU resources)")
         shared = sorted(m for m, o in self.models.items() if o.shared_replicas)
         if shared and self.backend == "inprocess" and self.replica_processes:
-            raise ValueError(f"models.{shared[0]}.shared_replicas does not work with replica_processes (a worker "
-                             f"process holds one variant); set one of them false")
+            raise ValueError(
+                f"models.{shared[0]}.shared_replicas does not work with replica_processes (a worker "
+                f"process holds one variant); set one of them false"
+            )
         return self
 
 
@@ -280,7 +303,7 @@ def _read_file(path: Path) -> dict[str, Any]:
             data = tomllib.loads(text)
         else:
             data = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
+    except Exception as e:
         raise ConfigError(f"cannot parse config file {path}: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings")

@@ -47,12 +47,19 @@ def table(model: type[BaseModel], prefix: str = "") -> str:
 
 
 def render() -> str:
-    parts = [HEADER,
-             "## Server settings (`sloserve serve`)\n", table(Settings),
-             "\n## Per-model overrides (`models: {<name>: {...}}`)\n", table(ModelOverride, "models.<name>."),
-             "\n## Model repository: `<repo>/<model>/config.json`\n", table(ModelConfig),
-             "\n### `variants[]`\n", table(VariantConfig),
-             "\n### `inputs[]` / `outputs[]`\n", table(TensorSpec)]
+    parts = [
+        HEADER,
+        "## Server settings (`sloserve serve`)\n",
+        table(Settings),
+        "\n## Per-model overrides (`models: {<name>: {...}}`)\n",
+        table(ModelOverride, "models.<name>."),
+        "\n## Model repository: `<repo>/<model>/config.json`\n",
+        table(ModelConfig),
+        "\n### `variants[]`\n",
+        table(VariantConfig),
+        "\n### `inputs[]` / `outputs[]`\n",
+        table(TensorSpec),
+    ]
     return "\n".join(parts) + "\n"
 
 

@@ -8,7 +8,6 @@ transport a request came from is never part of the request.
 from __future__ import annotations
 
 import random
-import time
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ from gateway.errors import (
 )
 from gateway.looplag import LoopLag
 from gateway.metrics import Metrics
-from gateway.types import InferRequest, InferResponse, RequestedOutput
+from gateway.types import InferRequest, InferResponse
 from models.repository import LoadedModel, ModelConfig, ModelRepository
 
 SERVER_NAME = "sloserve"
@@ -41,8 +40,15 @@ EXTENSIONS = ["binary_tensor_data", "slo_parameters", "accuracy_variants"]
 class ModelState:
     """A model's resolved config (repository + overrides), its batcher and its variant order."""
 
-    def __init__(self, loaded: LoadedModel, settings: Settings, backend: Backend, metrics: Metrics,
-                 clock: Clock, profiles: ProfileTable | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        settings: Settings,
+        backend: Backend,
+        metrics: Metrics,
+        clock: Clock,
+        profiles: ProfileTable | None = None,
+    ):
         over = settings.models.get(loaded.config.name)
         cfg = loaded.config
         if over is not None and over.slo_ms is not None:
@@ -59,9 +65,13 @@ class ModelState:
             batching = dict(over.batching)
         policy_name = batching.pop("policy", None) or settings.default_policy
         context = {
-            "max_batch_size": cfg.max_batch_size, "default_variant": best, "model": cfg.name,
-            "profile": profiles, "device_type": backend.device_type_of(cfg.name),
-            "accuracy": dict(self.accuracy), "variants": list(self.by_accuracy),
+            "max_batch_size": cfg.max_batch_size,
+            "default_variant": best,
+            "model": cfg.name,
+            "profile": profiles,
+            "device_type": backend.device_type_of(cfg.name),
+            "accuracy": dict(self.accuracy),
+            "variants": list(self.by_accuracy),
         }
         try:
             knobs = {**_gateway_defaults(policy_name, settings), **batching}
@@ -69,10 +79,18 @@ class ModelState:
         except ValueError as e:  # the server refuses to start, saying which setting to fix
             raise ModelLoadError(f"models.{cfg.name}.batching {batching}: {e}") from None
         hook, depth = metrics.batcher_hook(cfg.name)
-        max_rows = (over.max_queue_rows if over and over.max_queue_rows else settings.max_queue_rows)
-        self.batcher = Batcher(cfg.name, self.policy, backend, self.by_accuracy, cfg.max_batch_size,
-                               max_queue_rows=max_rows, clock=clock, on_event=hook,
-                               late_grace_s=settings.late_grace_s)
+        max_rows = over.max_queue_rows if over and over.max_queue_rows else settings.max_queue_rows
+        self.batcher = Batcher(
+            cfg.name,
+            self.policy,
+            backend,
+            self.by_accuracy,
+            cfg.max_batch_size,
+            max_queue_rows=max_rows,
+            clock=clock,
+            on_event=hook,
+            late_grace_s=settings.late_grace_s,
+        )
         depth.set_function(lambda: self.batcher.queued_rows)
 
     def metadata(self) -> dict[str, Any]:
@@ -86,8 +104,9 @@ class ModelState:
             "parameters": {
                 "max_batch_size": c.max_batch_size,
                 "slo_ms": c.slo_ms,
-                "variants": [{"name": v.name, "accuracy": v.accuracy, "cost_flops": v.cost_flops}
-                             for v in c.variants_by_accuracy],
+                "variants": [
+                    {"name": v.name, "accuracy": v.accuracy, "cost_flops": v.cost_flops} for v in c.variants_by_accuracy
+                ],
                 "default_variant": c.best_variant,
                 "batching_policy": self.policy.name,
             },
@@ -115,7 +134,9 @@ class InflightBytes:
             self.on_refuse(model)
             raise TooManyRequests(
                 f"the gateway holds {self.held} request bytes, and {n} more would pass its "
-                f"max_inflight_bytes={self.limit}; retry later", retry_after_s=1.0)
+                f"max_inflight_bytes={self.limit}; retry later",
+                retry_after_s=1.0,
+            )
         self.held += max(n, 0)
         return max(n, 0)
 
@@ -157,8 +178,14 @@ class Ticket:
 
 
 class DataPlane:
-    def __init__(self, repo: ModelRepository, backend: Backend, settings: Settings,
-                 metrics: Metrics | None = None, clock: Clock | None = None):
+    def __init__(
+        self,
+        repo: ModelRepository,
+        backend: Backend,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        clock: Clock | None = None,
+    ):
         self.repo = repo
         self.backend = backend
         self.settings = settings
@@ -210,7 +237,9 @@ class DataPlane:
         raise DeadlineUnreachable(
             f"the gateway is overloaded: its event loop runs {lag * 1e3:.1f} ms behind (loop_lag_shed_ms "
             f"{t * 1e3:g}); retry after Retry-After, or spread the load over more gateway processes",
-            retry_after_s=max(0.05, 4 * lag), reason="overload")
+            retry_after_s=max(0.05, 4 * lag),
+            reason="overload",
+        )
 
     async def start(self) -> None:
         if self.loop_lag is not None:
@@ -256,30 +285,33 @@ class DataPlane:
         cfg = m.config
         unknown = [n for n in req.inputs if n not in m.inputs]
         if unknown:
-            raise InvalidArgument(
-                f"model '{cfg.name}' has no input '{unknown[0]:.64}'; inputs: {list(m.inputs)}")
+            raise InvalidArgument(f"model '{cfg.name}' has no input '{unknown[0]:.64}'; inputs: {list(m.inputs)}")
         arrays: dict[str, np.ndarray] = {}
         rows = None
         for name, spec in m.inputs.items():
             if name not in req.inputs:
                 raise InvalidArgument(
-                    f"missing input '{name}' ({spec.datatype}, shape [-1, {', '.join(map(str, spec.shape))}])")
+                    f"missing input '{name}' ({spec.datatype}, shape [-1, {', '.join(map(str, spec.shape))}])"
+                )
             datatype, arr = req.inputs[name]
             if datatype != spec.datatype:
                 raise InvalidArgument(
-                    f"input '{name}' has datatype {datatype}; model '{cfg.name}' expects {spec.datatype}")
+                    f"input '{name}' has datatype {datatype}; model '{cfg.name}' expects {spec.datatype}"
+                )
             want = [-1, *spec.shape]
-            if arr.ndim != len(want) or any(w != -1 and w != d for w, d in zip(want, arr.shape)):
+            if arr.ndim != len(want) or any(w != -1 and w != d for w, d in zip(want, arr.shape, strict=False)):
                 raise InvalidArgument(
                     f"input '{name}' has shape {list(arr.shape)}; model '{cfg.name}' expects {want} "
-                    f"(first dimension = batch rows, 1..{cfg.max_batch_size})")
+                    f"(first dimension = batch rows, 1..{cfg.max_batch_size})"
+                )
             n = arr.shape[0]
             if n < 1:
                 raise InvalidArgument(f"input '{name}' has an empty batch (shape {list(arr.shape)})")
             if n > cfg.max_batch_size:
                 raise InvalidArgument(
                     f"input '{name}' carries {n} rows, over model '{cfg.name}' max_batch_size "
-                    f"{cfg.max_batch_size}; split the request")
+                    f"{cfg.max_batch_size}; split the request"
+                )
             if rows is None:
                 rows = n
             elif n != rows:
@@ -289,7 +321,8 @@ class DataPlane:
             for o in req.outputs:
                 if o.name not in m.outputs:
                     raise InvalidArgument(
-                        f"model '{cfg.name}' has no output '{o.name:.64}'; outputs: {list(m.outputs)}")
+                        f"model '{cfg.name}' has no output '{o.name:.64}'; outputs: {list(m.outputs)}"
+                    )
         return arrays, rows or 0
 
     def allowed_variants(self, m: ModelState, req: InferRequest) -> tuple[str, ...]:
@@ -297,11 +330,13 @@ class DataPlane:
         if p.variant is not None:
             if p.variant not in m.accuracy:
                 raise InvalidArgument(
-                    f"unknown variant '{p.variant:.64}' for model '{m.config.name}'; variants: {m.by_accuracy}")
+                    f"unknown variant '{p.variant:.64}' for model '{m.config.name}'; variants: {m.by_accuracy}"
+                )
             if p.min_accuracy is not None and m.accuracy[p.variant] < p.min_accuracy:
                 raise InvalidArgument(
                     f"variant '{p.variant}' has accuracy {m.accuracy[p.variant]:.4f}, below the "
-                    f"min_accuracy {p.min_accuracy} asked for")
+                    f"min_accuracy {p.min_accuracy} asked for"
+                )
             return (p.variant,)
         if p.min_accuracy is not None:
             ok = tuple(v for v in m.default_variants if m.accuracy[v] >= p.min_accuracy)
@@ -309,7 +344,8 @@ class DataPlane:
                 best = m.by_accuracy[0]
                 raise InvalidArgument(
                     f"no variant of '{m.config.name}' reaches min_accuracy {p.min_accuracy}; the best is "
-                    f"'{best}' at {m.accuracy[best]:.4f}")
+                    f"'{best}' at {m.accuracy[best]:.4f}"
+                )
             return ok
         return m.default_variants
 
@@ -331,8 +367,13 @@ class DataPlane:
             self.backend.note_arrival(m.config.name, rows)
             out = await m.batcher.submit(arrays, rows, deadline, variants, req.params.priority, arrival, on_shed)
         except ServingError as e:
-            self.metrics.observe_request(req.model if m else "unknown", variant_label, e.kind, 0.0,
-                                         False if isinstance(e, DeadlineUnreachable) else None)
+            self.metrics.observe_request(
+                req.model if m else "unknown",
+                variant_label,
+                e.kind,
+                0.0,
+                False if isinstance(e, DeadlineUnreachable) else None,
+            )
             raise
         done = self.clock.now()
         latency = done - arrival
@@ -357,7 +398,6 @@ class DataPlane:
             },
         )
 
-
     def _refused_bytes(self, model: str) -> None:
         self.metrics.observe_request(model if model in self.models else "unknown", "none", "rejected", 0.0, None)
 
@@ -365,8 +405,11 @@ class DataPlane:
 def _inflight_gauge(metrics: Metrics, inflight: InflightBytes) -> None:
     from prometheus_client import Gauge
 
-    g = Gauge("sloserve_inflight_bytes", "Request bytes held in the gateway (decoding, queued, in a batch).",
-              registry=metrics.registry)
+    g = Gauge(
+        "sloserve_inflight_bytes",
+        "Request bytes held in the gateway (decoding, queued, in a batch).",
+        registry=metrics.registry,
+    )
     g.set_function(lambda: inflight.held)
 
 
@@ -375,8 +418,11 @@ def _gateway_defaults(policy: str, settings: Settings) -> dict[str, Any]:
     ``slo_max_wait_ms``, ``slo_size_quantile``); a model's own batching config overrides them."""
     if policy not in POLICIES or not issubclass(policy_settings(policy), SLOSettings):
         return {}
-    return {"safety_ms": settings.dispatch_margin_ms, "max_wait_ms": settings.slo_max_wait_ms,
-            "size_quantile": settings.slo_size_quantile}
+    return {
+        "safety_ms": settings.dispatch_margin_ms,
+        "max_wait_ms": settings.slo_max_wait_ms,
+        "size_quantile": settings.slo_size_quantile,
+    }
 
 
 def door_ms(settings: Settings) -> float:
@@ -385,6 +431,3 @@ def door_ms(settings: Settings) -> float:
     if settings.loop_lag_shed_ms is not None:
         return settings.loop_lag_shed_ms
     return 5.0 if settings.backend == "inprocess" else 0.0
-
-
-

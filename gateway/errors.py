@@ -17,8 +17,18 @@ from batching.errors import (
 )
 
 __all__ = [
-    "DeadlineExceeded", "DeadlineUnreachable", "InternalError", "InvalidArgument", "NotFound", "PayloadTooLarge",
-    "PermissionDenied", "ReplicaFailed", "ServingError", "TooManyRequests", "Unauthenticated", "Unavailable",
+    "DeadlineExceeded",
+    "DeadlineUnreachable",
+    "InternalError",
+    "InvalidArgument",
+    "NotFound",
+    "PayloadTooLarge",
+    "PermissionDenied",
+    "ReplicaFailed",
+    "ServingError",
+    "TooManyRequests",
+    "Unauthenticated",
+    "Unavailable",
 ]
 
 

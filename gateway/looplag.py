@@ -21,8 +21,14 @@ import time
 
 
 class LoopLag:
-    def __init__(self, period_s: float = 0.005, alpha: float = 0.2, cap_s: float = 0.05, idle_s: float = 1.0,
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        period_s: float = 0.005,
+        alpha: float = 0.2,
+        cap_s: float = 0.05,
+        idle_s: float = 1.0,
+        clock=time.monotonic,
+    ):
         self.period_s = period_s
         self.alpha = alpha
         self.cap_s = cap_s  # one stall (a collection, a slow scrape) must not eat a whole budget

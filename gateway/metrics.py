@@ -9,8 +9,30 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
-                   0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
 SHED_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 
@@ -19,58 +41,123 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = registry if registry is not None else CollectorRegistry()
         self.registry = r
-        self.requests = Counter("sloserve_requests", "Inference requests by model, variant and outcome.",
-                                ["model", "variant", "outcome"], registry=r)
-        self.latency = Histogram("sloserve_request_duration_seconds",
-                                 "Time from arrival at the gateway to the response, by model and variant.",
-                                 ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
-        self.slo = Counter("sloserve_slo_requests", "Answered requests by whether they met their deadline.",
-                           ["model", "met"], registry=r)
-        self.loop_lag = Gauge("sloserve_event_loop_lag_seconds", "The gateway event loop's lag (EWMA of a 5 ms "
-                              "timer probe, run while requests come).", registry=r)
+        self.requests = Counter(
+            "sloserve_requests",
+            "Inference requests by model, variant and outcome.",
+            ["model", "variant", "outcome"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "sloserve_request_duration_seconds",
+            "Time from arrival at the gateway to the response, by model and variant.",
+            ["model", "variant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.slo = Counter(
+            "sloserve_slo_requests",
+            "Answered requests by whether they met their deadline.",
+            ["model", "met"],
+            registry=r,
+        )
+        self.loop_lag = Gauge(
+            "sloserve_event_loop_lag_seconds",
+            "The gateway event loop's lag (EWMA of a 5 ms timer probe, run while requests come).",
+            registry=r,
+        )
         self.queue_depth = Gauge("sloserve_queue_rows", "Rows waiting in the batching queue.", ["model"], registry=r)
-        self.batch_size = Histogram("sloserve_batch_rows", "Rows per dispatched batch.", ["model", "variant"],
-                                    buckets=BATCH_BUCKETS, registry=r)
-        self.batch_compute = Histogram("sloserve_batch_compute_seconds", "Replica compute time per batch.",
-                                       ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram(
+            "sloserve_batch_rows", "Rows per dispatched batch.", ["model", "variant"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_compute = Histogram(
+            "sloserve_batch_compute_seconds",
+            "Replica compute time per batch.",
+            ["model", "variant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.shed = Counter("sloserve_shed", "Requests refused or shed, by reason.", ["model", "reason"], registry=r)
-        self.shed_answer = Histogram("sloserve_shed_answer_seconds", "Time from a shed or admission "
-                                     "refusal decision to its 503 / UNAVAILABLE answer being written.",
-                                     ["model", "reason"], buckets=SHED_BUCKETS, registry=r)
-        self.batch_failures = Counter("sloserve_batch_failures", "Batches whose replica failed, by what followed "
-                                      "(retried once elsewhere, or failed explicitly).",
-                                      ["model", "variant", "action"], registry=r)
+        self.shed_answer = Histogram(
+            "sloserve_shed_answer_seconds",
+            "Time from a shed or admission refusal decision to its 503 / UNAVAILABLE answer being written.",
+            ["model", "reason"],
+            buckets=SHED_BUCKETS,
+            registry=r,
+        )
+        self.batch_failures = Counter(
+            "sloserve_batch_failures",
+            "Batches whose replica failed, by what followed (retried once elsewhere, or failed explicitly).",
+            ["model", "variant", "action"],
+            registry=r,
+        )
         # Metrics of the later parts (autoscaler/, placement, training harvest, online profiles). They are
         # defined here so every exporter uses one name and one label set; a series appears once the part
         # that owns it sets it (see docs/operations.md, "who exports what").
-        self.replicas = Gauge("sloserve_replicas", "Replicas by model, variant, device type and state "
-                              "(starting, running, stopping).", ["model", "variant", "device_type", "state"],
-                              registry=r)
-        self.replicas_desired = Gauge("sloserve_replicas_desired", "Replicas the autoscaler wants.",
-                                      ["model", "variant", "device_type"], registry=r)
-        self.predicted_rate = Gauge("sloserve_autoscaler_predicted_requests_per_second",
-                                    "Arrival rate the autoscaler predicts over the replica start-up horizon.",
-                                    ["model"], registry=r)
-        self.scaling_decisions = Counter("sloserve_autoscaler_decisions", "Autoscaler decisions by direction "
-                                         "(up, down, hold) and reason.", ["model", "direction", "reason"],
-                                         registry=r)
-        self.replica_start = Histogram("sloserve_replica_start_seconds", "Time from placement to a ready replica.",
-                                       ["model", "device_type"],
-                                       buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300), registry=r)
-        self.gpus = Gauge("sloserve_gpus", "GPUs by device type and use (inference, training, idle).",
-                          ["device_type", "use"], registry=r)
-        self.training_jobs = Gauge("sloserve_training_jobs", "Training jobs by state (queued, running, "
-                                   "checkpointing, preempted, completed).", ["state"], registry=r)
+        self.replicas = Gauge(
+            "sloserve_replicas",
+            "Replicas by model, variant, device type and state (starting, running, stopping).",
+            ["model", "variant", "device_type", "state"],
+            registry=r,
+        )
+        self.replicas_desired = Gauge(
+            "sloserve_replicas_desired",
+            "Replicas the autoscaler wants.",
+            ["model", "variant", "device_type"],
+            registry=r,
+        )
+        self.predicted_rate = Gauge(
+            "sloserve_autoscaler_predicted_requests_per_second",
+            "Arrival rate the autoscaler predicts over the replica start-up horizon.",
+            ["model"],
+            registry=r,
+        )
+        self.scaling_decisions = Counter(
+            "sloserve_autoscaler_decisions",
+            "Autoscaler decisions by direction (up, down, hold) and reason.",
+            ["model", "direction", "reason"],
+            registry=r,
+        )
+        self.replica_start = Histogram(
+            "sloserve_replica_start_seconds",
+            "Time from placement to a ready replica.",
+            ["model", "device_type"],
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.gpus = Gauge(
+            "sloserve_gpus",
+            "GPUs by device type and use (inference, training, idle).",
+            ["device_type", "use"],
+            registry=r,
+        )
+        self.training_jobs = Gauge(
+            "sloserve_training_jobs",
+            "Training jobs by state (queued, running, checkpointing, preempted, completed).",
+            ["state"],
+            registry=r,
+        )
         self.training_steps = Counter("sloserve_training_steps", "Training steps completed.", ["job"], registry=r)
-        self.training_gpu_seconds = Counter("sloserve_training_gpu_seconds", "GPU time given to training jobs.",
-                                            ["device_type"], registry=r)
-        self.training_lost_seconds = Counter("sloserve_training_lost_work_seconds", "Training work lost to "
-                                             "preemption (time since the last checkpoint).", ["device_type"],
-                                             registry=r)
-        self.checkpoints = Counter("sloserve_training_checkpoints", "Checkpoints written, by trigger "
-                                   "(periodic, preemption).", ["trigger"], registry=r)
-        self.preemptions = Counter("sloserve_preemptions", "Training jobs preempted for inference, by device "
-                                   "type and reason.", ["device_type", "reason"], registry=r)
+        self.training_gpu_seconds = Counter(
+            "sloserve_training_gpu_seconds", "GPU time given to training jobs.", ["device_type"], registry=r
+        )
+        self.training_lost_seconds = Counter(
+            "sloserve_training_lost_work_seconds",
+            "Training work lost to preemption (time since the last checkpoint).",
+            ["device_type"],
+            registry=r,
+        )
+        self.checkpoints = Counter(
+            "sloserve_training_checkpoints",
+            "Checkpoints written, by trigger (periodic, preemption).",
+            ["trigger"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "sloserve_preemptions",
+            "Training jobs preempted for inference, by device type and reason.",
+            ["device_type", "reason"],
+            registry=r,
+        )
         self._policies: dict[str, object] = {}
         r.register(_DriftCollector(self._policies))
         self._req: dict[tuple, object] = {}
@@ -137,9 +224,11 @@ class _DriftCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        g = GaugeMetricFamily("sloserve_profile_drift_ratio",
-                              "Observed over profiled median batch latency (1 = the profile holds).",
-                              labels=["model", "variant", "device_type"])
+        g = GaugeMetricFamily(
+            "sloserve_profile_drift_ratio",
+            "Observed over profiled median batch latency (1 = the profile holds).",
+            labels=["model", "variant", "device_type"],
+        )
         for policy in list(self.policies.values()):
             cal = getattr(policy, "calibrator", None)
             if cal is None:

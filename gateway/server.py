@@ -15,13 +15,13 @@ import sys
 
 import uvicorn
 
-from gateway.transports.auth import uvicorn_tls_kwargs
 from gateway.backends.base import Backend, ModelLoadError, find_bad_onnx
 from gateway.backends.threads import InProcessBackend
 from gateway.config import Settings
 from gateway.dataplane import DataPlane
-from gateway.transports.grpc import create_server
 from gateway.metrics import Metrics
+from gateway.transports.auth import uvicorn_tls_kwargs
+from gateway.transports.grpc import create_server
 from gateway.transports.rest import create_asgi
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
@@ -39,17 +39,21 @@ class _Uvicorn(uvicorn.Server):
 
 
 def make_backend(settings: Settings, repo: ModelRepository) -> Backend:
-    opts = RuntimeOptions(intra_op_threads=settings.intra_op_threads, allow_spinning=settings.allow_spinning,
-                          device=settings.device)
+    opts = RuntimeOptions(
+        intra_op_threads=settings.intra_op_threads, allow_spinning=settings.allow_spinning, device=settings.device
+    )
     if settings.backend == "inprocess":
-        return InProcessBackend(repo, opts, instances=settings.instances,
-                                inline_below_s=settings.inline_below_us / 1e6,
-                                fault_delay_s={m: o.fault_delay_ms / 1e3 for m, o in settings.models.items()},
-                                batch_timeout_s=settings.batch_timeout_s,
-                                pipeline_depth=settings.inprocess_pipeline_depth
-                                or (2 if settings.replica_processes else 1),
-                                processes=settings.replica_processes,
-                                shared={m for m, o in settings.models.items() if o.shared_replicas})
+        return InProcessBackend(
+            repo,
+            opts,
+            instances=settings.instances,
+            inline_below_s=settings.inline_below_us / 1e6,
+            fault_delay_s={m: o.fault_delay_ms / 1e3 for m, o in settings.models.items()},
+            batch_timeout_s=settings.batch_timeout_s,
+            pipeline_depth=settings.inprocess_pipeline_depth or (2 if settings.replica_processes else 1),
+            processes=settings.replica_processes,
+            shared={m for m, o in settings.models.items() if o.shared_replicas},
+        )
     from gateway.backends.ray import RayServeBackend
 
     return RayServeBackend(repo, opts, settings)
@@ -115,9 +119,18 @@ class Gateway:
 
             routers.append(training_router(self.harvest.jobs_api, self.harvest.report))
         app = create_asgi(self.dataplane, routers)
-        cfg = uvicorn.Config(app, host=s.host, port=s.http_port, log_level="warning",
-                             access_log=False, lifespan="off", loop="none", http="httptools",
-                             timeout_graceful_shutdown=5, **uvicorn_tls_kwargs(s))
+        cfg = uvicorn.Config(
+            app,
+            host=s.host,
+            port=s.http_port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            loop="none",
+            http="httptools",
+            timeout_graceful_shutdown=5,
+            **uvicorn_tls_kwargs(s),
+        )
         self._uvicorn = _Uvicorn(cfg)
         self._uv_task = asyncio.get_running_loop().create_task(self._uvicorn.serve())
         while not self._uvicorn.started:
@@ -136,8 +149,15 @@ class Gateway:
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
-        log.info("sloserve ready: HTTP %s:%d  gRPC %s:%d  backend=%s models=%s", s.host, self.http_port,
-                 s.host, self.grpc_port, self.backend.name, sorted(self.repo.models))
+        log.info(
+            "sloserve ready: HTTP %s:%d  gRPC %s:%d  backend=%s models=%s",
+            s.host,
+            self.http_port,
+            s.host,
+            self.grpc_port,
+            self.backend.name,
+            sorted(self.repo.models),
+        )
 
     async def stop(self) -> None:
         if self._uvicorn is not None:
@@ -186,8 +206,11 @@ async def serve(settings: Settings) -> None:
             return
         stopping.cancel()
         starting.result()
-        print(f"sloserve serving HTTP on {settings.host}:{gw.http_port}, gRPC on {settings.host}:{gw.grpc_port}"
-              f" ({gw.backend.name} backend)", flush=True)
+        print(
+            f"sloserve serving HTTP on {settings.host}:{gw.http_port}, gRPC on {settings.host}:{gw.grpc_port}"
+            f" ({gw.backend.name} backend)",
+            flush=True,
+        )
         await stop.wait()
         print("sloserve: shutting down", flush=True)
     except ModelLoadError as e:

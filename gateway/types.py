@@ -16,7 +16,6 @@ from models.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
 __all__ = ["NUMPY_TO_V2", "V2_TO_NUMPY", "InferRequest", "InferResponse", "RequestParams", "RequestedOutput"]
 
 
-
 @dataclass(slots=True)
 class RequestParams:
     """The SLO parameters of one request (see docs/architecture.md, "SLO in the protocol")."""

@@ -42,33 +42,83 @@ EXIT_SLO_MISSED = 3
 @events.init_command_line_parser.add_listener
 def _options(parser) -> None:
     g = parser.add_argument_group("sloserve")
-    g.add_argument("--models", env_var="SLOSERVE_MODELS", default="digits",
-                   help="models and weights, e.g. 'digits' or 'digits:3,heavy:1'")
-    g.add_argument("--slo-ms", env_var="SLOSERVE_SLO_MS", type=float, default=50.0,
-                   help="per-request latency budget sent as parameters.slo_ms (ms)")
-    g.add_argument("--min-attainment", env_var="SLOSERVE_MIN_ATTAINMENT", type=float, default=0.95,
-                   help="fail the run when fewer requests than this fraction attain their SLO")
-    g.add_argument("--max-error-rate", env_var="SLOSERVE_MAX_ERROR_RATE", type=float, default=0.01,
-                   help="fail the run when more requests than this fraction fail")
-    g.add_argument("--rps-per-user", env_var="SLOSERVE_RPS_PER_USER", type=float, default=20.0,
-                   help="requests per second each user paces itself to (0: back to back)")
-    g.add_argument("--grpc-host", env_var="SLOSERVE_GRPC_HOST", default="",
-                   help="host:port of the gRPC endpoint (default: the HTTP host, port 8001)")
-    g.add_argument("--results-json", env_var="SLOSERVE_RESULTS_JSON", default="",
-                   help="write the SLO summary and a per-second timeline to this file")
-    g.add_argument("--exit-code-file", env_var="SLOSERVE_EXIT_CODE_FILE", default="",
-                   help="write the process's exit code here once the run's stats are out (sloserve "
-                        "loadtest uses it to end a process that then hangs on its way out)")
+    g.add_argument(
+        "--models",
+        env_var="SLOSERVE_MODELS",
+        default="digits",
+        help="models and weights, e.g. 'digits' or 'digits:3,heavy:1'",
+    )
+    g.add_argument(
+        "--slo-ms",
+        env_var="SLOSERVE_SLO_MS",
+        type=float,
+        default=50.0,
+        help="per-request latency budget sent as parameters.slo_ms (ms)",
+    )
+    g.add_argument(
+        "--min-attainment",
+        env_var="SLOSERVE_MIN_ATTAINMENT",
+        type=float,
+        default=0.95,
+        help="fail the run when fewer requests than this fraction attain their SLO",
+    )
+    g.add_argument(
+        "--max-error-rate",
+        env_var="SLOSERVE_MAX_ERROR_RATE",
+        type=float,
+        default=0.01,
+        help="fail the run when more requests than this fraction fail",
+    )
+    g.add_argument(
+        "--rps-per-user",
+        env_var="SLOSERVE_RPS_PER_USER",
+        type=float,
+        default=20.0,
+        help="requests per second each user paces itself to (0: back to back)",
+    )
+    g.add_argument(
+        "--grpc-host",
+        env_var="SLOSERVE_GRPC_HOST",
+        default="",
+        help="host:port of the gRPC endpoint (default: the HTTP host, port 8001)",
+    )
+    g.add_argument(
+        "--results-json",
+        env_var="SLOSERVE_RESULTS_JSON",
+        default="",
+        help="write the SLO summary and a per-second timeline to this file",
+    )
+    g.add_argument(
+        "--exit-code-file",
+        env_var="SLOSERVE_EXIT_CODE_FILE",
+        default="",
+        help="write the process's exit code here once the run's stats are out (sloserve "
+        "loadtest uses it to end a process that then hangs on its way out)",
+    )
     # Trace shape (loadtests/trace_shape.py): see that module.
-    g.add_argument("--trace-file", env_var="SLOSERVE_TRACE_FILE", default="",
-                   help="per-minute arrival trace CSV (default ../shared/traces/azure_functions_2019_...)")
+    g.add_argument(
+        "--trace-file",
+        env_var="SLOSERVE_TRACE_FILE",
+        default="",
+        help="per-minute arrival trace CSV (default ../shared/traces/azure_functions_2019_...)",
+    )
     g.add_argument("--trace-column", env_var="SLOSERVE_TRACE_COLUMN", default="aggregate_1350fn")
     g.add_argument("--trace-start-minute", env_var="SLOSERVE_TRACE_START_MINUTE", type=int, default=540)
     g.add_argument("--trace-minutes", env_var="SLOSERVE_TRACE_MINUTES", type=int, default=15)
-    g.add_argument("--seconds-per-minute", env_var="SLOSERVE_SECONDS_PER_MINUTE", type=float, default=1.0,
-                   help="time compression: test seconds per trace minute")
-    g.add_argument("--peak-rps", env_var="SLOSERVE_PEAK_RPS", type=float, default=150.0,
-                   help="the trace's busiest minute maps to this request rate")
+    g.add_argument(
+        "--seconds-per-minute",
+        env_var="SLOSERVE_SECONDS_PER_MINUTE",
+        type=float,
+        default=1.0,
+        help="time compression: test seconds per trace minute",
+    )
+    g.add_argument(
+        "--peak-rps",
+        env_var="SLOSERVE_PEAK_RPS",
+        type=float,
+        default=150.0,
+        help="the trace's busiest minute maps to this request rate",
+    )
 
 
 # ------------------------------------------------------------------------------------ tally
@@ -111,8 +161,13 @@ class Tally:
             s[3].extend(v[3])
 
     def drain(self) -> dict:
-        data = {"n": self.n, "failed": self.failed, "attained": self.attained, "start": self.start,
-                "seconds": self.seconds}
+        data = {
+            "n": self.n,
+            "failed": self.failed,
+            "attained": self.attained,
+            "start": self.start,
+            "seconds": self.seconds,
+        }
         self.n = self.failed = self.attained = 0
         self.seconds = {}
         return data
@@ -125,15 +180,28 @@ class Tally:
             cnt, failed, hit, lat, bsum, bn = self.seconds[sec]
             lat.sort()
             users, target = self.users.get(sec, (None, None))
-            timeline.append({
-                "t_s": sec, "requests": cnt, "failed": failed, "attainment": hit / cnt if cnt else None,
-                "p50_ms": _q(lat, 0.5), "p99_ms": _q(lat, 0.99), "mean_batch": bsum / bn if bn else None,
-                "users": users, "target_rps": target,
-            })
+            timeline.append(
+                {
+                    "t_s": sec,
+                    "requests": cnt,
+                    "failed": failed,
+                    "attainment": hit / cnt if cnt else None,
+                    "p50_ms": _q(lat, 0.5),
+                    "p99_ms": _q(lat, 0.99),
+                    "mean_batch": bsum / bn if bn else None,
+                    "users": users,
+                    "target_rps": target,
+                }
+            )
         return {
-            "requests": self.n, "failed": self.failed, "attained": self.attained,
-            "attainment": attainment, "error_rate": error_rate, "slo_ms": opts.slo_ms,
-            "min_attainment": opts.min_attainment, "max_error_rate": opts.max_error_rate,
+            "requests": self.n,
+            "failed": self.failed,
+            "attained": self.attained,
+            "attainment": attainment,
+            "error_rate": error_rate,
+            "slo_ms": opts.slo_ms,
+            "min_attainment": opts.min_attainment,
+            "max_error_rate": opts.max_error_rate,
             "passed": self.n > 0 and attainment >= opts.min_attainment and error_rate <= opts.max_error_rate,
             "timeline": timeline,
         }
@@ -194,13 +262,20 @@ def _verdict(environment, **_kw) -> None:
         with open(opts.results_json, "w") as f:
             json.dump(s, f, indent=1)
     verdict = "PASS" if s["passed"] else "FAIL"
-    print(f"\nsloserve SLO check: {verdict}: {s['requests']} requests, SLO attainment {s['attainment']:.4f} "
-          f"(min {opts.min_attainment}) within slo_ms={opts.slo_ms:g}, error rate {s['error_rate']:.4f} "
-          f"(max {opts.max_error_rate})", file=sys.stderr, flush=True)
+    print(
+        f"\nsloserve SLO check: {verdict}: {s['requests']} requests, SLO attainment {s['attainment']:.4f} "
+        f"(min {opts.min_attainment}) within slo_ms={opts.slo_ms:g}, error rate {s['error_rate']:.4f} "
+        f"(max {opts.max_error_rate})",
+        file=sys.stderr,
+        flush=True,
+    )
     if not s["passed"]:
         environment.process_exit_code = EXIT_SLO_MISSED
-    elif environment.process_exit_code is None and not environment.runner.exceptions \
-            and not locust_log.unhandled_greenlet_exception:
+    elif (
+        environment.process_exit_code is None
+        and not environment.runner.exceptions
+        and not locust_log.unhandled_greenlet_exception
+    ):
         environment.process_exit_code = 0  # failures under --max-error-rate are within the contract
 
 
@@ -261,19 +336,34 @@ class V2HttpUser(_SloUser, FastHttpUser):
         self.bodies = {}
         for m in self.models:
             w = SHAPES[m]
-            self.bodies[m] = [json.dumps({
-                "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, w],
-                            "data": [round(self.rng.uniform(0, 16), 3) for _ in range(w)]}],
-                "parameters": {"slo_ms": self.slo_ms},
-            }).encode() for _ in range(8)]
+            self.bodies[m] = [
+                json.dumps(
+                    {
+                        "inputs": [
+                            {
+                                "name": "input",
+                                "datatype": "FP32",
+                                "shape": [1, w],
+                                "data": [round(self.rng.uniform(0, 16), 3) for _ in range(w)],
+                            }
+                        ],
+                        "parameters": {"slo_ms": self.slo_ms},
+                    }
+                ).encode()
+                for _ in range(8)
+            ]
 
     @task
     def infer(self) -> None:
         m = self.choose()
         t0 = time.perf_counter()
-        with self.client.post(f"/v2/models/{m}/infer", data=self.rng.choice(self.bodies[m]),
-                              headers={"Content-Type": "application/json"}, name=f"REST {m}",
-                              catch_response=True) as r:
+        with self.client.post(
+            f"/v2/models/{m}/infer",
+            data=self.rng.choice(self.bodies[m]),
+            headers={"Content-Type": "application/json"},
+            name=f"REST {m}",
+            catch_response=True,
+        ) as r:
             ms = (time.perf_counter() - t0) * 1e3
             if r.status_code != 200:
                 r.failure(f"HTTP {r.status_code}: {(r.text or '')[:160]}")
@@ -329,8 +419,9 @@ class V2GrpcUser(_SloUser, User):
         except self._err as e:
             exc = e
         ms = (time.perf_counter() - t0) * 1e3
-        self.environment.events.request.fire(request_type="gRPC", name=f"gRPC {m}", response_time=ms,
-                                             response_length=0, exception=exc, context={})
+        self.environment.events.request.fire(
+            request_type="gRPC", name=f"gRPC {m}", response_time=ms, response_length=0, exception=exc, context={}
+        )
         TALLY.add(ms, self.slo_ms, ok=exc is None, batch=batch)
 
 

@@ -57,14 +57,20 @@ class Result:
             by[k] = by.get(k, 0) + 1
         ok = [r.latency_s for r in self.records if r.status == 200]
         refused = [r.latency_s for r in self.records if r.status in (429, 503)]
-        out = {"sent": len(self.records), "duration_s": round(self.duration_s, 3),
-               "offered_rps": round(len(self.records) / self.duration_s, 1) if self.duration_s else 0.0,
-               "status": by, "ok_rps": round(len(ok) / self.duration_s, 1) if self.duration_s else 0.0,
-               "ok_p50_ms": _ms(pct(ok, 50)), "ok_p99_ms": _ms(pct(ok, 99)), "ok_max_ms": _ms(max(ok, default=None)),
-               "refused_p99_ms": _ms(pct(refused, 99)), "refused_max_ms": _ms(max(refused, default=None)),
-               "refused_without_retry_after": sum(1 for r in self.records if r.status in (429, 503)
-                                                  and not r.retry_after),
-               "max_send_lag_ms": _ms(self.max_lag_s)}
+        out = {
+            "sent": len(self.records),
+            "duration_s": round(self.duration_s, 3),
+            "offered_rps": round(len(self.records) / self.duration_s, 1) if self.duration_s else 0.0,
+            "status": by,
+            "ok_rps": round(len(ok) / self.duration_s, 1) if self.duration_s else 0.0,
+            "ok_p50_ms": _ms(pct(ok, 50)),
+            "ok_p99_ms": _ms(pct(ok, 99)),
+            "ok_max_ms": _ms(max(ok, default=None)),
+            "refused_p99_ms": _ms(pct(refused, 99)),
+            "refused_max_ms": _ms(max(refused, default=None)),
+            "refused_without_retry_after": sum(1 for r in self.records if r.status in (429, 503) and not r.retry_after),
+            "max_send_lag_ms": _ms(self.max_lag_s),
+        }
         if slo_s is not None:
             good = sum(1 for x in ok if x <= slo_s)
             out["goodput_rps"] = round(good / self.duration_s, 1) if self.duration_s else 0.0
@@ -113,17 +119,26 @@ async def _exchange(conn: _Conn, head: bytes, body: bytes) -> tuple[int, dict[st
     return status, headers, data
 
 
-async def run_open_loop(url: str, path: str, rate_rps: float, duration_s: float,
-                        body_fn: Callable[[int], bytes], *, timeout_s: float = 10.0, max_conns: int = 512,
-                        seed: int = 0, keep_bodies: bool = False, first_index: int = 0,
-                        headers: dict[str, str] | None = None) -> Result:
+async def run_open_loop(
+    url: str,
+    path: str,
+    rate_rps: float,
+    duration_s: float,
+    body_fn: Callable[[int], bytes],
+    *,
+    timeout_s: float = 10.0,
+    max_conns: int = 512,
+    seed: int = 0,
+    keep_bodies: bool = False,
+    first_index: int = 0,
+    headers: dict[str, str] | None = None,
+) -> Result:
     """Send Poisson arrivals at ``rate_rps`` for ``duration_s`` seconds, then wait for every answer
     (each bounded by ``timeout_s``). ``body_fn(i)`` gives the JSON body of request ``i``."""
     u = urlsplit(url)
     host, port = u.hostname or "127.0.0.1", u.port or 80
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    prefix = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n{extra}"
-              ).encode()
+    prefix = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n{extra}").encode()
     idle: list[_Conn] = []
     opened = 0
     slots = asyncio.Semaphore(max_conns)
@@ -221,8 +236,16 @@ def main(argv: list[str] | None = None) -> int:
             params[k] = v
     rng = random.Random(1)
     bodies = [v2_body(a.input, [float(rng.randint(0, 16)) for _ in range(a.width)], params) for _ in range(64)]
-    res = asyncio.run(run_open_loop(a.url, f"/v2/models/{a.model}/infer", a.rate, a.duration,
-                                    lambda i: bodies[i % len(bodies)], timeout_s=a.timeout))
+    res = asyncio.run(
+        run_open_loop(
+            a.url,
+            f"/v2/models/{a.model}/infer",
+            a.rate,
+            a.duration,
+            lambda i: bodies[i % len(bodies)],
+            timeout_s=a.timeout,
+        )
+    )
     print(json.dumps(res.summary(a.slo_ms / 1e3 if a.slo_ms else None), indent=1))
     return 0
 

@@ -52,8 +52,13 @@ def plot(results: dict, out: str, title: str = "", note: str = "") -> None:
     att = [100 * s["attainment"] for s in tl]
     ax[2].fill_between(t, att, 0, color="#1f5fbf", alpha=0.15, step="mid")
     ax[2].plot(t, att, color="#1f5fbf", linewidth=2, drawstyle="steps-mid", label="within slo_ms")
-    ax[2].axhline(100 * results["min_attainment"], color="#c0392b", linestyle=":", linewidth=1.5,
-                  label=f"gate {100 * results['min_attainment']:g}%")
+    ax[2].axhline(
+        100 * results["min_attainment"],
+        color="#c0392b",
+        linestyle=":",
+        linewidth=1.5,
+        label=f"gate {100 * results['min_attainment']:g}%",
+    )
     ax[2].set_ylim(max(0, min(att + [100 * results["min_attainment"]]) - 5), 100.5)
     ax[2].set_ylabel("SLO attainment\n(% per second)")
     ax[2].legend(loc="lower left", frameon=False, fontsize=9, ncol=2)
@@ -64,8 +69,12 @@ def plot(results: dict, out: str, title: str = "", note: str = "") -> None:
 
     verdict = "PASS" if results["passed"] else "FAIL"
     head = title or "sloserve under load"
-    fig.suptitle(f"{head}\n{results['requests']:,} requests, SLO attainment {100 * results['attainment']:.2f}%, "
-                 f"errors {100 * results['error_rate']:.2f}%: {verdict}", fontsize=11, y=0.965)
+    fig.suptitle(
+        f"{head}\n{results['requests']:,} requests, SLO attainment {100 * results['attainment']:.2f}%, "
+        f"errors {100 * results['error_rate']:.2f}%: {verdict}",
+        fontsize=11,
+        y=0.965,
+    )
     if note:
         import textwrap
 

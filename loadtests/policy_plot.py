@@ -15,9 +15,9 @@ import json
 
 import numpy as np
 
-from batching.replay import Request, replay
 from batching.policy import make_policy
 from batching.profile import ProfileTable
+from batching.replay import Request, replay
 from models.repository import ModelRepository
 from models.runtime import device_type
 
@@ -39,7 +39,7 @@ def _draw(a: argparse.Namespace, reqs, results, variants, acc, cap: float, best:
     import matplotlib.pyplot as plt
 
     r = results["slo"]
-    colors = {v: c for v, c in zip(variants, ("#1f4e9c", "#e08a1e", "#c0392b"))}
+    colors = {v: c for v, c in zip(variants, ("#1f4e9c", "#e08a1e", "#c0392b"), strict=False)}
     fig, ax = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
     arr = np.array([q.arrival_s for q in reqs])
     bins = np.arange(0, a.seconds + 0.1, 0.1)
@@ -54,7 +54,7 @@ def _draw(a: argparse.Namespace, reqs, results, variants, acc, cap: float, best:
     for v in variants:
         bs = [(b.start_s, b.rows) for b in r.batches if b.variant == v]
         if bs:
-            ax[1].scatter(*zip(*bs), s=6, color=colors[v], label=v)
+            ax[1].scatter(*zip(*bs, strict=False), s=6, color=colors[v], label=v)
     ax[1].set_ylabel("batch rows")
     ax[1].legend(fontsize=8, ncol=3)
     lat = [(o.arrival_s, (o.finish_s - o.arrival_s) * 1e3, colors[o.variant]) for o in r.outcomes if not o.shed]
@@ -68,8 +68,11 @@ def _draw(a: argparse.Namespace, reqs, results, variants, acc, cap: float, best:
         acc_on = np.array([acc[o.variant] if o.on_time else 0.0 for o in x.outcomes])
         idx = np.digitize(arr, bins) - 1
         per = [acc_on[idx == k].mean() if (idx == k).any() else np.nan for k in range(len(bins) - 1)]
-        ax[3].plot(bins[:-1], per, label=f"{n}: effective accuracy {x.effective_accuracy(acc):.3f}, "
-                                         f"attainment {x.attainment:.3f}")
+        ax[3].plot(
+            bins[:-1],
+            per,
+            label=f"{n}: effective accuracy {x.effective_accuracy(acc):.3f}, attainment {x.attainment:.3f}",
+        )
     ax[3].set_ylabel("effective accuracy\n(per 100 ms)")
     ax[3].set_xlabel("seconds")
     ax[3].legend(fontsize=8)
@@ -89,8 +92,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import matplotlib
+
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     repo = ModelRepository(a.repo).load()
     cfg = repo.models[a.model].config
@@ -115,18 +118,26 @@ def main(argv=None) -> int:
         else:
             kw.update(max_wait_ms=2.0)
         pol = make_policy(name, **kw)
-        results[name] = replay(pol, reqs, service, 1, model=a.model, max_batch_size=B, variants=variants,
-                               admission=(name == "slo"))
-    r = results["slo"]
-    summary = {n: {"attainment": round(x.attainment, 4), "shed_share": round(x.shed_share, 4),
-                   "effective_accuracy": round(x.effective_accuracy(acc), 4),
-                   "goodput_rps": round(x.goodput_rps(), 1)} for n, x in results.items()}
+        results[name] = replay(
+            pol, reqs, service, 1, model=a.model, max_batch_size=B, variants=variants, admission=(name == "slo")
+        )
+    summary = {
+        n: {
+            "attainment": round(x.attainment, 4),
+            "shed_share": round(x.shed_share, 4),
+            "effective_accuracy": round(x.effective_accuracy(acc), 4),
+            "goodput_rps": round(x.goodput_rps(), 1),
+        }
+        for n, x in results.items()
+    }
     print(json.dumps({"requests": len(reqs), "capacity_rps": round(cap, 1), **summary}, indent=1))
 
     fig, ax = _draw(a, reqs, results, variants, acc, cap, best)
-    fig.suptitle(f"slo policy on {a.model} ({dev}), SLO {a.slo_ms:g} ms, base {a.load:.0%} of capacity, "
-                 f"{a.burst:g}x burst\n(offline replay of the live batcher's decisions on measured profiles)",
-                 fontsize=10)
+    fig.suptitle(
+        f"slo policy on {a.model} ({dev}), SLO {a.slo_ms:g} ms, base {a.load:.0%} of capacity, "
+        f"{a.burst:g}x burst\n(offline replay of the live batcher's decisions on measured profiles)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(a.out, dpi=110)
     print(f"wrote {a.out}")

@@ -28,14 +28,22 @@ MAX_USERS = 256
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="http://127.0.0.1:8000", help="sloserve REST base URL")
     p.add_argument("--grpc-host", default="", help="gRPC host:port (default: REST port + 1)")
-    p.add_argument("--transport", choices=["http", "grpc", "both"], default="both",
-                   help="V2 over REST (FastHttpUser), gRPC (tritonclient) or both (3:1)")
+    p.add_argument(
+        "--transport",
+        choices=["http", "grpc", "both"],
+        default="both",
+        help="V2 over REST (FastHttpUser), gRPC (tritonclient) or both (3:1)",
+    )
     p.add_argument("--models", default="digits", help="models and weights, e.g. digits:3,heavy:1")
     p.add_argument("--slo-ms", type=float, default=50.0, help="parameters.slo_ms of every request")
     p.add_argument("--min-attainment", type=float, default=0.95, help="fail below this SLO attainment")
     p.add_argument("--max-error-rate", type=float, default=0.01, help="fail above this error rate")
-    p.add_argument("--shape", choices=["constant", "trace"], default="constant",
-                   help="constant users, or users following an arrival trace (loadtests/trace_shape.py)")
+    p.add_argument(
+        "--shape",
+        choices=["constant", "trace"],
+        default="constant",
+        help="constant users, or users following an arrival trace (loadtests/trace_shape.py)",
+    )
     p.add_argument("--users", type=int, default=4, help="users for --shape constant")
     p.add_argument("--rps-per-user", type=float, default=20.0, help="requests/s per user (0: closed loop)")
     p.add_argument("--duration", type=float, default=15.0, help=f"seconds of load (<= {MAX_DURATION_S})")
@@ -53,10 +61,28 @@ def locust_command(a: argparse.Namespace) -> list[str]:
     if not 0 < a.duration <= MAX_DURATION_S:
         raise SystemExit(f"sloserve loadtest: --duration must be in (0, {MAX_DURATION_S}] s")
     files = [str(HERE / "locustfile.py")]
-    cmd = [sys.executable, "-m", "locust", "--headless", "-H", a.host, "-t", f"{math.ceil(a.duration)}s",
-           "--stop-timeout", "2", "--models", a.models, "--slo-ms", str(a.slo_ms),
-           "--min-attainment", str(a.min_attainment), "--max-error-rate", str(a.max_error_rate),
-           "--rps-per-user", str(a.rps_per_user)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "--headless",
+        "-H",
+        a.host,
+        "-t",
+        f"{math.ceil(a.duration)}s",
+        "--stop-timeout",
+        "2",
+        "--models",
+        a.models,
+        "--slo-ms",
+        str(a.slo_ms),
+        "--min-attainment",
+        str(a.min_attainment),
+        "--max-error-rate",
+        str(a.max_error_rate),
+        "--rps-per-user",
+        str(a.rps_per_user),
+    ]
     if a.shape == "constant":
         if not 1 <= a.users <= MAX_USERS:
             raise SystemExit(f"sloserve loadtest: --users must be in 1..{MAX_USERS}")
@@ -64,13 +90,24 @@ def locust_command(a: argparse.Namespace) -> list[str]:
     else:
         per_user = a.rps_per_user if a.rps_per_user > 0 else 50.0
         if math.ceil(a.peak_rps / per_user) > MAX_USERS:
-            raise SystemExit(f"sloserve loadtest: --peak-rps {a.peak_rps} at {per_user} requests/s per user needs "
-                             f"over {MAX_USERS} users; raise --rps-per-user")
+            raise SystemExit(
+                f"sloserve loadtest: --peak-rps {a.peak_rps} at {per_user} requests/s per user needs "
+                f"over {MAX_USERS} users; raise --rps-per-user"
+            )
         files.append(str(HERE / "trace_shape.py"))
         minutes = max(1, int(a.duration // a.seconds_per_minute))
-        cmd += ["--trace-column", a.trace_column, "--trace-start-minute", str(a.trace_start_minute),
-                "--trace-minutes", str(minutes), "--seconds-per-minute", str(a.seconds_per_minute),
-                "--peak-rps", str(a.peak_rps)]
+        cmd += [
+            "--trace-column",
+            a.trace_column,
+            "--trace-start-minute",
+            str(a.trace_start_minute),
+            "--trace-minutes",
+            str(minutes),
+            "--seconds-per-minute",
+            str(a.seconds_per_minute),
+            "--peak-rps",
+            str(a.peak_rps),
+        ]
         if a.trace_file:
             cmd += ["--trace-file", a.trace_file]
     cmd[3:3] = ["-f", ",".join(files)]
@@ -128,8 +165,10 @@ def _wait(proc: subprocess.Popen, code_file: Path, limit_s: float) -> int:
         if code is not None and (now - written_at > EXIT_GRACE_S or now > deadline):
             proc.kill()
             proc.wait()
-            print(f"sloserve loadtest: Locust hung on its way out after its verdict; ended it (exit code {code})",
-                  file=sys.stderr)
+            print(
+                f"sloserve loadtest: Locust hung on its way out after its verdict; ended it (exit code {code})",
+                file=sys.stderr,
+            )
             return code
         if now > deadline:
             proc.kill()
@@ -147,8 +186,12 @@ def _read_code(path: Path) -> int | None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("loadtest", help="headless Locust run (V2 REST/gRPC, per-request SLOs); fails on a missed SLO",
-                       description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(
+        "loadtest",
+        help="headless Locust run (V2 REST/gRPC, per-request SLOs); fails on a missed SLO",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_arguments(p)
     p.set_defaults(func=run)
 

@@ -23,7 +23,7 @@ def load_trace(path: str | Path, column: str, start: int, minutes: int) -> list[
     counts = [float(r[column]) for r in rows]
     if not 0 <= start < len(counts):
         raise SystemExit(f"trace {path}: start minute {start} is outside 0..{len(counts) - 1}")
-    return counts[start:start + max(1, minutes)]
+    return counts[start : start + max(1, minutes)]
 
 
 def rate_at(counts: list[float], t_s: float, seconds_per_minute: float, peak_rps: float) -> float | None:

@@ -35,8 +35,9 @@ class TraceShape(LoadTestShape):
         env = self.runner.environment
         o = env.parsed_options
         if not hasattr(self, "_counts"):
-            self._counts = load_trace(o.trace_file or DEFAULT_TRACE, o.trace_column, o.trace_start_minute,
-                                      o.trace_minutes)
+            self._counts = load_trace(
+                o.trace_file or DEFAULT_TRACE, o.trace_column, o.trace_start_minute, o.trace_minutes
+            )
         rps = rate_at(self._counts, self.get_run_time(), o.seconds_per_minute, o.peak_rps)
         if rps is None:
             return None

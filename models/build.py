@@ -40,7 +40,7 @@ class Dense:
 
     @property
     def params(self) -> int:
-        return int(sum(w.size + b.size for w, b in zip(self.weights, self.biases)))
+        return int(sum(w.size + b.size for w, b in zip(self.weights, self.biases, strict=True)))
 
 
 def mlp_to_onnx(net: Dense, n_in: int, scale: float, pre: np.ndarray | None, name: str) -> onnx.ModelProto:
@@ -52,9 +52,11 @@ def mlp_to_onnx(net: Dense, n_in: int, scale: float, pre: np.ndarray | None, nam
         inits.append(numpy_helper.from_array(pre.astype(np.float32), "pool"))
         nodes.append(helper.make_node("MatMul", [cur, "pool"], ["xp"]))
         cur = "xp"
-    for i, (w, b) in enumerate(zip(net.weights, net.biases)):
-        inits += [numpy_helper.from_array(w.astype(np.float32), f"w{i}"),
-                  numpy_helper.from_array(b.astype(np.float32), f"b{i}")]
+    for i, (w, b) in enumerate(zip(net.weights, net.biases, strict=True)):
+        inits += [
+            numpy_helper.from_array(w.astype(np.float32), f"w{i}"),
+            numpy_helper.from_array(b.astype(np.float32), f"b{i}"),
+        ]
         nodes.append(helper.make_node("MatMul", [cur, f"w{i}"], [f"m{i}"]))
         nodes.append(helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]))
         cur = f"a{i}"
@@ -64,14 +66,16 @@ def mlp_to_onnx(net: Dense, n_in: int, scale: float, pre: np.ndarray | None, nam
     nodes.append(helper.make_node("Softmax", [cur], ["probs"], axis=-1))
     nodes.append(helper.make_node("ArgMax", [cur], ["label"], axis=1, keepdims=0))
     graph = helper.make_graph(
-        nodes, name,
+        nodes,
+        name,
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", n_in])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10]),
-         helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"])],
+        [
+            helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
+        ],
         initializer=inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="sloserve")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sloserve")
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
@@ -113,8 +117,14 @@ def _train(hidden: tuple[int, ...], x: np.ndarray, y: np.ndarray, seed: int, epo
         if not hidden:
             clf = LogisticRegression(max_iter=epochs, C=0.05).fit(x, y)
             return Dense([clf.coef_.T.copy()], [clf.intercept_.copy()])
-        clf = MLPClassifier(hidden_layer_sizes=hidden, max_iter=epochs, random_state=seed,
-                            batch_size=128, learning_rate_init=1e-3, alpha=1e-4)
+        clf = MLPClassifier(
+            hidden_layer_sizes=hidden,
+            max_iter=epochs,
+            random_state=seed,
+            batch_size=128,
+            learning_rate_init=1e-3,
+            alpha=1e-4,
+        )
         clf.fit(x, y)
     return Dense([w.copy() for w in clf.coefs_], [b.copy() for b in clf.intercepts_])
 
@@ -127,14 +137,17 @@ def _random_features(hidden: tuple[int, ...], x: np.ndarray, y: np.ndarray, seed
     """
     rng = np.random.default_rng(seed)
     sizes = (x.shape[1], *hidden)
-    ws = [(rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32) for a, b in zip(sizes, sizes[1:])]
+    ws = [
+        (rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32)
+        for a, b in zip(sizes, sizes[1:], strict=False)
+    ]
     bs = [(rng.standard_normal(b) * 0.1).astype(np.float32) for b in hidden]
     ws[0] = ws[0].copy()
     bs[0] = bs[0] - 0.25 * ws[0].sum(0)  # centre the 0..1 inputs
 
     def feats(a: np.ndarray) -> np.ndarray:
         h = a
-        for w, b in zip(ws, bs):
+        for w, b in zip(ws, bs, strict=True):
             h = np.maximum(h @ w + b, 0.0)
         return h
 
@@ -147,8 +160,10 @@ def _random_features(hidden: tuple[int, ...], x: np.ndarray, y: np.ndarray, seed
 
     h = feats(x).astype(np.float64)
     n_val = len(h) // 5
-    best = max((1e-3, 1e-2, 1e-1), key=lambda lam: (
-        ((h[:n_val] @ fit(h[n_val:], y[n_val:], lam)[0]).argmax(1) == y[:n_val]).mean()))
+    best = max(
+        (1e-3, 1e-2, 1e-1),
+        key=lambda lam: ((h[:n_val] @ fit(h[n_val:], y[n_val:], lam)[0]).argmax(1) == y[:n_val]).mean(),
+    )
     wo, bo = fit(h, y, best)
     return Dense(ws + [wo], bs + [bo])
 
@@ -165,15 +180,15 @@ def _accuracy(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> float:
 DIGITS_VARIANTS = [("small", (), 2, 200), ("medium", (64,), None, 300), ("large", (512, 512), None, 200)]
 # heavy's cheap variants are linear read-outs of pooled images, so they are far less accurate than
 # large (about 0.83 / 0.93 / 0.98): the spread that makes degrading under a burst a real trade.
-HEAVY_VARIANTS = [("small", (), 8, 200), ("medium", (), 4, 300),
-                  ("large", (2048, 2048, 2048), None, 0)]
+HEAVY_VARIANTS = [("small", (), 8, 200), ("medium", (), 4, 300), ("large", (2048, 2048, 2048), None, 0)]
 
 
 MEASURED_DIR = Path(__file__).parent / "measured"
 
 
-def copy_measured_profiles(repo: Path, models: list[str], log: Callable[[str], None] = print,
-                           measured: Path = MEASURED_DIR) -> list[Path]:
+def copy_measured_profiles(
+    repo: Path, models: list[str], log: Callable[[str], None] = print, measured: Path = MEASURED_DIR
+) -> list[Path]:
     """Put the profiles measured on other hardware (``models/measured/<model>/<variant>/<device>.json``,
     e.g. an H100 through ONNX Runtime's CUDA provider) into the repository beside this host's own.
 
@@ -206,17 +221,31 @@ def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = pri
     )
     built = []
     specs = [
-        ("digits", 64, lambda a: a, DIGITS_VARIANTS, 64, 20.0,
-         "8x8 handwritten digits (scikit-learn's digits data), pixel values 0..16"),
-        ("heavy", 1024, _upsample, HEAVY_VARIANTS, 64, 20.0,
-         "the digits upsampled to 32x32 (1,024 values, 0..16): a compute-heavy MLP where batching pays"),
+        (
+            "digits",
+            64,
+            lambda a: a,
+            DIGITS_VARIANTS,
+            64,
+            20.0,
+            "8x8 handwritten digits (scikit-learn's digits data), pixel values 0..16",
+        ),
+        (
+            "heavy",
+            1024,
+            _upsample,
+            HEAVY_VARIANTS,
+            64,
+            20.0,
+            "the digits upsampled to 32x32 (1,024 values, 0..16): a compute-heavy MLP where batching pays",
+        ),
     ]
     for name, n_in, prep, variants, max_batch, slo_ms, desc in specs:
         xtr, xte = prep(x_tr), prep(x_te)
         vcfgs = []
         for vname, hidden, pool, iters in variants:
             t0 = time.perf_counter()
-            pre = _pool_matrix(round(n_in ** 0.5), pool) if pool else None
+            pre = _pool_matrix(round(n_in**0.5), pool) if pool else None
             feats_tr = (xtr / 16.0) @ pre if pre is not None else xtr / 16.0
             net = _train(hidden, feats_tr, y_tr, seed, iters)
             model = mlp_to_onnx(net, n_in, 1.0 / 16.0, pre, f"{name}_{vname}")
@@ -228,13 +257,17 @@ def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = pri
             tmp.replace(out)
             flops = net.flops_per_row + (2.0 * pre.size if pre is not None else 0.0)
             vcfgs.append(VariantConfig(name=vname, accuracy=round(acc, 4), cost_flops=flops, params=net.params))
-            log(f"  {name}/{vname}: hidden={hidden or 'linear'} accuracy={acc:.4f} "
-                f"flops/row={flops:,.0f} ({time.perf_counter() - t0:.1f}s)")
+            log(
+                f"  {name}/{vname}: hidden={hidden or 'linear'} accuracy={acc:.4f} "
+                f"flops/row={flops:,.0f} ({time.perf_counter() - t0:.1f}s)"
+            )
         cfg = ModelConfig(
             name=name,
             inputs=(TensorSpec(name="input", datatype="FP32", shape=(n_in,)),),
-            outputs=(TensorSpec(name="probs", datatype="FP32", shape=(10,)),
-                     TensorSpec(name="label", datatype="INT64", shape=())),
+            outputs=(
+                TensorSpec(name="probs", datatype="FP32", shape=(10,)),
+                TensorSpec(name="label", datatype="INT64", shape=()),
+            ),
             max_batch_size=max_batch,
             slo_ms=slo_ms,
             variants=tuple(vcfgs),

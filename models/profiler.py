@@ -42,13 +42,24 @@ def profile_inputs(model, rows: int, rng: np.random.Generator) -> dict[str, np.n
     return feeds
 
 
-def profile_repo(repo: str | Path, opts: RuntimeOptions, iters: int = 100, warmup: int = 10,
-                 models: Iterable[str] | None = None, quiet: bool = False) -> list[Path]:
+def profile_repo(
+    repo: str | Path,
+    opts: RuntimeOptions,
+    iters: int = 100,
+    warmup: int = 10,
+    models: Iterable[str] | None = None,
+    quiet: bool = False,
+) -> list[Path]:
     r = ModelRepository(repo).load()
     dev = device_type(opts.device)
     rng = np.random.default_rng(0)
-    jobs = [(name, m, v.name, b) for name, m in sorted(r.models.items()) if models is None or name in models
-            for v in m.config.variants for b in batch_sizes(m.config.max_batch_size)]
+    jobs = [
+        (name, m, v.name, b)
+        for name, m in sorted(r.models.items())
+        if models is None or name in models
+        for v in m.config.variants
+        for b in batch_sizes(m.config.max_batch_size)
+    ]
     written: list[Path] = []
     bar = tqdm(total=len(jobs), desc=f"profiling on {dev}", unit="point", disable=quiet)
     results: dict[tuple[str, str], dict] = {}
@@ -66,13 +77,27 @@ def profile_repo(repo: str | Path, opts: RuntimeOptions, iters: int = 100, warmu
             t0 = time.perf_counter()
             rep.run(feeds)
             times[i] = time.perf_counter() - t0
-        doc = results.setdefault(key, {
-            "model": name, "variant": variant, "device_type": dev, "batch_sizes": [], "p50_ms": [],
-            "p99_ms": [], "throughput_rps": [], "accuracy": m.config.variant(variant).accuracy,
-            "iters": iters, "runtime": {"intra_op_threads": opts.intra_op_threads, "allow_spinning": opts.allow_spinning,
-                                        "providers": rep.session.get_providers(), "onnxruntime": ort.__version__},
-            "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        })
+        doc = results.setdefault(
+            key,
+            {
+                "model": name,
+                "variant": variant,
+                "device_type": dev,
+                "batch_sizes": [],
+                "p50_ms": [],
+                "p99_ms": [],
+                "throughput_rps": [],
+                "accuracy": m.config.variant(variant).accuracy,
+                "iters": iters,
+                "runtime": {
+                    "intra_op_threads": opts.intra_op_threads,
+                    "allow_spinning": opts.allow_spinning,
+                    "providers": rep.session.get_providers(),
+                    "onnxruntime": ort.__version__,
+                },
+                "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
+        )
         p50, p99 = np.percentile(times, [50, 99]) * 1e3
         doc["batch_sizes"].append(b)
         doc["p50_ms"].append(round(float(p50), 4))

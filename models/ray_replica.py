@@ -42,9 +42,17 @@ class OnnxReplica:
     """Runs batches one at a time on a single ORT thread pool; a second batch may wait in the
     replica (``max_ongoing_requests`` = pipeline depth) so Ray's hand-off overlaps compute."""
 
-    def __init__(self, repo: str, model: str, variant: str, device: str = "cpu",
-                 runtime: dict[str, Any] | None = None, fault_delay_s: float = 0.0,
-                 variants: list[str] | None = None, channel_host: str | None = ""):
+    def __init__(
+        self,
+        repo: str,
+        model: str,
+        variant: str,
+        device: str = "cpu",
+        runtime: dict[str, Any] | None = None,
+        fault_delay_s: float = 0.0,
+        variants: list[str] | None = None,
+        channel_host: str | None = "",
+    ):
         """``variants``: a shared replica (``models.<name>.shared_replicas``) loads each of them and
         runs the one a batch names; ``variant`` is then the first (the default). ``channel_host``: the
         address its batch channel listens on ("" : this node's IP as Ray knows it; the embedded Ray of
@@ -84,8 +92,12 @@ class OnnxReplica:
         self._listener = ChannelListener(self._server, host or ray.util.get_node_ip_address(), info)
         rid = serve.get_replica_context().replica_id
         self._kv_key = channel_key(rid.deployment_id.app_name, rid.unique_id)
-        entry = {"host": self._listener.host, "port": self._listener.port, "key": self._listener.key.hex(),
-                 "pid": os.getpid()}
+        entry = {
+            "host": self._listener.host,
+            "port": self._listener.port,
+            "key": self._listener.key.hex(),
+            "pid": os.getpid(),
+        }
         internal_kv._internal_kv_put(self._kv_key, json.dumps(entry), overwrite=True, namespace=KV_NAMESPACE)
 
     def _compute(self, inputs: dict[str, np.ndarray], variant: str | None) -> dict[str, np.ndarray]:
@@ -105,13 +117,13 @@ class OnnxReplica:
             from ray.experimental import internal_kv
 
             internal_kv._internal_kv_del(self._kv_key, namespace=KV_NAMESPACE)
-        except Exception:  # noqa: BLE001, S110 - the gateways drop a stale entry themselves
+        except Exception:
             pass
         self._server.drain(DRAIN_S)
 
-    async def run_batch(self, inputs: dict[str, np.ndarray],
-                        stamp: tuple[str, float, float] | None = None,
-                        variant: str | None = None) -> tuple[dict[str, np.ndarray], float, str]:
+    async def run_batch(
+        self, inputs: dict[str, np.ndarray], stamp: tuple[str, float, float] | None = None, variant: str | None = None
+    ) -> tuple[dict[str, np.ndarray], float, str]:
         """``stamp`` = (gateway id, that gateway's arrival rate for this model in rows/s, its share of
         the traffic): kept for :meth:`record_autoscaling_stats`, the autoscaler's input. ``variant``:
         which of a shared replica's variants runs the batch (None: its default)."""
@@ -183,14 +195,22 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         name=deployment_name(args["model"], SHARED if variants else args["variant"], device),
         **replicas,
         max_ongoing_requests=int(args.get("pipeline_depth", 2)),
-        ray_actor_options=actor_options(device, float(args.get("num_cpus", 0.25)),
-                                        float(args.get("gpu_fraction", 0.5))),
+        ray_actor_options=actor_options(
+            device, float(args.get("num_cpus", 0.25)), float(args.get("gpu_fraction", 0.5))
+        ),
         health_check_period_s=float(args.get("health_check_period_s", 2.0)),
         graceful_shutdown_timeout_s=5.0,
         # One Ray call carries a whole batch, and Serve's access log would write a line per call from
         # the replica's hot path; the gateway keeps its own per-request metrics.
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
-    return dep.bind(str(args["repo"]), args["model"], variants[0] if variants else args["variant"], device,
-                    args.get("runtime"), float(args.get("fault_delay_s", 0.0)), variants,
-                    args.get("channel_host", ""))
+    return dep.bind(
+        str(args["repo"]),
+        args["model"],
+        variants[0] if variants else args["variant"],
+        device,
+        args.get("runtime"),
+        float(args.get("fault_delay_s", 0.0)),
+        variants,
+        args.get("channel_host", ""),
+    )

@@ -27,9 +27,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 def check_name(kind: str, name: str) -> str:
     """Reject names that could escape the repository (``..``, ``/``, absolute paths)."""
     if not NAME_RE.match(name) or ".." in name:
-        raise ValueError(
-            f"invalid {kind} name {name!r}: use letters, digits, '_', '-', '.' (no '..', no '/')"
-        )
+        raise ValueError(f"invalid {kind} name {name!r}: use letters, digits, '_', '-', '.' (no '..', no '/')")
     return name
 
 
@@ -178,8 +176,10 @@ def check_onnx_external_data(path: Path, root: Path) -> None:
         loc = next((e.value for e in tensor.external_data if e.key == "location"), "")
         target = (base / loc).resolve()
         if not loc or Path(loc).is_absolute() or not target.is_relative_to(base) or not target.is_relative_to(root):
-            raise ValueError(f"{path}: tensor {tensor.name!r} reads external data from {loc!r}, "
-                             f"outside the model's directory; refused")
+            raise ValueError(
+                f"{path}: tensor {tensor.name!r} reads external data from {loc!r}, "
+                f"outside the model's directory; refused"
+            )
 
 
 def write_config(root: Path, cfg: ModelConfig) -> Path:

@@ -68,7 +68,7 @@ def _preload_cuda_libraries() -> None:
     if preload is not None:
         try:
             preload()
-        except Exception:  # noqa: BLE001, S110 - a missing pip package is fine: the system's libraries are used
+        except Exception:
             pass
 
 
@@ -84,7 +84,9 @@ def device_type(device: str = "auto") -> str:
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=5,
+                capture_output=True,
+                text=True,
+                timeout=5,
             )
             name = out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
         except (OSError, IndexError, subprocess.TimeoutExpired):
@@ -117,8 +119,10 @@ def make_session(path: str | Path, opts: RuntimeOptions) -> ort.InferenceSession
     sess = ort.InferenceSession(str(path), sess_options=so, providers=wanted)
     if "CUDAExecutionProvider" in wanted and "CUDAExecutionProvider" not in sess.get_providers():
         # onnxruntime-gpu lists CUDA even where its libraries do not load, then runs on the CPU
-        msg = (f"{path}: ONNX Runtime could not start its CUDA provider (CUDA 13 / cuDNN 9 libraries not "
-               f"found?) and runs on the CPU; install them, or set device: cpu")
+        msg = (
+            f"{path}: ONNX Runtime could not start its CUDA provider (CUDA 13 / cuDNN 9 libraries not "
+            f"found?) and runs on the CPU; install them, or set device: cpu"
+        )
         if opts.device == "cuda":
             raise RuntimeError(msg)
         log.warning("%s; its profile is named after the GPU but measures the CPU", msg)
@@ -135,7 +139,7 @@ class Replica:
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self.session.run(self.output_names, inputs)
-        return dict(zip(self.output_names, results))
+        return dict(zip(self.output_names, results, strict=False))
 
     def warm_up(self, rows: int = 1) -> None:
         """Run one batch of zeros, so the first request does not pay the session's first run (its
@@ -152,6 +156,13 @@ class Replica:
         self.session.run(self.output_names, feeds)
 
 
-_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
-              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}

@@ -42,7 +42,7 @@ class Arrivals:
         """The highest interval rate overlapping ``[t0, t1]``."""
         i0 = max(int(t0 // self.interval_s), 0)
         i1 = min(int(t1 // self.interval_s), len(self.rates) - 1)
-        return float(self.rates[i0:i1 + 1].max()) if i1 >= i0 else 0.0
+        return float(self.rates[i0 : i1 + 1].max()) if i1 >= i0 else 0.0
 
     def scaled(self, factor: float) -> Arrivals:
         ts = self.timestamps
@@ -74,16 +74,23 @@ def poisson(rate_rps: float, duration_s: float, interval_s: float = 60.0) -> Arr
     return Arrivals(interval_s, np.full(n, float(rate_rps)), name=f"poisson-{rate_rps:g}")
 
 
-def gamma_burst(rate_rps: float, duration_s: float, cv: float = 2.0, interval_s: float = 10.0,
-                seed: int = 0) -> Arrivals:
+def gamma_burst(
+    rate_rps: float, duration_s: float, cv: float = 2.0, interval_s: float = 10.0, seed: int = 0
+) -> Arrivals:
     n = max(math.ceil(duration_s / interval_s), 1)
     shape = 1.0 / (cv * cv)
     rates = np.random.default_rng(seed).gamma(shape, rate_rps / shape, n)
     return Arrivals(interval_s, rates, name=f"gamma-{rate_rps:g}-cv{cv:g}")
 
 
-def diurnal(mean_rps: float, duration_s: float = 86400.0, amplitude: float = 0.5, period_s: float = 86400.0,
-            interval_s: float = 60.0, phase_s: float = 0.0) -> Arrivals:
+def diurnal(
+    mean_rps: float,
+    duration_s: float = 86400.0,
+    amplitude: float = 0.5,
+    period_s: float = 86400.0,
+    interval_s: float = 60.0,
+    phase_s: float = 0.0,
+) -> Arrivals:
     n = max(math.ceil(duration_s / interval_s), 1)
     t = (np.arange(n) + 0.5) * interval_s
     rates = mean_rps * (1 + amplitude * np.sin(2 * np.pi * (t - phase_s) / period_s))

@@ -50,8 +50,14 @@ LOOKBACKS_S = (10.0, 60.0, 120.0, 180.0, 300.0)
 MARGINS = tuple(round(0.02 * i, 2) for i in range(31))  # 0 .. 0.60
 
 
-def hindsight_rate(rates: np.ndarray, interval_s: float, now: float, lookback_s: float,
-                   seasonal_period_s: float | None = None, horizon_s: float = 20.0) -> float:
+def hindsight_rate(
+    rates: np.ndarray,
+    interval_s: float,
+    now: float,
+    lookback_s: float,
+    seasonal_period_s: float | None = None,
+    horizon_s: float = 20.0,
+) -> float:
     """The true rate at its highest over ``(now - lookback_s, now]`` (whole trace intervals), raised,
     with a seasonal period, by the relative rise the trace made over ``horizon_s`` one period earlier.
 
@@ -64,17 +70,19 @@ def hindsight_rate(rates: np.ndarray, interval_s: float, now: float, lookback_s:
     30.0
     """
     if seasonal_period_s is not None and seasonal_period_s <= horizon_s:
-        raise ValueError(f"seasonal_period_s ({seasonal_period_s:g} s) must exceed the look-ahead ({horizon_s:g} s): "
-                         "a shorter period would read the rate after now")
+        raise ValueError(
+            f"seasonal_period_s ({seasonal_period_s:g} s) must exceed the look-ahead ({horizon_s:g} s): "
+            "a shorter period would read the rate after now"
+        )
     n = len(rates)
     i1 = min(int(now // interval_s), n - 1)
     i0 = min(max(int((now - lookback_s + 1e-9) // interval_s), 0), i1)  # intervals meeting (now - lookback_s, now]
-    peak = float(rates[i0:i1 + 1].max())
+    peak = float(rates[i0 : i1 + 1].max())
     if seasonal_period_s:
         j0 = int((now - seasonal_period_s) // interval_s)
         j1 = int((now - seasonal_period_s + horizon_s) // interval_s)
         if j0 >= 0 and rates[j0] > 0:
-            rise = float(rates[j0:min(j1, n - 1) + 1].max()) / float(rates[j0])
+            rise = float(rates[j0 : min(j1, n - 1) + 1].max()) / float(rates[j0])
             peak = max(peak, float(rates[i1]) * max(rise, 1.0))
     return peak
 
@@ -94,8 +102,14 @@ class HindsightController(Controller):
         return super().round_snapshots(now, [dataclasses.replace(s, future_peak_rps=peak) for s in snaps])
 
 
-def bound(spec: ModelSpec, cfg: SimConfig, lookbacks_s=LOOKBACKS_S, margins=MARGINS, sla_minutes: float = 0.99,
-          seasonal_period_s: float | None = None) -> dict[str, Any]:
+def bound(
+    spec: ModelSpec,
+    cfg: SimConfig,
+    lookbacks_s=LOOKBACKS_S,
+    margins=MARGINS,
+    sla_minutes: float = 0.99,
+    seasonal_period_s: float | None = None,
+) -> dict[str, Any]:
     """The hindsight-tuned bound for one model (see the module text): the oracle's run, and per
     look-back the smallest margin meeting ``sla_minutes`` (``met``), or, when none does, the margin that came
     closest, with its cost against the oracle's; ``best`` is the cheapest that met it (None: none did)."""
@@ -106,6 +120,7 @@ def bound(spec: ModelSpec, cfg: SimConfig, lookbacks_s=LOOKBACKS_S, margins=MARG
     for k in lookbacks_s:
         row = None
         for m in margins:
+
             def peak_at(now: float, k: float = k, m: float = m) -> float:
                 return hindsight_rate(rates, interval, now, k, seasonal_period_s, horizon) * (1.0 + m)
 
@@ -113,18 +128,28 @@ def bound(spec: ModelSpec, cfg: SimConfig, lookbacks_s=LOOKBACKS_S, margins=MARG
             s = simulate_fluid([spec], "oracle", cfg, controller_cls=ctl)["summary"]
             met = s["minutes_sla_met_fraction"] >= sla_minutes
             if row is None or met or s["minutes_sla_met_fraction"] > row["minutes_sla_met_fraction"]:
-                row = {"lookback_s": k, "margin": m, "met": met,
-                       "minutes_sla_met_fraction": s["minutes_sla_met_fraction"],
-                       "replica_seconds": s["replica_seconds"],
-                       "vs_oracle": s["replica_seconds"] / oracle["replica_seconds"]}
+                row = {
+                    "lookback_s": k,
+                    "margin": m,
+                    "met": met,
+                    "minutes_sla_met_fraction": s["minutes_sla_met_fraction"],
+                    "replica_seconds": s["replica_seconds"],
+                    "vs_oracle": s["replica_seconds"] / oracle["replica_seconds"],
+                }
             if met:
                 break
         rows.append(row)  # the smallest margin that met the SLA minutes, else the margin that came closest
     met_rows = [r for r in rows if r["met"]]
     best = min(met_rows, key=lambda r: r["vs_oracle"]) if met_rows else None
-    return {"oracle": {"minutes_sla_met_fraction": oracle["minutes_sla_met_fraction"],
-                       "replica_seconds": oracle["replica_seconds"]},
-            "seasonal_period_s": seasonal_period_s, "per_lookback": rows, "best": best}
+    return {
+        "oracle": {
+            "minutes_sla_met_fraction": oracle["minutes_sla_met_fraction"],
+            "replica_seconds": oracle["replica_seconds"],
+        },
+        "seasonal_period_s": seasonal_period_s,
+        "per_lookback": rows,
+        "best": best,
+    }
 
 
 def _positive(text: str) -> float:
@@ -166,18 +191,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tick-s", type=_positive, default=10.0)
     p.add_argument("--gateways", type=_positive_int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seasonal-period-s", type=float, default=None,
-                   help="replay the rise the trace made one period earlier (must exceed start-up + round)")
-    p.add_argument("--lookbacks-s", type=_lookbacks, default=LOOKBACKS_S,
-                   help="look-backs tried, seconds (comma list of positive numbers)")
+    p.add_argument(
+        "--seasonal-period-s",
+        type=float,
+        default=None,
+        help="replay the rise the trace made one period earlier (must exceed start-up + round)",
+    )
+    p.add_argument(
+        "--lookbacks-s",
+        type=_lookbacks,
+        default=LOOKBACKS_S,
+        help="look-backs tried, seconds (comma list of positive numbers)",
+    )
     p.add_argument("--out", default=None, help="write the JSON here too")
     a = p.parse_args(argv)
     if a.startup_s < 0:
         p.error(f"--startup-s {a.startup_s:g} must be >= 0")
     horizon = a.startup_s + a.tick_s
     if a.seasonal_period_s is not None and a.seasonal_period_s <= horizon:
-        p.error(f"--seasonal-period-s {a.seasonal_period_s:g} must exceed start-up + round ({horizon:g} s): "
-                "a shorter period would read the rate after now")
+        p.error(
+            f"--seasonal-period-s {a.seasonal_period_s:g} must exceed start-up + round ({horizon:g} s): "
+            "a shorter period would read the rate after now"
+        )
     try:  # bad input is a one-line error before any simulation runs
         svc = service_for(default_profiles(), a.model_class, a.device, a.slo_ms, a.max_batch)
         series = [from_counts(a.trace, col, a.interval_s) for col in a.column.split(",")]
@@ -185,16 +220,25 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e.args[0] if isinstance(e, KeyError) else e))
     cfg = SimConfig(startup_s=a.startup_s, tick_s=a.tick_s, gateways=a.gateways, seed=a.seed)
     out: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv, "columns": {}}
-    for col, arrivals in zip(a.column.split(","), series):
+    for col, arrivals in zip(a.column.split(","), series, strict=True):
         spec = make_spec(col, arrivals, svc, a.device, peak_replicas=a.peak_replicas)
         res = out["columns"][col] = bound(spec, cfg, a.lookbacks_s, seasonal_period_s=a.seasonal_period_s)
         b = res["best"]
-        print(f"{col:22s} oracle {res['oracle']['replica_seconds']:>10,.0f} replica-s; best hindsight-reactive: "
-              + (f"{b['vs_oracle']:.3f}x oracle (look-back {b['lookback_s']:.0f} s, margin {b['margin']:.2f}, "
-                 f"{b['minutes_sla_met_fraction'] * 100:.2f}% of minutes)" if b else "none meets the SLA minutes; closest: "
-                 + ", ".join(f"{r['minutes_sla_met_fraction'] * 100:.2f}% (look-back {r['lookback_s']:.0f} s, margin "
-                             f"{r['margin']:.2f}, {r['vs_oracle']:.2f}x)" for r in res["per_lookback"])),
-              flush=True)
+        print(
+            f"{col:22s} oracle {res['oracle']['replica_seconds']:>10,.0f} replica-s; best hindsight-reactive: "
+            + (
+                f"{b['vs_oracle']:.3f}x oracle (look-back {b['lookback_s']:.0f} s, margin {b['margin']:.2f}, "
+                f"{b['minutes_sla_met_fraction'] * 100:.2f}% of minutes)"
+                if b
+                else "none meets the SLA minutes; closest: "
+                + ", ".join(
+                    f"{r['minutes_sla_met_fraction'] * 100:.2f}% (look-back {r['lookback_s']:.0f} s, margin "
+                    f"{r['margin']:.2f}, {r['vs_oracle']:.2f}x)"
+                    for r in res["per_lookback"]
+                )
+            ),
+            flush=True,
+        )
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(out, indent=1))

@@ -44,14 +44,28 @@ class Controller:
         self.states = [autoscaler.initial_state() for _ in specs]
         self.decide = autoscaler.spec.decide
         base = autoscaler.config.model_dump()
-        self.configs = [autoscaler.config if not (s.autoscaler_kwargs or {}).get(autoscaler.name) else
-                        autoscaler.spec.config_type.model_validate({**base, **s.autoscaler_kwargs[autoscaler.name]})
-                        for s in specs]
+        self.configs = [
+            autoscaler.config
+            if not (s.autoscaler_kwargs or {}).get(autoscaler.name)
+            else autoscaler.spec.config_type.model_validate({**base, **s.autoscaler_kwargs[autoscaler.name]})
+            for s in specs
+        ]
 
     def round(self, now: float, obs: list[Observation]) -> list[int]:
-        snaps = [ScalingSnapshot(spec.name, o.target, o.ready, spec.service, o.ongoing, o.windows,
-                                 spec.min_replicas, spec.max_replicas, o.future_peak_rps)
-                 for spec, o in zip(self.specs, obs)]
+        snaps = [
+            ScalingSnapshot(
+                spec.name,
+                o.target,
+                o.ready,
+                spec.service,
+                o.ongoing,
+                o.windows,
+                spec.min_replicas,
+                spec.max_replicas,
+                o.future_peak_rps,
+            )
+            for spec, o in zip(self.specs, obs, strict=True)
+        ]
         return self.round_snapshots(now, snaps)
 
     def round_snapshots(self, now: float, snaps: list[ScalingSnapshot]) -> list[int]:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from autoscaler.registry import make_autoscaler
-from autoscaler.types import RateWindow, ScalingSnapshot
+from autoscaler.types import RateWindow
 from batching.policy import make_policy
 from batching.replay import VirtualQueue
 from batching.types import BatchResult, Dispatch, QueuedItem, Shed
@@ -59,9 +59,14 @@ class SimConfig:
 def batching_policy_for(cfg: SimConfig, spec: ModelSpec):
     name = cfg.batching or "slo"
     curves = _curves(spec)
-    context = {"max_batch_size": spec.service.max_batch_size, "default_variant": VARIANT,
-               "latency_fn": lambda variant, rows: curves[variant].at(rows, "p99"), "model": spec.name,
-               "device_type": spec.device_type, "variants": list(curves)}
+    context = {
+        "max_batch_size": spec.service.max_batch_size,
+        "default_variant": VARIANT,
+        "latency_fn": lambda variant, rows: curves[variant].at(rows, "p99"),
+        "model": spec.name,
+        "device_type": spec.device_type,
+        "variants": list(curves),
+    }
     if len(curves) > 1:  # rank the variants for the policy: the primary first
         context["accuracy"] = {VARIANT: 1.0, FALLBACK: 0.5}
     return make_policy(name, **context, **cfg.batching_kwargs)
@@ -93,8 +98,9 @@ class _Model:
         self.rec = rec
         self.curves = _curves(spec)
         # every replica holds every variant (the fallback beside the primary): one set of slots for both
-        self.vq = VirtualQueue(policy, spec.name, spec.service.max_batch_size, shared=len(self.curves) > 1,
-                               strict=False)
+        self.vq = VirtualQueue(
+            policy, spec.name, spec.service.max_batch_size, shared=len(self.curves) > 1, strict=False
+        )
         self.replicas: list[_Replica] = []
         self.wake_at: float | None = None
         self.in_system = 0
@@ -159,11 +165,13 @@ class _Slots:
         m.in_system -= len(items)
 
 
-def simulate_requests(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig,
-                      placement: PlacementHook | None = None, progress=None) -> dict[str, Any]:
+def simulate_requests(
+    specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, placement: PlacementHook | None = None, progress=None
+) -> dict[str, Any]:
     """Simulate every request of ``specs`` under ``autoscaler``; returns summary, records, timing."""
-    ctl = Controller(make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs,
-                     placement or FixedPool())
+    ctl = Controller(
+        make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs, placement or FixedPool()
+    )
     return _RequestSim(specs, cfg, ctl).run(progress)
 
 
@@ -175,14 +183,16 @@ class _RequestSim:
         self.rng = np.random.default_rng(cfg.seed)
         self.duration = max(s.arrivals.duration_s for s in specs)
         self.n_min = math.ceil(self.duration / cfg.minute_s)
-        self.models = [_Model(s, batching_policy_for(cfg, s), ModelRecord(s.name, self.n_min, cfg.minute_s),
-                              cfg.gateways) for s in specs]
+        self.models = [
+            _Model(s, batching_policy_for(cfg, s), ModelRecord(s.name, self.n_min, cfg.minute_s), cfg.gateways)
+            for s in specs
+        ]
         self.heap: list = []
         self.seq = 0
         for mi, m in enumerate(self.models):
             m.slots = _Slots(m, mi, self.rng, self.push, cfg.minute_s)
         self.arrivals = []
-        for mi, (s, m) in enumerate(zip(specs, self.models)):
+        for mi, (s, m) in enumerate(zip(specs, self.models, strict=True)):
             times = s.arrivals.sample_times(self.rng)
             self.arrivals.append(times)
             if len(times):
@@ -235,22 +245,35 @@ class _RequestSim:
     def tick(self, now: float) -> None:
         """An autoscaling round: the gateways' windows and the models' state to the controller."""
         cfg, obs = self.cfg, []
-        for m, s in zip(self.models, self.specs):
+        for m, s in zip(self.models, self.specs, strict=True):
             m.account(now)
             span = max(now - self.last_tick, 1e-9)
-            wins = tuple(RateWindow(f"gw{g}", self.last_tick, now, c, 1.0 / cfg.gateways)
-                         for g, c in enumerate(m.gw_counts)) if now > self.last_tick else ()
+            wins = (
+                tuple(
+                    RateWindow(f"gw{g}", self.last_tick, now, c, 1.0 / cfg.gateways) for g, c in enumerate(m.gw_counts)
+                )
+                if now > self.last_tick
+                else ()
+            )
             m.gw_counts = [0] * cfg.gateways
             ready = sum(1 for r in m.replicas if r.ready and not r.draining)
             target = sum(1 for r in m.replicas if not r.draining)
-            obs.append(Observation(target, ready, m.ongoing_acc / span, wins,
-                                   s.arrivals.peak_rate(now, now + cfg.startup_s + cfg.tick_s)))
+            obs.append(
+                Observation(
+                    target,
+                    ready,
+                    m.ongoing_acc / span,
+                    wins,
+                    s.arrivals.peak_rate(now, now + cfg.startup_s + cfg.tick_s),
+                )
+            )
             m.ongoing_acc = 0.0
         grants = self.ctl.round(now, obs)
         delays = self.ctl.placement.start_delay_s  # e.g. waiting for a preempted GPU, as in fluid mode
-        for mi, (m, g) in enumerate(zip(self.models, grants)):
-            _resize(m, g, now, cfg.startup_s + delays.get(m.spec.name, 0.0),
-                    lambda t, r, i=mi: self.push(t, _READY, i, r))
+        for mi, (m, g) in enumerate(zip(self.models, grants, strict=True)):
+            _resize(
+                m, g, now, cfg.startup_s + delays.get(m.spec.name, 0.0), lambda t, r, i=mi: self.push(t, _READY, i, r)
+            )
             m.rec.tick(now, m.spec.arrivals.rate_at(now), g, obs[mi].ready)
             self.pump(m, mi, now)
         self.last_tick = now
@@ -278,8 +301,17 @@ class _RequestSim:
                 m.rec.minute_good[k] += 1
                 good += 1
         m.in_system -= len(r.batch)
-        m.policy.observe(BatchResult(m.spec.name, r.variant, len(r.batch), now - r.started, now,
-                                     device_type=m.spec.device_type, late_rows=len(r.batch) - good))
+        m.policy.observe(
+            BatchResult(
+                m.spec.name,
+                r.variant,
+                len(r.batch),
+                now - r.started,
+                now,
+                device_type=m.spec.device_type,
+                late_rows=len(r.batch) - good,
+            )
+        )
         r.batch = ()
         if r.draining:
             m.hold(now)
@@ -292,8 +324,12 @@ class _RequestSim:
             for it in m.vq.items:  # never served
                 m.rec.minute_total[min(int(it.arrival_s // self.cfg.minute_s), self.n_min - 1)] += 1
         records = [m.rec for m in self.models]
-        return {"summary": summarize(records, self.duration, self.cfg.sla), "records": records,
-                "duration_s": self.duration, "placement": self.ctl.placement.report()}
+        return {
+            "summary": summarize(records, self.duration, self.cfg.sla),
+            "records": records,
+            "duration_s": self.duration,
+            "placement": self.ctl.placement.report(),
+        }
 
 
 def _resize(m: _Model, target: int, now: float, startup_s: float, on_start) -> None:
@@ -311,8 +347,11 @@ def _resize(m: _Model, target: int, now: float, startup_s: float, on_start) -> N
                 on_start(now + startup_s, r)
         return
     drop = len(live) - target
-    order = ([r for r in reversed(live) if not r.ready] + [r for r in live if r.ready and not r.batch]
-             + [r for r in live if r.batch])
+    order = (
+        [r for r in reversed(live) if not r.ready]
+        + [r for r in live if r.ready and not r.batch]
+        + [r for r in live if r.batch]
+    )
     for r in order[:drop]:
         if r.batch:
             r.draining = True

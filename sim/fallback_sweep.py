@@ -30,8 +30,11 @@ def with_fallback(ratio: float):
     """gpt2-gen on a T4 with a fallback at ``ratio`` of its cost (the profiles' p99 rule)."""
     base = service_for(default_profiles(), "gpt2-gen", "t4", 1000.0)
     a, b = (ratio * x for x in LINEAR_MS[("gpt2-gen", "t4")])
-    curve = Curve(BATCH_SIZES, tuple((a + b * n) / 1e3 for n in BATCH_SIZES),
-                  tuple((1.15 * (a + b * n) + 0.3) / 1e3 for n in BATCH_SIZES))
+    curve = Curve(
+        BATCH_SIZES,
+        tuple((a + b * n) / 1e3 for n in BATCH_SIZES),
+        tuple((1.15 * (a + b * n) + 0.3) / 1e3 for n in BATCH_SIZES),
+    )
     return base, dataclasses.replace(base, fallback=dataclasses.replace(base, curve=curve))
 
 
@@ -52,9 +55,12 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = SimConfig(seed=seed, autoscaler_kwargs={"swayam": {"startup_s": 10.0, "interval_s": 10.0}})
                 runs = run_experiment([spec], ["swayam", "oracle"], cfg, "fluid", None, False)
                 s, o = runs["swayam"]["summary"], runs["oracle"]["summary"]
-                print(f"ratio {ratio:g} seed {seed} {col:22s} minutes_met {100 * s['minutes_sla_met_fraction']:.2f}% "
-                      f"x_oracle {s['replica_seconds'] / o['replica_seconds']:.3f} "
-                      f"on_fallback {100 * s['fallback_share']:.2f}%", flush=True)
+                print(
+                    f"ratio {ratio:g} seed {seed} {col:22s} minutes_met {100 * s['minutes_sla_met_fraction']:.2f}% "
+                    f"x_oracle {s['replica_seconds'] / o['replica_seconds']:.3f} "
+                    f"on_fallback {100 * s['fallback_share']:.2f}%",
+                    flush=True,
+                )
     return 0
 
 

@@ -42,8 +42,9 @@ class _LateTable:
         self.r_step = self.r_max / (_R_POINTS - 1)
         grid = np.arange(_R_POINTS) * self.r_step
         memo: dict = {}  # steady batches per rate, on-time batch limits per replica count: computed once
-        self.table = np.array([[late_fraction(service, int(c), float(r) * int(c), memo) for r in grid]
-                               for c in _C_BUCKETS])
+        self.table = np.array(
+            [[late_fraction(service, int(c), float(r) * int(c), memo) for r in grid] for c in _C_BUCKETS]
+        )
         # mean latency at a per-replica rate: wait ~ half a batch + own batch (for Little's law)
         lat = []
         for r in grid:
@@ -68,8 +69,9 @@ class _LateTable:
 _TABLES: dict[ServiceModel, _LateTable] = {}
 
 
-def _with_fallback(service: ServiceModel, c: np.ndarray, rate: np.ndarray, late: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def _with_fallback(
+    service: ServiceModel, c: np.ndarray, rate: np.ndarray, late: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Late share and fallback share of a model with a cheaper variant, from the primary's late share.
 
     Within the primary's SLO capacity nothing changes. Above it the batcher serves a share ``x`` with
@@ -87,8 +89,7 @@ def _with_fallback(service: ServiceModel, c: np.ndarray, rate: np.ndarray, late:
     inv_s = 1.0 / np.maximum(cs, 1e-9)
     x = np.clip((inv_l - 1.0 / np.maximum(rate, 1e-9)) / np.maximum(inv_l - inv_s, 1e-12), 0.0, 1.0)
     late_fb = _late_table(fb).lookup(c, rate)
-    return (np.where(over, np.maximum(edge, np.where(x >= 1.0, late_fb, 0.0)), late),
-            np.where(over & (c > 0), x, 0.0))
+    return (np.where(over, np.maximum(edge, np.where(x >= 1.0, late_fb, 0.0)), late), np.where(over & (c > 0), x, 0.0))
 
 
 def _late_table(service: ServiceModel) -> _LateTable:
@@ -99,13 +100,20 @@ def _late_table(service: ServiceModel) -> _LateTable:
     return tab
 
 
-def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s: float = 1.0,
-                   placement: PlacementHook | None = None, progress=None,
-                   controller_cls: Callable[..., Controller] = Controller) -> dict[str, Any]:
+def simulate_fluid(
+    specs: list[ModelSpec],
+    autoscaler: str,
+    cfg: SimConfig,
+    dt_s: float = 1.0,
+    placement: PlacementHook | None = None,
+    progress=None,
+    controller_cls: Callable[..., Controller] = Controller,
+) -> dict[str, Any]:
     """``controller_cls`` builds the round's driver (``sim.bound`` passes one that feeds the oracle hindsight)."""
     run = _FluidRun(specs, cfg, dt_s)
-    ctl = controller_cls(make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs,
-                         placement or FixedPool())
+    ctl = controller_cls(
+        make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs, placement or FixedPool()
+    )
     for tk in range(run.n_ticks):
         t = tk * run.tick_steps * dt_s
         run.round(ctl, tk, t)
@@ -114,8 +122,12 @@ def simulate_fluid(specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, dt_s
         run.block(ctl, tk)
     ctl.placement.finish(run.duration)  # a hook with its own clock (sim/harvest.py) runs to the end
     recs = run.records()
-    return {"summary": summarize(recs, run.duration, cfg.sla), "records": recs, "duration_s": run.duration,
-            "placement": ctl.placement.report()}
+    return {
+        "summary": summarize(recs, run.duration, cfg.sla),
+        "records": recs,
+        "duration_s": run.duration,
+        "placement": ctl.placement.report(),
+    }
 
 
 class _FluidRun:
@@ -134,7 +146,7 @@ class _FluidRun:
         n_int = self.n_int = max(len(s.arrivals.rates) for s in specs)
         self.rates = np.zeros((n_int, n))
         for j, s in enumerate(specs):
-            self.rates[:len(s.arrivals.rates), j] = s.arrivals.rates
+            self.rates[: len(s.arrivals.rates), j] = s.arrivals.rates
         self.duration = n_int * interval
         self.n_steps = round(self.duration / dt_s)
         n_min = math.ceil(self.duration / cfg.minute_s)
@@ -201,15 +213,25 @@ class _FluidRun:
         ongoing = self.blk_lam * lat + self.blk_q
         i0 = min(int(t // self.interval), self.n_int - 1)
         i1 = min(int((t + cfg.startup_s + cfg.tick_s) // self.interval), self.n_int - 1)
-        fut = self.rates[i0:i1 + 1].max(axis=0).tolist()
+        fut = self.rates[i0 : i1 + 1].max(axis=0).tolist()
         share = (self.blk_arr * self.share_w).tolist()
         ongoing_l = ongoing.tolist()
         t_prev = t - cfg.tick_s
         tgt_l, ready_l = self.target.tolist(), self.ready.tolist()
-        snaps = [ScalingSnapshot(s.name, tgt_l[j], ready_l[j], s.service, ongoing_l[j],
-                                 tuple([RateWindow(g, t_prev, t, share[j], self.share_w) for g in self.gws])
-                                 if tk else (), s.min_replicas, s.max_replicas, fut[j])
-                 for j, s in enumerate(specs)]
+        snaps = [
+            ScalingSnapshot(
+                s.name,
+                tgt_l[j],
+                ready_l[j],
+                s.service,
+                ongoing_l[j],
+                tuple([RateWindow(g, t_prev, t, share[j], self.share_w) for g in self.gws]) if tk else (),
+                s.min_replicas,
+                s.max_replicas,
+                fut[j],
+            )
+            for j, s in enumerate(specs)
+        ]
         grants = ctl.round_snapshots(t, snaps)
         for j, g in enumerate(grants):
             self.apply(ctl, j, g, t)

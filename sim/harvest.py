@@ -62,19 +62,26 @@ class HarvestConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpus: dict[str, int] = Field(default_factory=lambda: {"t4": 600, "a100": 400},
-                                 description="GPUs of each type (type names as in sim/profiles.py).")
-    gpu_memory_mib: dict[str, int] = Field(default_factory=lambda: {"t4": 16384, "a10g": 24576, "a100": 81920},
-                                           description="Device memory of each type.")
+    gpus: dict[str, int] = Field(
+        default_factory=lambda: {"t4": 600, "a100": 400},
+        description="GPUs of each type (type names as in sim/profiles.py).",
+    )
+    gpu_memory_mib: dict[str, int] = Field(
+        default_factory=lambda: {"t4": 16384, "a10g": 24576, "a100": 81920}, description="Device memory of each type."
+    )
     replica_memory_mib: int = Field(default=4096, gt=0, description="Device memory one inference replica needs.")
     job_memory_mib: int = Field(default=15000, gt=0, description="Device memory a training job needs per GPU.")
     iteration_time_s: tuple[float, float] = Field(
-        default=(0.2, 2.0), description="Per-job iteration time, log-uniform in [lo, hi] (seeded per job).")
-    checkpoint_every_s: float = Field(default=600.0, gt=0, description="Work between checkpoints (rounded down to "
-                                                                       "whole iterations).")
+        default=(0.2, 2.0), description="Per-job iteration time, log-uniform in [lo, hi] (seeded per job)."
+    )
+    checkpoint_every_s: float = Field(
+        default=600.0, gt=0, description="Work between checkpoints (rounded down to whole iterations)."
+    )
     checkpoint_write_s: float = Field(default=10.0, ge=0, description="A checkpoint write pauses the job this long.")
-    known_durations: bool = Field(default=True, description="Tell the policy each job's total iterations "
-                                                            "(False: unknown durations, Tiresias ordering).")
+    known_durations: bool = Field(
+        default=True,
+        description="Tell the policy each job's total iterations (False: unknown durations, Tiresias ordering).",
+    )
     seed: int = 0
     series_every_s: float = Field(default=300.0, gt=0, description="Sampling period of the GPUs-by-use series.")
 
@@ -121,8 +128,14 @@ class _Job:
 class HarvestPlacement:
     """A placement hook that shares typed GPUs between inference and training (see module doc)."""
 
-    def __init__(self, policy: str, jobs: list[JobSpec], model_types: Mapping[str, str],
-                 config: HarvestConfig | None = None, placement_config: PlacementConfig | None = None):
+    def __init__(
+        self,
+        policy: str,
+        jobs: list[JobSpec],
+        model_types: Mapping[str, str],
+        config: HarvestConfig | None = None,
+        placement_config: PlacementConfig | None = None,
+    ):
         if policy not in PLACEMENTS:
             raise ValueError(f"unknown placement {policy!r}; known: {list(PLACEMENTS)}")
         self.name = policy
@@ -131,15 +144,25 @@ class HarvestPlacement:
         self.policy = get_policy("cost-aware" if policy == "none" else policy)
         self.state = PlacementState()
         self.model_types = dict(model_types)
-        self.gpus = tuple(Gpu(f"{ty}:{i:04d}", ty, self.cfg.gpu_memory_mib[ty])
-                          for ty in sorted(self.cfg.gpus) for i in range(self.cfg.gpus[ty]))
+        self.gpus = tuple(
+            Gpu(f"{ty}:{i:04d}", ty, self.cfg.gpu_memory_mib[ty])
+            for ty in sorted(self.cfg.gpus)
+            for i in range(self.cfg.gpus[ty])
+        )
         self.gpu_type = {g.gpu_id: g.gpu_type for g in self.gpus}
         rng = np.random.default_rng(self.cfg.seed)
         lo, hi = self.cfg.iteration_time_s
         specs = [] if policy == "none" else list(jobs)
         iters = np.exp(rng.uniform(math.log(lo), math.log(hi), len(specs))) if specs else []
-        self.arrivals = [_Job(s, float(it), checkpoint_interval_iterations(float(it), self.cfg.checkpoint_every_s),
-                              self.cfg.checkpoint_write_s) for s, it in zip(specs, iters)]
+        self.arrivals = [
+            _Job(
+                s,
+                float(it),
+                checkpoint_interval_iterations(float(it), self.cfg.checkpoint_every_s),
+                self.cfg.checkpoint_write_s,
+            )
+            for s, it in zip(specs, iters, strict=True)
+        ]
         self.arrivals.sort(key=lambda j: (j.spec.submit_s, j.spec.job_id))
         self._next_arrival = 0
         self.jobs: dict[str, _Job] = {}  # arrived, not finished
@@ -181,10 +204,16 @@ class HarvestPlacement:
         return grant
 
     def _round(self, wants: Mapping[str, int], now_s: float) -> None:
-        targets = tuple(ReplicaTarget(m, VARIANT, self.model_types[m], int(n), self.cfg.replica_memory_mib)
-                        for m, n in sorted(wants.items()))
-        snap = PlacementSnapshot(gpus=self.gpus, targets=targets, replicas=tuple(self.replicas.values()),
-                                 jobs=tuple(self._job_view(j, now_s) for j in self.jobs.values()))
+        targets = tuple(
+            ReplicaTarget(m, VARIANT, self.model_types[m], int(n), self.cfg.replica_memory_mib)
+            for m, n in sorted(wants.items())
+        )
+        snap = PlacementSnapshot(
+            gpus=self.gpus,
+            targets=targets,
+            replicas=tuple(self.replicas.values()),
+            jobs=tuple(self._job_view(j, now_s) for j in self.jobs.values()),
+        )
         decision, self.state = self.policy(snap, self.pcfg, self.state, now_s)
         self.rounds += 1
         for s in decision.stop_replicas:
@@ -209,12 +238,21 @@ class HarvestPlacement:
         done, ckpt = j.progress(now_s)
         held = (now_s - j.s0) * j.spec.num_gpus if j.s0 is not None else 0.0
         return TrainingJob(
-            j.spec.job_id, j.spec.num_gpus, self.cfg.job_memory_mib, j.iter_s,
-            iterations_done=int(done / j.iter_s + 1e-9), checkpoint_iteration=int(ckpt / j.iter_s + 1e-9),
-            checkpoint_interval_iterations=j.n_ckpt, checkpoint_write_s=j.write_s,
+            j.spec.job_id,
+            j.spec.num_gpus,
+            self.cfg.job_memory_mib,
+            j.iter_s,
+            iterations_done=int(done / j.iter_s + 1e-9),
+            checkpoint_iteration=int(ckpt / j.iter_s + 1e-9),
+            checkpoint_interval_iterations=j.n_ckpt,
+            checkpoint_write_s=j.write_s,
             total_iterations=math.ceil(j.spec.work_s / j.iter_s) if self.cfg.known_durations else None,
-            attained_gpu_s=j.attained_gpu_s + held, submit_time_s=j.spec.submit_s, gpu_ids=j.gpu_ids,
-            started_s=j.s0, preempting=j.release_s is not None)
+            attained_gpu_s=j.attained_gpu_s + held,
+            submit_time_s=j.spec.submit_s,
+            gpu_ids=j.gpu_ids,
+            started_s=j.s0,
+            preempting=j.release_s is not None,
+        )
 
     # ------------------------------------------------------------ training mechanics
     def _start(self, j: _Job, gpu_ids: tuple[str, ...], now_s: float) -> None:
@@ -247,8 +285,9 @@ class HarvestPlacement:
     def advance(self, t_to: float) -> None:
         """Run the training world forward to ``t_to``, integrating GPUs by use."""
         while True:
-            t_arr = self.arrivals[self._next_arrival].spec.submit_s if self._next_arrival < len(self.arrivals) \
-                else math.inf
+            t_arr = (
+                self.arrivals[self._next_arrival].spec.submit_s if self._next_arrival < len(self.arrivals) else math.inf
+            )
             t_ev = self._events[0][0] if self._events else math.inf
             te = min(t_arr, t_ev)
             if te > t_to:
@@ -317,8 +356,10 @@ class HarvestPlacement:
         h = {k: v / 3600.0 for k, v in self.gpu_s.items()}
         harvestable = h["training"] + h["idle"]  # GPU-hours inference did not use
         work = sum(j.spec.work_s * j.spec.num_gpus for j in self.done)
-        work += sum(j.progress(self.t)[0] * j.spec.num_gpus if j.s0 is not None else j.base_s * j.spec.num_gpus
-                    for j in self.jobs.values())
+        work += sum(
+            j.progress(self.t)[0] * j.spec.num_gpus if j.s0 is not None else j.base_s * j.spec.num_gpus
+            for j in self.jobs.values()
+        )
         window = [j for j in self.done if j.spec.job_id.startswith("j")]
         jct = np.array([j.finished_s - j.spec.submit_s for j in window])
         li = np.array(self.lost_intervals)
@@ -370,7 +411,9 @@ class HarvestPlacement:
         return errs
 
 
-def static_config(base: PlacementConfig, peak_inference_gpus: Mapping[str, int], margin: float = 0.0) -> PlacementConfig:
+def static_config(
+    base: PlacementConfig, peak_inference_gpus: Mapping[str, int], margin: float = 0.0
+) -> PlacementConfig:
     """A ``static`` partition sized to inference's peak per type (e.g. measured by the ``none`` run)."""
     sizes = {ty: math.ceil(n * (1 + margin)) for ty, n in peak_inference_gpus.items()}
     return base.model_copy(update={"static_inference_gpus": sizes})

@@ -19,10 +19,25 @@ from sim.harvest import PLACEMENTS, HarvestConfig, HarvestPlacement, static_conf
 from sim.run import run_experiment
 from sim.training_trace import JobSpec
 
-HARVEST_KEYS = ("training_gpu_hours", "idle_gpu_hours", "unused_gpu_hours", "inference_gpu_hours",
-                "harvest_fraction", "training_work_gpu_hours", "preemptions", "preemptions_killed", "preempted_gpus",
-                "lost_work_gpu_hours", "lost_per_preemption_intervals_mean", "lost_per_preemption_intervals_max",
-                "jobs_submitted", "jobs_finished", "jct_jobs_finished", "jct_mean_s", "jct_median_s")
+HARVEST_KEYS = (
+    "training_gpu_hours",
+    "idle_gpu_hours",
+    "unused_gpu_hours",
+    "inference_gpu_hours",
+    "harvest_fraction",
+    "training_work_gpu_hours",
+    "preemptions",
+    "preemptions_killed",
+    "preempted_gpus",
+    "lost_work_gpu_hours",
+    "lost_per_preemption_intervals_mean",
+    "lost_per_preemption_intervals_max",
+    "jobs_submitted",
+    "jobs_finished",
+    "jct_jobs_finished",
+    "jct_mean_s",
+    "jct_median_s",
+)
 
 
 def order_placements(names: list[str]) -> list[str]:
@@ -36,9 +51,18 @@ def order_placements(names: list[str]) -> list[str]:
     return sorted(names, key=lambda n: n != "none")
 
 
-def run_harvest(specs: list[ModelSpec], autoscalers: list[str], placements: list[str], cfg: SimConfig,
-                jobs: list[JobSpec], hcfg: HarvestConfig, pcfg: PlacementConfig | None = None,
-                mode: str = "fluid", show_progress: bool = True, static_margin: float = 0.0) -> dict[str, Any]:
+def run_harvest(
+    specs: list[ModelSpec],
+    autoscalers: list[str],
+    placements: list[str],
+    cfg: SimConfig,
+    jobs: list[JobSpec],
+    hcfg: HarvestConfig,
+    pcfg: PlacementConfig | None = None,
+    mode: str = "fluid",
+    show_progress: bool = True,
+    static_margin: float = 0.0,
+) -> dict[str, Any]:
     pcfg = pcfg or PlacementConfig(pack_small_replicas=False, substitute_types=False)
     types = {s.name: s.device_type for s in specs}
     out: dict[str, Any] = {}
@@ -48,8 +72,9 @@ def run_harvest(specs: list[ModelSpec], autoscalers: list[str], placements: list
             pc = pcfg
             if p == "static":
                 pc = static_config(pcfg, peak, static_margin) if peak else pcfg
-            runs = run_experiment(specs, [a], cfg, mode, lambda p=p, pc=pc: HarvestPlacement(p, jobs, types, hcfg, pc),
-                                  show_progress)
+            runs = run_experiment(
+                specs, [a], cfg, mode, lambda p=p, pc=pc: HarvestPlacement(p, jobs, types, hcfg, pc), show_progress
+            )
             res = runs[a]
             if p == "none":
                 peak = res["placement"]["peak_inference_gpus_by_type"]
@@ -66,9 +91,15 @@ def summary_rows(runs: dict[str, Any]) -> list[dict]:
     for key, res in runs.items():
         rep, s = res["placement"], res["summary"]
         b = base.get(key.split("/")[0])
-        rows.append({"policy": key, "slo_attainment": s["slo_attainment"],
-                     "delta_points": None if b is None else 100 * (s["slo_attainment"] - b),
-                     **{k: rep.get(k) for k in HARVEST_KEYS}, "wall_s": res["wall_s"]})
+        rows.append(
+            {
+                "policy": key,
+                "slo_attainment": s["slo_attainment"],
+                "delta_points": None if b is None else 100 * (s["slo_attainment"] - b),
+                **{k: rep.get(k) for k in HARVEST_KEYS},
+                "wall_s": res["wall_s"],
+            }
+        )
     return rows
 
 
@@ -80,27 +111,42 @@ def plot_harvest(path: str | Path, runs: dict[str, Any], title: str = "") -> Non
     import matplotlib.pyplot as plt
 
     keys = [k for k in runs if runs[k]["placement"].get("series") and not k.endswith("/none")] or list(runs)
-    fig, axes = plt.subplots(len(keys) + 1, 1, figsize=(11, 2.6 * len(keys) + 2.2), sharex=True, squeeze=False,
-                             gridspec_kw={"height_ratios": [3] * len(keys) + [2]})
-    for ax, key in zip(axes[:-1, 0], keys):
+    fig, axes = plt.subplots(
+        len(keys) + 1,
+        1,
+        figsize=(11, 2.6 * len(keys) + 2.2),
+        sharex=True,
+        squeeze=False,
+        gridspec_kw={"height_ratios": [3] * len(keys) + [2]},
+    )
+    for ax, key in zip(axes[:-1, 0], keys, strict=True):
         rep = runs[key]["placement"]
         ser = rep["series"]
         t = np.array(ser["t_s"]) / 3600.0
-        ax.stackplot(t, ser["inference"], ser["training"], ser["idle"], labels=["inference", "training", "idle"],
-                     colors=["#1f77b4", "#2ca02c", "#d9d9d9"], step="post")
+        ax.stackplot(
+            t,
+            ser["inference"],
+            ser["training"],
+            ser["idle"],
+            labels=["inference", "training", "idle"],
+            colors=["#1f77b4", "#2ca02c", "#d9d9d9"],
+            step="post",
+        )
         ax.set_ylabel("GPUs")
         ax.set_ylim(0, sum(rep["gpus"].values()))
-        ax.set_title(f"{key}: training used {100 * rep['harvest_fraction']:.1f}% of idle GPU-h, "
-                     f"{rep['preemptions']} preemptions, lost {rep['lost_work_gpu_hours']:.0f} GPU-h, "
-                     f"SLO attainment {100 * runs[key]['summary']['slo_attainment']:.2f}%", fontsize=9)
+        ax.set_title(
+            f"{key}: training used {100 * rep['harvest_fraction']:.1f}% of idle GPU-h, "
+            f"{rep['preemptions']} preemptions, lost {rep['lost_work_gpu_hours']:.0f} GPU-h, "
+            f"SLO attainment {100 * runs[key]['summary']['slo_attainment']:.2f}%",
+            fontsize=9,
+        )
         if ax is axes[0, 0]:
             ax.legend(loc="lower left", fontsize=8, ncol=3)
     pax = axes[-1, 0]
     for key in keys:
         ser = runs[key]["placement"]["series"]
         dt_h = (ser["t_s"][1] - ser["t_s"][0]) / 3600.0 if len(ser["t_s"]) > 1 else 1.0
-        pax.step(np.array(ser["t_s"]) / 3600.0, np.array(ser["preemptions"]) / dt_h, where="post", lw=0.8,
-                 label=key)
+        pax.step(np.array(ser["t_s"]) / 3600.0, np.array(ser["preemptions"]) / dt_h, where="post", lw=0.8, label=key)
     pax.set_ylabel("preemptions / h")
     pax.legend(loc="upper right", fontsize=8)
     pax.set_xlabel("time (h)")

@@ -62,11 +62,26 @@ def _export(name: str, path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     dyn = {n: {0: "batch"} for n in names}
     with torch.no_grad():
         try:  # the TorchScript exporter: stable for these networks
-            torch.onnx.export(net, args, str(path), input_names=names, output_names=["out"],
-                              dynamic_axes=dyn | {"out": {0: "batch"}}, opset_version=17, dynamo=False)
+            torch.onnx.export(
+                net,
+                args,
+                str(path),
+                input_names=names,
+                output_names=["out"],
+                dynamic_axes=dyn | {"out": {0: "batch"}},
+                opset_version=17,
+                dynamo=False,
+            )
         except TypeError:  # torch without the dynamo switch
-            torch.onnx.export(net, args, str(path), input_names=names, output_names=["out"],
-                              dynamic_axes=dyn | {"out": {0: "batch"}}, opset_version=17)
+            torch.onnx.export(
+                net,
+                args,
+                str(path),
+                input_names=names,
+                output_names=["out"],
+                dynamic_axes=dyn | {"out": {0: "batch"}},
+                opset_version=17,
+            )
     return inputs
 
 
@@ -74,15 +89,17 @@ def _feeds(inputs: dict, rows: int, rng: np.random.Generator) -> dict[str, np.nd
     out = {}
     for n, (shape, dtype) in inputs.items():
         if dtype == "int64":
-            out[n] = (rng.integers(0, 30000, (rows, *shape)) if n == "input_ids"
-                      else np.ones((rows, *shape))).astype(np.int64)
+            out[n] = (rng.integers(0, 30000, (rows, *shape)) if n == "input_ids" else np.ones((rows, *shape))).astype(
+                np.int64
+            )
         else:
             out[n] = rng.standard_normal((rows, *shape)).astype(np.float32)
     return out
 
 
-def measure(models: list[str], device: str, iters: int, warmup: int, workdir: Path,
-            batch_sizes: tuple[int, ...] = BATCH_SIZES) -> dict:
+def measure(
+    models: list[str], device: str, iters: int, warmup: int, workdir: Path, batch_sizes: tuple[int, ...] = BATCH_SIZES
+) -> dict:
     import onnxruntime as ort
 
     from models.runtime import RuntimeOptions, make_session
@@ -95,8 +112,10 @@ def measure(models: list[str], device: str, iters: int, warmup: int, workdir: Pa
             path = workdir / f"{name}.onnx"
             t0 = time.perf_counter()
             inputs = _export(name, path)
-            print(f"{name}: exported in {time.perf_counter() - t0:.1f} s ({path.stat().st_size / 2**20:.0f} MiB)",
-                  flush=True)
+            print(
+                f"{name}: exported in {time.perf_counter() - t0:.1f} s ({path.stat().st_size / 2**20:.0f} MiB)",
+                flush=True,
+            )
             sess = make_session(path, RuntimeOptions(intra_op_threads=0 if device == "cpu" else 1, device=device))
             providers = sess.get_providers()
             doc = {"batch_sizes": [], "p50_ms": [], "p99_ms": [], "throughput_rps": []}
@@ -115,15 +134,25 @@ def measure(models: list[str], device: str, iters: int, warmup: int, workdir: Pa
                 doc["p50_ms"].append(round(float(p50), 4))
                 doc["p99_ms"].append(round(float(max(p99, p50)), 4))
                 doc["throughput_rps"].append(round(b / (p50 / 1e3), 1))
-                print(f"  {name} b={b:4d} p50={p50:8.3f} ms p99={p99:8.3f} ms {b / (p50 / 1e3):10.1f} rows/s",
-                      flush=True)
+                print(
+                    f"  {name} b={b:4d} p50={p50:8.3f} ms p99={p99:8.3f} ms {b / (p50 / 1e3):10.1f} rows/s", flush=True
+                )
             results[name] = doc
-        except Exception as e:  # noqa: BLE001 - one network failing must not lose the others' measurements
+        except Exception as e:
             traceback.print_exc()
             errors[name] = f"{type(e).__name__}: {e}"
-    return {"models": results, "errors": errors, "runtime": {
-        "providers": providers, "onnxruntime": ort.__version__, "iters": iters, "warmup": warmup,
-        "precision": "float32", "inputs": "numpy on the host (copies included)"}}
+    return {
+        "models": results,
+        "errors": errors,
+        "runtime": {
+            "providers": providers,
+            "onnxruntime": ort.__version__,
+            "iters": iters,
+            "warmup": warmup,
+            "precision": "float32",
+            "inputs": "numpy on the host (copies included)",
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,11 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default="/tmp/sloserve-zoo")
     p.add_argument("--out", default=str(Path(__file__).parent / "measured"))
     a = p.parse_args(argv)
-    doc = measure(a.models.split(","), a.device, a.iters, a.warmup, Path(a.workdir),
-                  tuple(int(x) for x in a.batch_sizes.split(",")))
-    doc = {"device_type": device_type(a.device), "alias": a.alias,
-           "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "command": "python -m sim.measure_profiles " + " ".join(sys.argv[1:] if argv is None else argv), **doc}
+    doc = measure(
+        a.models.split(","),
+        a.device,
+        a.iters,
+        a.warmup,
+        Path(a.workdir),
+        tuple(int(x) for x in a.batch_sizes.split(",")),
+    )
+    doc = {
+        "device_type": device_type(a.device),
+        "alias": a.alias,
+        "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": "python -m sim.measure_profiles " + " ".join(sys.argv[1:] if argv is None else argv),
+        **doc,
+    }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{a.alias}.json"

@@ -61,8 +61,9 @@ def measured_curves(directory: Path = MEASURED_DIR) -> dict[tuple[str, str, str]
         doc = json.loads(path.read_text())
         alias = doc.get("alias") or path.stem
         for model, c in doc.get("models", {}).items():
-            curves[(model, VARIANT, alias)] = Curve(tuple(c["batch_sizes"]), tuple(x / 1e3 for x in c["p50_ms"]),
-                                                    tuple(x / 1e3 for x in c["p99_ms"]))
+            curves[(model, VARIANT, alias)] = Curve(
+                tuple(c["batch_sizes"]), tuple(x / 1e3 for x in c["p50_ms"]), tuple(x / 1e3 for x in c["p99_ms"])
+            )
     return curves
 
 
@@ -76,8 +77,15 @@ def default_profiles(measured_dir: Path = MEASURED_DIR) -> ProfileTable:
     return ProfileTable(curves, {})
 
 
-def service_for(table: ProfileTable, model: str, device_type: str, slo_ms: float,
-                max_batch_size: int = 64, slo_percentile: float = 0.99, fallback: str | None = None) -> ServiceModel:
+def service_for(
+    table: ProfileTable,
+    model: str,
+    device_type: str,
+    slo_ms: float,
+    max_batch_size: int = 64,
+    slo_percentile: float = 0.99,
+    fallback: str | None = None,
+) -> ServiceModel:
     """``model``'s service on ``device_type``; with ``fallback``, that profile is its cheaper variant,
     which the batcher may serve while the primary is short of capacity."""
     curve = table.curves.get((model, VARIANT, device_type))  # no foreign fallback: a typo must not pass

@@ -35,13 +35,24 @@ def tuned_baseline_kwargs(service: ServiceModel, utilization: float = 0.7) -> di
     cap = capacity_rps(service, 1)
     b = steady_batch(service, cap) or float(service.max_batch_size)
     conc = cap * 1.5 * service.curve.at(max(b, 1.0), "p50")
-    return {"ray-default": {"target_ongoing_requests": max(utilization * conc, 0.5)},
-            "kpa": {"target_concurrency": max(conc, 0.5), "target_utilization": utilization}}
+    return {
+        "ray-default": {"target_ongoing_requests": max(utilization * conc, 0.5)},
+        "kpa": {"target_concurrency": max(conc, 0.5), "target_utilization": utilization},
+    }
 
 
-def make_spec(name: str, arrivals, service: ServiceModel, device_type: str, *, peak_replicas: int | None = None,
-              scale: float | None = None, min_replicas: int = 1, max_replicas: int = 10_000,
-              peak_fill: float = 0.9) -> ModelSpec:
+def make_spec(
+    name: str,
+    arrivals,
+    service: ServiceModel,
+    device_type: str,
+    *,
+    peak_replicas: int | None = None,
+    scale: float | None = None,
+    min_replicas: int = 1,
+    max_replicas: int = 10_000,
+    peak_fill: float = 0.9,
+) -> ModelSpec:
     """A model whose arrivals are scaled by ``scale``, or so that their peak rate is ``peak_fill`` of
     what ``peak_replicas`` replicas serve within the SLO ("scaled to the model's capacity"; not
     exactly 1.0, which would put a flat trace on the SLA's knife edge for every policy)."""
@@ -50,16 +61,22 @@ def make_spec(name: str, arrivals, service: ServiceModel, device_type: str, *, p
         scale = (peak_fill * capacity_rps(service, peak_replicas) / peak) if (peak_replicas and peak > 0) else 1.0
     arr = arrivals.scaled(scale)
     init = max(min_replicas, replicas_needed(service, float(arr.rates[0]) if len(arr.rates) else 0.0, max_replicas))
-    return ModelSpec(name, arr, service, device_type, min_replicas, max_replicas, init,
-                     tuned_baseline_kwargs(service))
+    return ModelSpec(name, arr, service, device_type, min_replicas, max_replicas, init, tuned_baseline_kwargs(service))
 
 
 def expected_requests(specs: list[ModelSpec]) -> float:
     return float(sum(s.arrivals.rates.sum() * s.arrivals.interval_s for s in specs))
 
 
-def run_experiment(specs: list[ModelSpec], policies: list[str], cfg: SimConfig, mode: str = "auto",
-                   placement_factory=None, show_progress: bool = True, dt_s: float = 1.0) -> dict[str, Any]:
+def run_experiment(
+    specs: list[ModelSpec],
+    policies: list[str],
+    cfg: SimConfig,
+    mode: str = "auto",
+    placement_factory=None,
+    show_progress: bool = True,
+    dt_s: float = 1.0,
+) -> dict[str, Any]:
     if mode == "auto":
         mode = "request" if expected_requests(specs) <= REQUEST_LEVEL_MAX else "fluid"
     out: dict[str, Any] = {}
@@ -114,15 +131,28 @@ def result_json(runs: dict[str, Any], specs: list[ModelSpec], cfg: SimConfig, me
         if len(specs) > 50:
             s.pop("per_model")
         policies[name] = s
-    return {"policies": policies,
-            "meta": {**meta, "config": {k: v for k, v in asdict(cfg).items()},
-                     "models": [{"name": s.name, "device_type": s.device_type, "slo_ms": s.service.slo_s * 1e3,
-                                 "mean_rps": float(s.arrivals.rates.mean()), "peak_rps": float(s.arrivals.rates.max())}
-                                for s in specs[:50]]}}
+    return {
+        "policies": policies,
+        "meta": {
+            **meta,
+            "config": {k: v for k, v in asdict(cfg).items()},
+            "models": [
+                {
+                    "name": s.name,
+                    "device_type": s.device_type,
+                    "slo_ms": s.service.slo_s * 1e3,
+                    "mean_rps": float(s.arrivals.rates.mean()),
+                    "peak_rps": float(s.arrivals.rates.max()),
+                }
+                for s in specs[:50]
+            ],
+        },
+    }
 
 
-def write_outputs(out_dir: str | Path, runs: dict[str, Any], specs: list[ModelSpec], cfg: SimConfig,
-                  meta: dict) -> Path:
+def write_outputs(
+    out_dir: str | Path, runs: dict[str, Any], specs: list[ModelSpec], cfg: SimConfig, meta: dict
+) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = result_json(runs, specs, cfg, meta)
@@ -165,4 +195,3 @@ def plot_timeline(path: Path, runs: dict[str, Any], title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-

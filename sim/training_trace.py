@@ -34,20 +34,29 @@ class JobSpec:
     num_gpus: int
 
 
-def load_training_jobs(source: str | IO[str], *, start_s: float = 0.0, window_s: float = 86_400.0,
-                       submit_col: str = "submit_s", duration_col: str = "duration_s",
-                       gpus_col: str = "num_gpus", backlog: bool = True, time_scale: float = 1.0,
-                       max_gpus: int | None = None, min_duration_s: float = 1.0) -> list[JobSpec]:
+def load_training_jobs(
+    source: str | IO[str],
+    *,
+    start_s: float = 0.0,
+    window_s: float = 86_400.0,
+    submit_col: str = "submit_s",
+    duration_col: str = "duration_s",
+    gpus_col: str = "num_gpus",
+    backlog: bool = True,
+    time_scale: float = 1.0,
+    max_gpus: int | None = None,
+    min_duration_s: float = 1.0,
+) -> list[JobSpec]:
     """Jobs of ``source`` (a path or a file) for a window of the trace, sorted by arrival."""
-    f = open(source, newline="") if isinstance(source, str) else source
-    try:
-        rows = list(csv.DictReader(f))
-    finally:
-        if isinstance(source, str):
-            f.close()
+    if isinstance(source, str):
+        with open(source, newline="") as f:
+            rows = list(csv.DictReader(f))
+    else:
+        rows = list(csv.DictReader(source))
     if rows and not {submit_col, duration_col, gpus_col} <= set(rows[0]):
-        raise ValueError(f"training trace needs columns {submit_col}, {duration_col}, {gpus_col}; "
-                         f"has {sorted(rows[0])}")
+        raise ValueError(
+            f"training trace needs columns {submit_col}, {duration_col}, {gpus_col}; has {sorted(rows[0])}"
+        )
     end_s = start_s + window_s
     jobs: list[JobSpec] = []
     for i, r in enumerate(rows):

@@ -53,15 +53,25 @@ def main(argv: list[str] | None = None) -> int:
         spec = make_spec("m", arr, svc, "t4", peak_replicas=a.peak_replicas)
     for batching in a.batching.split(","):
         for mode in ("request", "fluid"):
-            cfg = SimConfig(seed=a.seed, batching=batching, autoscaler_kwargs={"swayam": {"startup_s": 10, "interval_s": 10}})
+            cfg = SimConfig(
+                seed=a.seed, batching=batching, autoscaler_kwargs={"swayam": {"startup_s": 10, "interval_s": 10}}
+            )
             runs = run_experiment([spec], a.autoscalers.split(","), cfg, mode, show_progress=False)
             for name, r in runs.items():
                 s = r["summary"]
                 rec = r["records"][0]
                 att = rec.minute_good / np.maximum(rec.minute_total, 1)
                 missed = [int(a.start_min + i) for i in np.nonzero((att < 0.99) & (rec.minute_total > 0.5))[0]]
-                print(batching, mode, name, round(r["wall_s"], 1), {k: round(s[k], 4) for k in KEYS},
-                      "missed minutes:", missed, flush=True)
+                print(
+                    batching,
+                    mode,
+                    name,
+                    round(r["wall_s"], 1),
+                    {k: round(s[k], 4) for k in KEYS},
+                    "missed minutes:",
+                    missed,
+                    flush=True,
+                )
     return 0
 
 

@@ -21,8 +21,9 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def model_repo() -> Path:
     if not (REPO / ".built").exists():
-        subprocess.run([sys.executable, "-m", "gateway.cli", "models", "build", "--repo", str(REPO)],
-                       check=True, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "models", "build", "--repo", str(REPO)], check=True, cwd=ROOT
+        )
     return REPO
 
 
@@ -61,11 +62,33 @@ class ServerProcess:
             RAY_SERVERS.append(self)
         self.http_port, self.grpc_port = free_port(), free_port()
         self.backend = backend
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--repo", str(repo), "--backend", backend,
-               "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), "--log-level", "warning"]
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="sloserve-test-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(cmd + (extra or []), cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})}, start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--repo",
+            str(repo),
+            "--backend",
+            backend,
+            "--http-port",
+            str(self.http_port),
+            "--grpc-port",
+            str(self.grpc_port),
+            "--log-level",
+            "warning",
+        ]
+        fd, log_name = tempfile.mkstemp(prefix="sloserve-test-", suffix=".log")
+        self.log_path = Path(log_name)
+        with os.fdopen(fd, "w") as log:  # the server keeps its own descriptor
+            self.proc = subprocess.Popen(
+                cmd + (extra or []),
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
 
     @property
     def http_url(self) -> str:
@@ -111,9 +134,7 @@ class ServerProcess:
         self.proc.wait()
 
     def output(self, tail: int | None = 5000) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        text = self.log.read()
+        text = self.log_path.read_text(errors="replace")
         return text if tail is None else text[-tail:]
 
     def leftovers(self) -> list[str]:
@@ -132,9 +153,7 @@ class ServerProcess:
                 self.kill()
                 raise
         if self.proc.returncode == 0:
-            self.log.close()
-            Path(self.log.name).unlink(missing_ok=True)
+            self.log_path.unlink(missing_ok=True)
         else:  # a crash on the way out: keep what it said for the assertion that reports it
             self.last_words = self.output(3000)
-            self.log.close()
         return self.proc.returncode

@@ -34,8 +34,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from autoscaler.placement.policy import get_policy
 from autoscaler.placement.metrics import gpu_usage
+from autoscaler.placement.policy import get_policy
 from autoscaler.placement.types import (
     Gpu,
     PlacementConfig,
@@ -141,8 +141,13 @@ class HarvestController:
         self._policy = get_policy(t.policy)
         frac = settings.replica_gpu_fraction
         self.replica_memory_mib = max(1, round(min(frac, 1.0) * t.gpu_memory_mib))
-        self.config = PlacementConfig(preempt_grace_s=t.grace_s, restart_overhead_s=1.0, pack_small_replicas=False,
-                                      substitute_types=False, max_replicas_per_gpu=max(1, math.floor(1 / frac + 1e-9)))
+        self.config = PlacementConfig(
+            preempt_grace_s=t.grace_s,
+            restart_overhead_s=1.0,
+            pack_small_replicas=False,
+            substitute_types=False,
+            max_replicas_per_gpu=max(1, math.floor(1 / frac + 1e-9)),
+        )
         self.state = PlacementState()
         self.reclaims: list[Reclaim] = []
         self.last_decision: PlacementDecision | None = None
@@ -191,13 +196,21 @@ class HarvestController:
         d = self.last_decision
         with self._lock:
             reclaims = [r.to_dict() for r in self.reclaims]
-        return {"policy": self.policy_name, "round": self.state.round, "round_s": round(self.round_s, 4),
-                "gpus": [{"gpu_type": t, "use": u, "count": n} for (t, u), n in sorted(self._usage.items())],
-                "reclaims": reclaims,
-                "last_decision": None if d is None else {
-                    "preempt": [p.job_id for p in d.preempt], "start_training": [s.job_id for s in d.start_training],
-                    "start_replicas": [f"{s.model}/{s.variant}@{s.gpu_id}" for s in d.start_replicas],
-                    "unplaced": [f"{u.model}/{u.variant}x{u.count}" for u in d.unplaced]}}
+        return {
+            "policy": self.policy_name,
+            "round": self.state.round,
+            "round_s": round(self.round_s, 4),
+            "gpus": [{"gpu_type": t, "use": u, "count": n} for (t, u), n in sorted(self._usage.items())],
+            "reclaims": reclaims,
+            "last_decision": None
+            if d is None
+            else {
+                "preempt": [p.job_id for p in d.preempt],
+                "start_training": [s.job_id for s in d.start_training],
+                "start_replicas": [f"{s.model}/{s.variant}@{s.gpu_id}" for s in d.start_replicas],
+                "unplaced": [f"{u.model}/{u.variant}x{u.count}" for u in d.unplaced],
+            },
+        }
 
     # ------------------------------------------------------------------ one round
     def tick(self) -> PlacementDecision:
@@ -265,9 +278,11 @@ class HarvestController:
         for job_id in infos:
             if job_id not in self._jobs:
                 d = self.manager.dir / job_id / "spec.json"
-                self._jobs[job_id] = _Job(TrainingSpec.model_validate_json(d.read_text()),
-                                          iteration=infos[job_id].iteration,
-                                          checkpoint_iteration=infos[job_id].checkpoint_iteration)
+                self._jobs[job_id] = _Job(
+                    TrainingSpec.model_validate_json(d.read_text()),
+                    iteration=infos[job_id].iteration,
+                    checkpoint_iteration=infos[job_id].checkpoint_iteration,
+                )
         running = {j: h for j in infos if infos[j].state == "running" and (h := self.manager.handle(j)) is not None}
         refs = {j: h.actor.progress.remote() for j, h in running.items() if hasattr(h, "actor")}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0.2) if refs else ([], [])
@@ -276,7 +291,7 @@ class HarvestController:
             if ref in ready:
                 try:
                     got[j] = ray.get(ref)
-                except Exception:  # noqa: BLE001 - the actor just died (preempted, killed)
+                except Exception:
                     pass
         for job_id, info in infos.items():
             mem = self._jobs[job_id]
@@ -301,8 +316,12 @@ class HarvestController:
         by_type: dict[str, list[str]] = {}
         for g in gpus:
             by_type.setdefault(g.gpu_type, []).append(g.gpu_id)
-        taken: set[str] = {g for j in self._jobs.values() if infos.get(j.spec.job_id, None) is not None
-                           and infos[j.spec.job_id].state == "running" for g in j.gpu_ids}
+        taken: set[str] = {
+            g
+            for j in self._jobs.values()
+            if infos.get(j.spec.job_id, None) is not None and infos[j.spec.job_id].state == "running"
+            for g in j.gpu_ids
+        }
         jobs = []
         for job_id, info in infos.items():
             mem = self._jobs[job_id]
@@ -319,12 +338,24 @@ class HarvestController:
             it_s = mem.iteration_time_s or (s.iteration_delay_s + 1e-3)
             if info.state == "running" and self._last_tick is not None:
                 mem.attained_gpu_s += (now - self._last_tick) * s.num_gpus
-            jobs.append(TrainingJob(
-                job_id, s.num_gpus, self.settings.training.gpu_memory_mib, it_s, iterations_done=mem.iteration,
-                checkpoint_iteration=mem.checkpoint_iteration, checkpoint_interval_iterations=s.checkpoint_every,
-                checkpoint_write_s=0.05, total_iterations=s.total_iterations, attained_gpu_s=mem.attained_gpu_s,
-                gpu_type=s.gpu_type, gpu_ids=mem.gpu_ids if info.state == "running" else (),
-                started_s=mem.started_s, preempting=job_id in self._preempting))
+            jobs.append(
+                TrainingJob(
+                    job_id,
+                    s.num_gpus,
+                    self.settings.training.gpu_memory_mib,
+                    it_s,
+                    iterations_done=mem.iteration,
+                    checkpoint_iteration=mem.checkpoint_iteration,
+                    checkpoint_interval_iterations=s.checkpoint_every,
+                    checkpoint_write_s=0.05,
+                    total_iterations=s.total_iterations,
+                    attained_gpu_s=mem.attained_gpu_s,
+                    gpu_type=s.gpu_type,
+                    gpu_ids=mem.gpu_ids if info.state == "running" else (),
+                    started_s=mem.started_s,
+                    preempting=job_id in self._preempting,
+                )
+            )
         replicas, targets = [], []
         per_gpu = self.config.max_replicas_per_gpu
         for (model, variant), (dev, target, _running) in serve_view.items():
@@ -344,10 +375,17 @@ class HarvestController:
             mem = self._jobs[p.job_id]
             s = waiting.get(p.job_id)
             key = (s.model, s.variant) if s else None
-            rec = Reclaim(p.job_id, mem.spec.gpu_type, s.model if s else None, s.variant if s else None, now,
-                          iteration_at_request=mem.iteration, waited_s=now - self._pending_since.get(key, now),
-                          _baseline_running=serve_view.get(key, (None, 0, 0))[2] if s else 0,
-                          _baseline_holders=holders.get(key, 0) if s else 0)
+            rec = Reclaim(
+                p.job_id,
+                mem.spec.gpu_type,
+                s.model if s else None,
+                s.variant if s else None,
+                now,
+                iteration_at_request=mem.iteration,
+                waited_s=now - self._pending_since.get(key, now),
+                _baseline_running=serve_view.get(key, (None, 0, 0))[2] if s else 0,
+                _baseline_holders=holders.get(key, 0) if s else 0,
+            )
             with self._lock:
                 self._preempting[p.job_id] = rec
                 self.reclaims.append(rec)
@@ -401,8 +439,14 @@ class HarvestController:
             else:
                 self.metrics.checkpoints.labels("preemption").inc()
             self.metrics.training_lost_seconds.labels(rec.gpu_type.lower()).inc(lost_s)
-            log.info("reclaimed %s for %s/%s: %s, GPU free after %.3f s", rec.job_id, rec.model, rec.variant,
-                     rec.outcome, rec.freed_s)
+            log.info(
+                "reclaimed %s for %s/%s: %s, GPU free after %.3f s",
+                rec.job_id,
+                rec.model,
+                rec.variant,
+                rec.outcome,
+                rec.freed_s,
+            )
         except Exception:
             log.warning("preempting %s failed", rec.job_id, exc_info=True)
         finally:

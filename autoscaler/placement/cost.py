@@ -56,26 +56,35 @@ def preemption_cost(job: TrainingJob, config: PlacementConfig) -> PreemptionCost
     remaining = None if rem is None else job.num_gpus * rem * job.iteration_time_s
     expected_remaining = remaining if remaining is not None else job.attained_gpu_s
     bucket = math.floor((lost + restart) / config.cost_tie_gpu_s)
-    return PreemptionCost(lost_gpu_s=lost, restart_gpu_s=restart, remaining_gpu_s=remaining,
-                          attained_gpu_s=job.attained_gpu_s,
-                          key=(float(bucket), -float(expected_remaining), float(lost + restart)))
+    return PreemptionCost(
+        lost_gpu_s=lost,
+        restart_gpu_s=restart,
+        remaining_gpu_s=remaining,
+        attained_gpu_s=job.attained_gpu_s,
+        key=(float(bucket), -float(expected_remaining), float(lost + restart)),
+    )
 
 
-def type_score(snapshot: PlacementSnapshot, config: PlacementConfig, model: str, variant: str,
-               gpu_type: str) -> float:
+def type_score(snapshot: PlacementSnapshot, config: PlacementConfig, model: str, variant: str, gpu_type: str) -> float:
     """Requests/s per unit of price of one replica of (model, variant) on ``gpu_type``."""
     return snapshot.throughput(model, variant, gpu_type) / config.cost_per_hour(gpu_type)
 
 
-def rank_types(snapshot: PlacementSnapshot, config: PlacementConfig, model: str, variant: str,
-               types: Iterable[str]) -> list[str]:
+def rank_types(
+    snapshot: PlacementSnapshot, config: PlacementConfig, model: str, variant: str, types: Iterable[str]
+) -> list[str]:
     """GPU types best first (highest throughput per cost; name breaks ties)."""
     return sorted(set(types), key=lambda t: (-type_score(snapshot, config, model, variant, t), t))
 
 
-def throughputs_from_profile(table, keys: Iterable[tuple[str, str]], gpu_types: Iterable[str],
-                             slo_s: Mapping[str, float], max_batch: int = 64,
-                             device_type_of: Mapping[str, str] | None = None) -> dict[tuple[str, str, str], float]:
+def throughputs_from_profile(
+    table,
+    keys: Iterable[tuple[str, str]],
+    gpu_types: Iterable[str],
+    slo_s: Mapping[str, float],
+    max_batch: int = 64,
+    device_type_of: Mapping[str, str] | None = None,
+) -> dict[tuple[str, str, str], float]:
     """Gavel's throughput matrix from a ``batching.profile.ProfileTable``.
 
     One replica's throughput is ``b / latency(b)`` at the largest batch ``b`` whose p99 latency fits

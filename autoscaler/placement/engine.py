@@ -127,8 +127,9 @@ class Cluster:
         self.starts.append(StartReplica(model, variant, gid, mem, reason, after_preempt=after, beside_job=beside))
         return gid
 
-    def place_replica(self, model: str, variant: str, mem: int, types: list[str],
-                      substitute: bool = False) -> str | None:
+    def place_replica(
+        self, model: str, variant: str, mem: int, types: list[str], substitute: bool = False
+    ) -> str | None:
         """Place one replica on the first of ``types`` that has room, cheapest way first:
         a free GPU, a GPU beside a training job, a GPU freed by preempting the least-cost job."""
         for t in types:  # 1. no training job on it: already freed > shared > idle > just vacated
@@ -136,8 +137,11 @@ class Cluster:
             if cands:
                 s = self.slots
                 g = min(cands, key=lambda g: (s[g].freeing is None, -len(s[g].replicas), s[g].vacated > 0, g))
-                reason = "substitute-type" if substitute else (
-                    "after-preemption" if s[g].freeing else "shared-gpu" if s[g].replicas else "idle-gpu")
+                reason = (
+                    "substitute-type"
+                    if substitute
+                    else ("after-preemption" if s[g].freeing else "shared-gpu" if s[g].replicas else "idle-gpu")
+                )
                 return self._add(g, model, variant, mem, reason, after=s[g].freeing)
         for t in types if self._small(mem) else ():  # 2. beside a training job (AntMan)
             cands = [g for g in self.of_type(t) if self.slots[g].job is not None and self.replica_fits(g, mem, True)]
@@ -151,16 +155,23 @@ class Cluster:
             if victims:
                 job = self.mode.choose_victim(victims)
                 self.preempt(job)
-                cands = [g for g in job.gpu_ids if g in self.slots and self.gpus[g].gpu_type == t
-                         and self.replica_fits(g, mem, False)]
+                cands = [
+                    g
+                    for g in job.gpu_ids
+                    if g in self.slots and self.gpus[g].gpu_type == t and self.replica_fits(g, mem, False)
+                ]
                 g = min(cands, key=lambda g: (-len(self.slots[g].replicas), g))
-                return self._add(g, model, variant, mem, "substitute-type" if substitute else "after-preemption",
-                                 after=job.job_id)
+                return self._add(
+                    g, model, variant, mem, "substitute-type" if substitute else "after-preemption", after=job.job_id
+                )
         return None
 
     def _victims(self, gpu_type: str, mem: int) -> list[TrainingJob]:
-        ids = {self.slots[g].job for g in self.of_type(gpu_type)
-               if self.slots[g].job is not None and self._fits_without_job(g, mem)}
+        ids = {
+            self.slots[g].job
+            for g in self.of_type(gpu_type)
+            if self.slots[g].job is not None and self._fits_without_job(g, mem)
+        }
         return [self.jobs[j] for j in sorted(ids)]
 
     def _fits_without_job(self, gid: str, mem: int) -> bool:
@@ -177,8 +188,9 @@ class Cluster:
             if g in self.slots:
                 self.slots[g].job = None
                 self.slots[g].freeing = job.job_id
-        self.preempts.append(Preempt(job.job_id, job.gpu_ids, reason, self.cfg.preempt_grace_s,
-                                     preemption_cost(job, self.cfg)))
+        self.preempts.append(
+            Preempt(job.job_id, job.gpu_ids, reason, self.cfg.preempt_grace_s, preemption_cost(job, self.cfg))
+        )
 
     # ------------------------------------------------------------ training steps
     def place_training(self, job: TrainingJob, headroom: dict[str, int]) -> tuple[str, ...] | None:
@@ -189,8 +201,11 @@ class Cluster:
             return None
         best: tuple[int, str, list[str]] | None = None
         for t in self.types():
-            ok = [g for g in self.of_type(t) if self.slots[g].job is None and self.slots[g].freeing is None
-                  and self.training_fits(g, job)]
+            ok = [
+                g
+                for g in self.of_type(t)
+                if self.slots[g].job is None and self.slots[g].freeing is None and self.training_fits(g, job)
+            ]
             idle = [g for g in ok if not self.slots[g].replicas]
             spare_idle = len(idle) - headroom.get(t, 0)
             usable = idle[: max(spare_idle, 0)] + [g for g in ok if self.slots[g].replicas]

@@ -50,14 +50,15 @@ from autoscaler.placement.types import (
     Unplaced,
 )
 
-Policy = Callable[[PlacementSnapshot, PlacementConfig, PlacementState, float],
-                  tuple[PlacementDecision, PlacementState]]
+Policy = Callable[[PlacementSnapshot, PlacementConfig, PlacementState, float], tuple[PlacementDecision, PlacementState]]
 
 
 # ------------------------------------------------------------------ the shared algorithm
 
-def _run(mode: Mode, snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementState,
-         now_s: float) -> tuple[PlacementDecision, PlacementState]:
+
+def _run(
+    mode: Mode, snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementState, now_s: float
+) -> tuple[PlacementDecision, PlacementState]:
     running = {j.job_id for j in snap.jobs if j.running}
     in_flight = {j: t for j, t in state.preempt_requested_s.items() if j in running}
     c = Cluster(snap, cfg, mode, in_flight)
@@ -73,8 +74,13 @@ def _run(mode: Mode, snap: PlacementSnapshot, cfg: PlacementConfig, state: Place
     deficits: list[tuple[object, int]] = []
     # 2. explicit targets on their own type
     for t in explicit:
-        have = sum(1 for r in snap.replicas if r.replica_id in claimed and (r.model, r.variant) == (t.model, t.variant)
-                   and c.gpus[r.gpu_id].gpu_type == t.gpu_type)
+        have = sum(
+            1
+            for r in snap.replicas
+            if r.replica_id in claimed
+            and (r.model, r.variant) == (t.model, t.variant)
+            and c.gpus[r.gpu_id].gpu_type == t.gpu_type
+        )
         missing = 0
         for _ in range(t.count - have):
             if c.place_replica(t.model, t.variant, t.memory_mib, [t.gpu_type]) is None:
@@ -103,27 +109,38 @@ def _run(mode: Mode, snap: PlacementSnapshot, cfg: PlacementConfig, state: Place
         need = float(missing)  # in replicas of the requested type
         if cfg.substitute_types:
             for ty in others:
-                ratio = snap.throughput(t.model, t.variant, ty) / max(snap.throughput(t.model, t.variant, t.gpu_type), 1e-12)
+                ratio = snap.throughput(t.model, t.variant, ty) / max(
+                    snap.throughput(t.model, t.variant, t.gpu_type), 1e-12
+                )
                 if ratio <= 0:
                     continue
-                while need > 1e-9 and (reclaim(t.model, t.variant, t.memory_mib, ty) or
-                                       c.place_replica(t.model, t.variant, t.memory_mib, [ty], substitute=True)):
+                while need > 1e-9 and (
+                    reclaim(t.model, t.variant, t.memory_mib, ty)
+                    or c.place_replica(t.model, t.variant, t.memory_mib, [ty], substitute=True)
+                ):
                     need -= ratio
         if need > 1e-9:
             unplaced.append(Unplaced(t.model, t.variant, t.gpu_type, math.ceil(need - 1e-9), "capacity"))
 
     wanted = {(t.model, t.variant) for t in snap.targets if t.count > 0}
-    stops = tuple(StopReplica(r.replica_id, r.gpu_id, "scale-in" if (r.model, r.variant) in wanted else "no-target")
-                  for r in sorted(vacated, key=lambda r: r.replica_id))
+    stops = tuple(
+        StopReplica(r.replica_id, r.gpu_id, "scale-in" if (r.model, r.variant) in wanted else "no-target")
+        for r in sorted(vacated, key=lambda r: r.replica_id)
+    )
 
     # 5. training: least attained service first (Tiresias), backfilling what does not fit
     started = _start_training(c, snap, cfg, types)
 
     requested = dict(in_flight)
     requested.update({p.job_id: now_s for p in c.preempts})
-    decision = PlacementDecision(policy=mode.name, stop_replicas=stops, preempt=tuple(c.preempts),
-                                 start_replicas=tuple(c.starts), start_training=tuple(started),
-                                 unplaced=tuple(unplaced))
+    decision = PlacementDecision(
+        policy=mode.name,
+        stop_replicas=stops,
+        preempt=tuple(c.preempts),
+        start_replicas=tuple(c.starts),
+        start_training=tuple(started),
+        unplaced=tuple(unplaced),
+    )
     return decision, PlacementState(round=state.round + 1, preempt_requested_s=requested)
 
 
@@ -133,8 +150,14 @@ def _claim(c: Cluster, snap: PlacementSnapshot, explicit: list) -> tuple[set[str
     vacated: list[Replica] = []
     claimed: set[str] = set()
     for t in explicit:
-        mine = [r for r in snap.replicas if (r.model, r.variant) == (t.model, t.variant) and r.replica_id not in claimed
-                and r.gpu_id in c.gpus and c.gpus[r.gpu_id].gpu_type == t.gpu_type]
+        mine = [
+            r
+            for r in snap.replicas
+            if (r.model, r.variant) == (t.model, t.variant)
+            and r.replica_id not in claimed
+            and r.gpu_id in c.gpus
+            and c.gpus[r.gpu_id].gpu_type == t.gpu_type
+        ]
         mine.sort(key=lambda r: (c.slots[r.gpu_id].job is not None, r.gpu_id, r.replica_id))
         claimed.update(r.replica_id for r in mine[: t.count])
     for r in snap.replicas:
@@ -147,8 +170,11 @@ def _claim(c: Cluster, snap: PlacementSnapshot, explicit: list) -> tuple[set[str
 def _reclaim(c: Cluster, vacated: list[Replica], model: str, variant: str, mem: int, gpu_type: str) -> bool:
     """Put back one vacated replica of (model, variant) on a GPU of ``gpu_type`` that still has room."""
     for r in sorted(vacated, key=lambda r: r.gpu_id):
-        if (r.model, r.variant, r.memory_mib) == (model, variant, mem) and c.gpus[r.gpu_id].gpu_type == gpu_type \
-                and c.reclaim_replica(r.gpu_id, r.model, r.variant, r.memory_mib):
+        if (
+            (r.model, r.variant, r.memory_mib) == (model, variant, mem)
+            and c.gpus[r.gpu_id].gpu_type == gpu_type
+            and c.reclaim_replica(r.gpu_id, r.model, r.variant, r.memory_mib)
+        ):
             vacated.remove(r)
             return True
     return False
@@ -168,8 +194,10 @@ def _start_training(c: Cluster, snap: PlacementSnapshot, cfg: PlacementConfig, t
 
 # ------------------------------------------------------------------ the policies
 
-def cost_aware(snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementState,
-               now_s: float) -> tuple[PlacementDecision, PlacementState]:
+
+def cost_aware(
+    snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementState, now_s: float
+) -> tuple[PlacementDecision, PlacementState]:
     """Ours: preempt the job whose preemption costs least (``placement_cost.preemption_cost``)."""
     keys: dict[str, tuple] = {}
 
@@ -185,8 +213,9 @@ def cost_aware(snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementSt
     return _run(Mode("cost-aware", least_cost, pack=True), snap, cfg, state, now_s)
 
 
-def cost_blind(snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementState,
-               now_s: float) -> tuple[PlacementDecision, PlacementState]:
+def cost_blind(
+    snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementState, now_s: float
+) -> tuple[PlacementDecision, PlacementState]:
     """Sharing without a cost model: preempt the most recently started job (or a random one)."""
     if cfg.blind_choice == "random":
         rng = np.random.default_rng([cfg.seed, state.round])
@@ -194,6 +223,7 @@ def cost_blind(snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementSt
         def choose(jobs: list[TrainingJob]) -> TrainingJob:
             return jobs[int(rng.integers(len(jobs)))]
     else:
+
         def choose(jobs: list[TrainingJob]) -> TrainingJob:
             return max(jobs, key=lambda j: (j.started_s if j.started_s is not None else -math.inf, j.job_id))
 
@@ -210,8 +240,9 @@ def static_partition(snap: PlacementSnapshot, cfg: PlacementConfig) -> tuple[fro
     return frozenset(inference), frozenset(g.gpu_id for g in snap.gpus) - frozenset(inference)
 
 
-def static(snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementState,
-           now_s: float) -> tuple[PlacementDecision, PlacementState]:
+def static(
+    snap: PlacementSnapshot, cfg: PlacementConfig, state: PlacementState, now_s: float
+) -> tuple[PlacementDecision, PlacementState]:
     """Static partitioning: no sharing, no preemption."""
     inf, train = static_partition(snap, cfg)
     return _run(Mode("static", None, pack=False, inference_gpus=inf, training_gpus=train), snap, cfg, state, now_s)
@@ -227,16 +258,23 @@ def get_policy(name: str) -> Policy:
         raise ValueError(f"unknown placement policy {name!r}; known: {sorted(POLICIES)}") from None
 
 
-def decide(name: str, snapshot: PlacementSnapshot, config: PlacementConfig, state: PlacementState,
-           now_s: float) -> tuple[PlacementDecision, PlacementState]:
+def decide(
+    name: str, snapshot: PlacementSnapshot, config: PlacementConfig, state: PlacementState, now_s: float
+) -> tuple[PlacementDecision, PlacementState]:
     """Run the policy registered as ``name``."""
     return get_policy(name)(snapshot, config, state, now_s)
 
 
 # ------------------------------------------------------------------ applying a decision
 
-def apply_decision(snapshot: PlacementSnapshot, decision: PlacementDecision, config: PlacementConfig,
-                   now_s: float, replica_id_prefix: str = "r") -> PlacementSnapshot:
+
+def apply_decision(
+    snapshot: PlacementSnapshot,
+    decision: PlacementDecision,
+    config: PlacementConfig,
+    now_s: float,
+    replica_id_prefix: str = "r",
+) -> PlacementSnapshot:
     """The snapshot once ``decision`` has taken effect, as if instantly: stopped replicas gone,
     preempted jobs back in the queue (at their checkpoint: graceful ones at their current
     iteration, killed ones at their last checkpoint), new replicas and training jobs running.
@@ -255,8 +293,9 @@ def apply_decision(snapshot: PlacementSnapshot, decision: PlacementDecision, con
     for j in snapshot.jobs:
         if j.job_id in preempted:
             done = j.iterations_done if checkpoints_in_grace(j, config) else j.checkpoint_iteration
-            j = replace(j, gpu_ids=(), started_s=None, preempting=False, iterations_done=done,
-                        checkpoint_iteration=done)
+            j = replace(
+                j, gpu_ids=(), started_s=None, preempting=False, iterations_done=done, checkpoint_iteration=done
+            )
         elif j.job_id in starts:
             j = replace(j, gpu_ids=starts[j.job_id], started_s=now_s, preempting=False)
         jobs.append(j)

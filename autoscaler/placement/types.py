@@ -137,33 +137,47 @@ class PlacementConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gpu_cost_per_hour: dict[str, float] = Field(
-        default_factory=dict, description="Price of one GPU of each type per hour (Gavel's cost); missing = default.")
+        default_factory=dict, description="Price of one GPU of each type per hour (Gavel's cost); missing = default."
+    )
     default_gpu_cost_per_hour: float = Field(default=1.0, gt=0, description="Price of a GPU type not listed.")
     max_replicas_per_gpu: int = Field(default=1, ge=1, description="Inference replicas one GPU may hold.")
     pack_small_replicas: bool = Field(
-        default=True, description="Allow a small replica beside a training job on one GPU (AntMan/Gandiva).")
+        default=True, description="Allow a small replica beside a training job on one GPU (AntMan/Gandiva)."
+    )
     pack_max_replica_memory_mib: int = Field(
-        default=2048, ge=0, description="A replica needing at most this much memory counts as small.")
+        default=2048, ge=0, description="A replica needing at most this much memory counts as small."
+    )
     substitute_types: bool = Field(
-        default=True, description="When a target's GPU type is exhausted, place throughput-equivalent replicas on "
-                                  "other types, best throughput per cost first.")
+        default=True,
+        description="When a target's GPU type is exhausted, place throughput-equivalent replicas on "
+        "other types, best throughput per cost first.",
+    )
     preempt_grace_s: float = Field(
-        default=1.0, gt=0, description="Time a preempted job gets to checkpoint at an iteration boundary before it "
-                                       "is killed.")
+        default=1.0,
+        gt=0,
+        description="Time a preempted job gets to checkpoint at an iteration boundary before it is killed.",
+    )
     restart_overhead_s: float = Field(
-        default=10.0, ge=0, description="Time a preempted job needs to restart and reload its checkpoint.")
+        default=10.0, ge=0, description="Time a preempted job needs to restart and reload its checkpoint."
+    )
     cost_tie_gpu_s: float = Field(
-        default=30.0, gt=0, description="Preemption costs within this many GPU-seconds tie; ties are broken by "
-                                        "remaining work (predictable jobs) and attained service (unknown ones).")
+        default=30.0,
+        gt=0,
+        description="Preemption costs within this many GPU-seconds tie; ties are broken by "
+        "remaining work (predictable jobs) and attained service (unknown ones).",
+    )
     training_headroom_gpus: int = Field(
-        default=0, ge=0, description="Idle GPUs per type kept free of training so small scale-ups need no "
-                                     "preemption.")
+        default=0, ge=0, description="Idle GPUs per type kept free of training so small scale-ups need no preemption."
+    )
     static_inference_gpus: dict[str, int] = Field(
-        default_factory=dict, description="static policy: GPUs of each type reserved for inference.")
+        default_factory=dict, description="static policy: GPUs of each type reserved for inference."
+    )
     static_inference_fraction: float = Field(
-        default=0.5, ge=0, le=1, description="static policy: share of each type for inference when not listed.")
+        default=0.5, ge=0, le=1, description="static policy: share of each type for inference when not listed."
+    )
     blind_choice: Literal["most-recent", "random"] = Field(
-        default="most-recent", description="cost-blind policy: which running job it preempts.")
+        default="most-recent", description="cost-blind policy: which running job it preempts."
+    )
     seed: int = Field(default=0, description="Seed of the cost-blind random choice (with the round number).")
 
     @model_validator(mode="after")

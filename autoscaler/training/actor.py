@@ -33,8 +33,7 @@ def resource_name(gpu_type: str) -> str:
 
 def ray_options(spec: TrainingSpec, real_gpus: bool = False) -> dict:
     if real_gpus:
-        return {"num_gpus": spec.num_gpus, "accelerator_type": spec.gpu_type, "num_cpus": 0.5,
-                "max_concurrency": 2}
+        return {"num_gpus": spec.num_gpus, "accelerator_type": spec.gpu_type, "num_cpus": 0.5, "max_concurrency": 2}
     return {"resources": {resource_name(spec.gpu_type): spec.num_gpus}, "num_cpus": 0.5, "max_concurrency": 2}
 
 
@@ -47,8 +46,13 @@ class TrainingActor:
 
     def run(self) -> dict:
         r = self.runner.run()
-        return {"status": r.status, "iteration": r.iteration, "checkpoint_iteration": r.checkpoint_iteration,
-                "resumed_from": r.resumed_from, "loss": r.loss}
+        return {
+            "status": r.status,
+            "iteration": r.iteration,
+            "checkpoint_iteration": r.checkpoint_iteration,
+            "resumed_from": r.resumed_from,
+            "loss": r.loss,
+        }
 
     def preempt(self) -> None:
         self.signal.request()
@@ -73,8 +77,9 @@ class RayJobHandle:
         def wait(t: float) -> bool:
             return bool(ray.wait([self.run_ref], timeout=t)[0])
 
-        outcome = preempt_then_kill(lambda: self.actor.preempt.remote(), wait,
-                                    lambda: ray.kill(self.actor, no_restart=True), grace_s)
+        outcome = preempt_then_kill(
+            lambda: self.actor.preempt.remote(), wait, lambda: ray.kill(self.actor, no_restart=True), grace_s
+        )
         if outcome == "checkpointed":
             ray.kill(self.actor, no_restart=True)  # release its resources now
         return outcome

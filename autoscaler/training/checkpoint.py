@@ -65,8 +65,15 @@ def encode(iteration: int, arrays: Mapping[str, np.ndarray], meta: Mapping[str, 
     buf = io.BytesIO()
     np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
     payload = buf.getvalue()
-    header = json.dumps({"iteration": int(iteration), "sha256": hashlib.sha256(payload).hexdigest(),
-                         "payload_bytes": len(payload), "meta": dict(meta)}, sort_keys=True).encode()
+    header = json.dumps(
+        {
+            "iteration": int(iteration),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+            "payload_bytes": len(payload),
+            "meta": dict(meta),
+        },
+        sort_keys=True,
+    ).encode()
     return MAGIC + len(header).to_bytes(8, "big") + header, payload
 
 
@@ -75,10 +82,10 @@ def decode(data: bytes, path: Path) -> Checkpoint:
         raise CorruptCheckpoint(f"{path}: bad magic or too short")
     n = int.from_bytes(data[8:16], "big")
     try:
-        header = json.loads(data[16:16 + n])
+        header = json.loads(data[16 : 16 + n])
     except ValueError as e:
         raise CorruptCheckpoint(f"{path}: unreadable header") from e
-    payload = data[16 + n:]
+    payload = data[16 + n :]
     if len(payload) != header.get("payload_bytes") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
         raise CorruptCheckpoint(f"{path}: length or checksum mismatch")
     with np.load(io.BytesIO(payload), allow_pickle=False) as z:
@@ -86,9 +93,14 @@ def decode(data: bytes, path: Path) -> Checkpoint:
     return Checkpoint(int(header["iteration"]), arrays, header.get("meta", {}), path)
 
 
-def write_checkpoint(directory: str | os.PathLike, iteration: int, arrays: Mapping[str, np.ndarray],
-                     meta: Mapping[str, object] | None = None, keep: int = 2,
-                     mid_write_hook: MidWriteHook | None = None) -> Path:
+def write_checkpoint(
+    directory: str | os.PathLike,
+    iteration: int,
+    arrays: Mapping[str, np.ndarray],
+    meta: Mapping[str, object] | None = None,
+    keep: int = 2,
+    mid_write_hook: MidWriteHook | None = None,
+) -> Path:
     """Write one checkpoint atomically and durably; keep the newest ``keep`` ones. Returns its path."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -136,8 +148,9 @@ def clean_temp(directory: str | os.PathLike) -> list[Path]:
     return gone
 
 
-def load_latest(directory: str | os.PathLike, on_corrupt: Callable[[Path, Exception], None] | None = None
-                ) -> Checkpoint | None:
+def load_latest(
+    directory: str | os.PathLike, on_corrupt: Callable[[Path, Exception], None] | None = None
+) -> Checkpoint | None:
     """The newest checkpoint whose checksum verifies, or None. Corrupt files are skipped (reported
     through ``on_corrupt``), never deleted: a person may want to look at them."""
     for path in list_checkpoints(directory):

@@ -50,8 +50,9 @@ class TrainingSpec(BaseModel):
     batch_size: int = Field(default=64, ge=1, description="Rows per minibatch.")
     total_iterations: int | None = Field(default=2000, ge=1, description="None: run until cancelled.")
     checkpoint_every: int = Field(default=50, ge=1, description="Checkpoint every this many iterations.")
-    iteration_delay_s: float = Field(default=0.0, ge=0, description="Extra time per iteration (emulates a "
-                                                                    "heavier model on an emulated GPU).")
+    iteration_delay_s: float = Field(
+        default=0.0, ge=0, description="Extra time per iteration (emulates a heavier model on an emulated GPU)."
+    )
     seed: int = Field(default=0, description="Seed of the weights and the minibatch order.")
     num_gpus: int = Field(default=1, ge=1, description="GPUs the job needs (a gang of one type).")
     gpu_type: str = Field(default="T4", description="GPU type; Ray resource gpu_<type> when emulated.")
@@ -72,10 +73,12 @@ def load_data(dataset: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def init_params(spec: TrainingSpec, n_in: int, n_out: int = 10) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([spec.seed, 2**31])
-    return {"w1": (rng.normal(size=(n_in, spec.hidden)) * np.sqrt(2 / n_in)).astype(np.float32),
-            "b1": np.zeros(spec.hidden, np.float32),
-            "w2": (rng.normal(size=(spec.hidden, n_out)) * np.sqrt(1 / spec.hidden)).astype(np.float32),
-            "b2": np.zeros(n_out, np.float32)}
+    return {
+        "w1": (rng.normal(size=(n_in, spec.hidden)) * np.sqrt(2 / n_in)).astype(np.float32),
+        "b1": np.zeros(spec.hidden, np.float32),
+        "w2": (rng.normal(size=(spec.hidden, n_out)) * np.sqrt(1 / spec.hidden)).astype(np.float32),
+        "b2": np.zeros(n_out, np.float32),
+    }
 
 
 def sgd_step(p: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, lr: float) -> float:
@@ -125,9 +128,15 @@ class PreemptSignal:
 class TrainingRunner:
     """Runs one job in one checkpoint directory (one runner per directory at a time)."""
 
-    def __init__(self, spec: TrainingSpec, directory: str | Path, signal: PreemptSignal | None = None,
-                 sleep: Callable[[float], None] | None = None, mid_write_hook: MidWriteHook | None = None,
-                 mid_write_at_iteration: int | None = None):
+    def __init__(
+        self,
+        spec: TrainingSpec,
+        directory: str | Path,
+        signal: PreemptSignal | None = None,
+        sleep: Callable[[float], None] | None = None,
+        mid_write_hook: MidWriteHook | None = None,
+        mid_write_at_iteration: int | None = None,
+    ):
         self.spec = spec
         self.dir = Path(directory)
         self.ckpt_dir = self.dir / "checkpoints"
@@ -155,16 +164,29 @@ class TrainingRunner:
 
     def checkpoint(self) -> None:
         hook = self._hook if self._hook_at is not None and self.iteration >= self._hook_at else None
-        write_checkpoint(self.ckpt_dir, self.iteration, self.params,
-                         {"loss": self.loss, "job_id": self.spec.job_id}, mid_write_hook=hook)
+        write_checkpoint(
+            self.ckpt_dir,
+            self.iteration,
+            self.params,
+            {"loss": self.loss, "job_id": self.spec.job_id},
+            mid_write_hook=hook,
+        )
         self.checkpoint_iteration = self.iteration
         self.write_status("running")
 
     def write_status(self, status: Status) -> None:
-        write_json_atomic(self.dir / "status.json", {
-            "job_id": self.spec.job_id, "status": status, "iteration": self.iteration,
-            "checkpoint_iteration": self.checkpoint_iteration, "total_iterations": self.spec.total_iterations,
-            "loss": self.loss, "resumed_from": self.resumed_from})
+        write_json_atomic(
+            self.dir / "status.json",
+            {
+                "job_id": self.spec.job_id,
+                "status": status,
+                "iteration": self.iteration,
+                "checkpoint_iteration": self.checkpoint_iteration,
+                "total_iterations": self.spec.total_iterations,
+                "loss": self.loss,
+                "resumed_from": self.resumed_from,
+            },
+        )
 
     # ------------------------------------------------------------ the loop
     def step(self) -> float:
@@ -214,8 +236,9 @@ class TrainingRunner:
 PreemptOutcome = Literal["checkpointed", "killed"]
 
 
-def preempt_then_kill(request: Callable[[], None], wait: Callable[[float], bool], kill: Callable[[], None],
-                      grace_s: float) -> PreemptOutcome:
+def preempt_then_kill(
+    request: Callable[[], None], wait: Callable[[float], bool], kill: Callable[[], None], grace_s: float
+) -> PreemptOutcome:
     """Ask a job to checkpoint at its next iteration boundary and stop; if it has not stopped within
     ``grace_s`` (``wait(timeout)`` returns whether it has), kill it. The mechanism (thread, process,
     Ray actor) supplies the three callables; it resumes from its latest checkpoint either way."""

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from autoscaler.training.checkpoint import write_json_atomic
 from autoscaler.training.job import (
     PreemptOutcome,
     PreemptSignal,
@@ -35,7 +36,6 @@ from autoscaler.training.job import (
     TrainingSpec,
     preempt_then_kill,
 )
-from autoscaler.training.checkpoint import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_ID_RE = re.compile(TrainingSpec.model_fields["job_id"].metadata[0].pattern)
@@ -74,6 +74,7 @@ class JobInfo:
 
 # ------------------------------------------------------------------ launchers
 
+
 class _ProcessHandle:
     def __init__(self, pid: int, popen: subprocess.Popen | None = None):
         self.pid, self.popen = pid, popen
@@ -106,6 +107,7 @@ class _ProcessHandle:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
+
         outcome = preempt_then_kill(lambda: send(signal.SIGTERM), self._wait, lambda: send(signal.SIGKILL), grace_s)
         self._wait(5.0)
         return outcome
@@ -117,10 +119,14 @@ class SubprocessLauncher:
     name = "subprocess"
 
     def start(self, spec: TrainingSpec, job_dir: Path) -> JobHandle:
-        log = open(job_dir / "worker.log", "ab")
-        p = subprocess.Popen([sys.executable, "-m", "autoscaler.training.worker", "--job-dir", str(job_dir)],
-                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        with open(job_dir / "worker.log", "ab") as log:  # the child keeps its own descriptor
+            p = subprocess.Popen(
+                [sys.executable, "-m", "autoscaler.training.worker", "--job-dir", str(job_dir)],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return _ProcessHandle(p.pid, p)
 
     def attach(self, record: dict) -> JobHandle | None:
@@ -149,8 +155,9 @@ class _ThreadHandle:
 
     def preempt(self, grace_s: float) -> PreemptOutcome:
         # a thread cannot be killed: past the grace period it is abandoned and stops at its next boundary
-        return preempt_then_kill(self.runner.signal.request, lambda t: (self.thread.join(t), not self.alive())[1],
-                                 lambda: None, grace_s)
+        return preempt_then_kill(
+            self.runner.signal.request, lambda t: (self.thread.join(t), not self.alive())[1], lambda: None, grace_s
+        )
 
 
 class ThreadLauncher:
@@ -164,6 +171,7 @@ class ThreadLauncher:
 
 
 # ------------------------------------------------------------------ the manager
+
 
 class TrainingManager:
     """The job table over a jobs directory; thread-safe."""
@@ -251,9 +259,17 @@ class TrainingManager:
             h = self._handle(job_id, rec)
             if h is None or not h.alive():  # it ended on its own: finished, failed, or died
                 state = {"finished": "finished", "preempted": "preempted"}.get(st.get("status"), "failed")
-        return JobInfo(job_id, state, st.get("iteration", 0), st.get("checkpoint_iteration", 0),
-                       spec.get("total_iterations"), st.get("loss"), spec["gpu_type"], spec["num_gpus"],
-                       rec.get("launcher"))
+        return JobInfo(
+            job_id,
+            state,
+            st.get("iteration", 0),
+            st.get("checkpoint_iteration", 0),
+            spec.get("total_iterations"),
+            st.get("loss"),
+            spec["gpu_type"],
+            spec["num_gpus"],
+            rec.get("launcher"),
+        )
 
     def handle(self, job_id: str) -> JobHandle | None:
         """The live handle of a job this manager started (None when it runs elsewhere or not at all)."""

@@ -47,17 +47,28 @@ def main(argv: list[str] | None = None) -> int:
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, lambda *_: sig.request())
     hook = _crash_hook(args.crash_mode) if args.crash_mid_write_at is not None else None
-    runner = TrainingRunner(spec, job_dir, signal=sig, mid_write_hook=hook,
-                            mid_write_at_iteration=args.crash_mid_write_at)
+    runner = TrainingRunner(
+        spec, job_dir, signal=sig, mid_write_hook=hook, mid_write_at_iteration=args.crash_mid_write_at
+    )
     try:
         result = runner.run()
     except Exception as e:  # record the failure where `train list` sees it
         runner.write_status("failed")
         print(f"training job {spec.job_id} failed: {e!r}", file=sys.stderr)
         return 1
-    print(json.dumps({"job_id": spec.job_id, "status": result.status, "iteration": result.iteration,
-                      "checkpoint_iteration": result.checkpoint_iteration, "resumed_from": result.resumed_from,
-                      "corrupt_skipped": runner.corrupt}), flush=True)
+    print(
+        json.dumps(
+            {
+                "job_id": spec.job_id,
+                "status": result.status,
+                "iteration": result.iteration,
+                "checkpoint_iteration": result.checkpoint_iteration,
+                "resumed_from": result.resumed_from,
+                "corrupt_skipped": runner.corrupt,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -21,8 +21,15 @@ import heapq
 from batching.latency import LatencyModel
 
 
-def predict_finish(lat: LatencyModel, free: list[tuple[float, int, str]], ahead: int, size: int, B: int,
-                   gap: float, max_steps: int = 256) -> float:
+def predict_finish(
+    lat: LatencyModel,
+    free: list[tuple[float, int, str]],
+    ahead: int,
+    size: int,
+    B: int,
+    gap: float,
+    max_steps: int = 256,
+) -> float:
     """``free``: (time a replica frees, variant rank, variant) per allowed replica (consumed).
     Past ``max_steps`` batches the rest is fluid: rows / the pool's full-batch throughput."""
     heapq.heapify(free)

@@ -77,7 +77,7 @@ class DeadlineOrder:
         i = len(items) - 1
         while i >= 0 and items[i].id not in known:
             i -= 1
-        new = list(items[i + 1:])
+        new = list(items[i + 1 :])
         if len(known) + len(new) != len(items) or len(new) > 64:
             return self._rebuild(items)
         ents = self.entries
@@ -95,4 +95,3 @@ class DeadlineOrder:
         if not self.big_items:
             return k
         return sum(e[4].size for e in self.entries[:k])
-

@@ -75,9 +75,16 @@ class LevelController:
         self._calm_since_s: float | None = None
         self._ceiling: dict[int, tuple[float, float]] = {}  # level -> (rate it proved too little at, when)
 
-    def update(self, now: float, max_level: int, need_level: int,
-               overloaded: Callable[[int], bool], comfortable: Callable[[int], bool],
-               rate: float | None = None, failed_level: int | None = None) -> int:
+    def update(
+        self,
+        now: float,
+        max_level: int,
+        need_level: int,
+        overloaded: Callable[[int], bool],
+        comfortable: Callable[[int], bool],
+        rate: float | None = None,
+        failed_level: int | None = None,
+    ) -> int:
         """One step: ``overloaded(k)`` predicts misses at level k, ``comfortable(k)`` says k would do;
         ``rate``: the arrival rate now (rows/s), remembered when a level proves too little;
         ``failed_level``: the part of ``need_level`` that says the levels below it failed (observed

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from batching.policy import PolicyBase, register_policy
 from batching.policies.timeout import fill_or_wait, first_variant
+from batching.policy import PolicyBase, register_policy
 from batching.types import BatchResult, Decision, QueueView, Wait
 
 
 class AIMDSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    slo_ms: float | None = Field(default=None, gt=0, description="Latency a batch must stay under (default: the "
-                                 "tightest budget seen in the queue).")
+    slo_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Latency a batch must stay under (default: the tightest budget seen in the queue).",
+    )
     initial_batch_size: int = Field(default=1, ge=1)
     increase: int = Field(default=1, ge=1, description="Cap increase after a full batch within the SLO.")
     backoff: float = Field(default=0.9, gt=0, lt=1, description="Cap factor after a batch over the SLO.")

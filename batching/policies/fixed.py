@@ -16,15 +16,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from batching.policy import PolicyBase, register_policy
 from batching.policies.timeout import first_variant, take_rows
+from batching.policy import PolicyBase, register_policy
 from batching.types import Decision, Dispatch, QueueView, Wait
 
 
 class FixedSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    preferred_batch_sizes: tuple[int, ...] = Field(default=(), description="Sizes sent at once when the queue fills them.")
+    preferred_batch_sizes: tuple[int, ...] = Field(
+        default=(), description="Sizes sent at once when the queue fills them."
+    )
     max_queue_delay_ms: float = Field(default=1.0, ge=0, description="Longest the oldest request waits.")
 
 

@@ -14,19 +14,20 @@ deadline even alone. Uses the same latency sources as ``slo`` (profile, calibrat
 
 from __future__ import annotations
 
-from batching.latency import LatencyModel
 from pydantic import BaseModel, ConfigDict, Field
 
-from batching.policy import PolicyBase, register_policy
+from batching.latency import LatencyModel
 from batching.policies.timeout import first_variant, take_rows
+from batching.policy import PolicyBase, register_policy
 from batching.types import BatchResult, Decision, Dispatch, QueueView, Shed, Wait
 
 
 class NexusSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    slo_ms: float | None = Field(default=None, gt=0, description="The SLO batches are sized for (default: each "
-                                 "head request's own budget).")
+    slo_ms: float | None = Field(
+        default=None, gt=0, description="The SLO batches are sized for (default: each head request's own budget)."
+    )
     calibrate: bool = Field(default=True, description="Correct the profile online from observed batches.")
     drop: bool = Field(default=True, description="Shed a head request that cannot make its deadline even alone.")
 
@@ -43,8 +44,13 @@ class NexusPolicy(PolicyBase):
         self.default_variant = c.default_variant
         self.slo_s = None if s.slo_ms is None else s.slo_ms / 1000.0
         self.drop = s.drop
-        self.lat = LatencyModel(c.latency_fn if c.latency_fn is not None else c.profile, c.max_batch_size,
-                                model=c.model, device_type=c.device_type, calibrate=s.calibrate)
+        self.lat = LatencyModel(
+            c.latency_fn if c.latency_fn is not None else c.profile,
+            c.max_batch_size,
+            model=c.model,
+            device_type=c.device_type,
+            calibrate=s.calibrate,
+        )
         self._targets: dict[tuple[str, float], int] = {}
 
     def target(self, variant: str, slo_s: float | None = None) -> int:

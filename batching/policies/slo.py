@@ -36,12 +36,12 @@ import heapq
 import math
 from typing import Any, Literal
 
-from batching.policies._admission import predict_finish
-from batching.policies._edf import DeadlineOrder
-from batching.policies._levels import ArrivalRate, LatenessMonitor, LevelController
 from pydantic import BaseModel, ConfigDict, Field
 
 from batching.latency import LatencyModel
+from batching.policies._admission import predict_finish
+from batching.policies._edf import DeadlineOrder
+from batching.policies._levels import ArrivalRate, LatenessMonitor, LevelController
 from batching.policy import PolicyBase, register_policy
 from batching.profile import ProfileTable
 from batching.types import (
@@ -78,33 +78,55 @@ class SLOSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     calibrate: bool = Field(default=True, description="Correct the profile online from observed batches.")
-    min_gain: float = Field(default=0.05, ge=0, description="Wait for a larger batch only if it raises throughput "
-                            "by at least this share.")
-    max_wait_ms: float | None = Field(default=None, ge=0, description="Longest the oldest request is held to grow a "
-                                      "batch (None: up to its latest feasible start).")
+    min_gain: float = Field(
+        default=0.05, ge=0, description="Wait for a larger batch only if it raises throughput by at least this share."
+    )
+    max_wait_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="Longest the oldest request is held to grow a batch (None: up to its latest feasible start).",
+    )
     min_wait_ms: float = Field(default=0.1, ge=0, description="Shorter waits are not worth a timer.")
     safety_ms: float = Field(default=0.0, ge=0, description="Slack kept between a planned dispatch and a deadline.")
-    spill_derate: float = Field(default=0.9, gt=0, le=1, description="Share of a variant's profiled throughput it "
-                                "is trusted with before a cheaper variant takes the overflow.")
-    restore_headroom: float = Field(default=0.25, ge=0, lt=1, description="Headroom the arrival rate must leave "
-                                    "before a better variant is restored.")
+    spill_derate: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Share of a variant's profiled throughput it "
+        "is trusted with before a cheaper variant takes the overflow.",
+    )
+    restore_headroom: float = Field(
+        default=0.25,
+        ge=0,
+        lt=1,
+        description="Headroom the arrival rate must leave before a better variant is restored.",
+    )
     restore_hold_ms: float = Field(default=500.0, ge=0, description="How long that headroom must hold.")
     rate_window_ms: float = Field(default=1000.0, gt=0, description="Window of the arrival-rate estimate.")
-    predict_busy: bool = Field(default=False, description="Trust the policy's own predicted finishes of busy "
-                               "replicas when shedding (the live driver does not report them).")
-    wait_load: float = Field(default=0.5, ge=0, description="Wait to grow a batch only above this share of what the "
-                             "current batch size sustains on one replica.")
+    predict_busy: bool = Field(
+        default=False,
+        description="Trust the policy's own predicted finishes of busy "
+        "replicas when shedding (the live driver does not report them).",
+    )
+    wait_load: float = Field(
+        default=0.5,
+        ge=0,
+        description="Wait to grow a batch only above this share of what the "
+        "current batch size sustains on one replica.",
+    )
     shed_quantile: Literal["p50", "p99"] = Field(default="p50", description="Latency quantile shedding uses.")
-    size_quantile: Literal["p50", "p99"] = Field(default="p99", description="Latency quantile batches are sized "
-                                                 "with.")
-    late_target: float = Field(default=0.01, ge=0, le=1, description="Share of rows answered late that triggers "
-                               "a cheaper variant.")
+    size_quantile: Literal["p50", "p99"] = Field(default="p99", description="Latency quantile batches are sized with.")
+    late_target: float = Field(
+        default=0.01, ge=0, le=1, description="Share of rows answered late that triggers a cheaper variant."
+    )
     late_window_ms: float = Field(default=1000.0, gt=0, description="Window of the lateness count.")
     late_min_rows: int = Field(default=32, ge=1, description="Rows in the window before lateness counts.")
-    overload_memory_ms: float = Field(default=10000.0, ge=0, description="How long the rate a variant failed at is "
-                                      "remembered (0: not at all).")
-    calibration_recent: int = Field(default=8, ge=0, description="Recent batches that floor the calibrated latency "
-                                    "(0: no floor).")
+    overload_memory_ms: float = Field(
+        default=10000.0, ge=0, description="How long the rate a variant failed at is remembered (0: not at all)."
+    )
+    calibration_recent: int = Field(
+        default=8, ge=0, description="Recent batches that floor the calibrated latency (0: no floor)."
+    )
 
 
 @register_policy("slo")
@@ -127,15 +149,30 @@ class SLOPolicy(PolicyBase):
         max_batch_size, model, device_type, profile = c.max_batch_size, c.model, c.device_type, c.profile
         self.max_batch_size = max_batch_size
         self.default_variant = c.default_variant
-        self.lat = LatencyModel(c.latency_fn if c.latency_fn is not None else profile, max_batch_size,
-                                model=model, device_type=device_type, calibrate=s.calibrate,
-                                quantile=s.size_quantile, recent=s.calibration_recent)
+        self.lat = LatencyModel(
+            c.latency_fn if c.latency_fn is not None else profile,
+            max_batch_size,
+            model=model,
+            device_type=device_type,
+            calibrate=s.calibrate,
+            quantile=s.size_quantile,
+            recent=s.calibration_recent,
+        )
         self.calibrator = self.lat.calibrator
         # Shedding and best-effort late starts ask "can it make it at all?": the median, not the
         # p99 that sizes batches. A p99 inflated by contention must not shed what would be on time.
-        self.lat_shed = (LatencyModel(self.lat.source, max_batch_size, model=model, device_type=device_type,
-                                      quantile=s.shed_quantile, calibrate=False)
-                         if s.shed_quantile != self.lat.quantile else self.lat)
+        self.lat_shed = (
+            LatencyModel(
+                self.lat.source,
+                max_batch_size,
+                model=model,
+                device_type=device_type,
+                quantile=s.shed_quantile,
+                calibrate=False,
+            )
+            if s.shed_quantile != self.lat.quantile
+            else self.lat
+        )
         variants, accuracy = c.variants, c.accuracy
         if variants is None and accuracy:
             variants = sorted(accuracy, key=lambda v: -accuracy[v])
@@ -214,7 +251,7 @@ class SLOPolicy(PolicyBase):
         replicas = max(1, -(-(idle + len(busy)) // depth))
         empty = max(0, replicas - len(busy))
         if replicas > empty:
-            free = [now] * empty + sorted(busy)[len(busy) - (replicas - empty):]
+            free = [now] * empty + sorted(busy)[len(busy) - (replicas - empty) :]
         else:
             free = [now] * replicas
         # shedding: as if the slot computed at once unless the busy times are known, as at depth 1
@@ -260,9 +297,15 @@ class SLOPolicy(PolicyBase):
         late_need = self.lateness.need(now, self.levels.level, max_level)
         need_all = max(need, late_need)
         rate = self.rate.rate(now)
-        level = self.levels.update(now, max_level, need_all, overloaded,
-                                   lambda k: self._comfortable(k, pools, rate, B) and not overloaded(k),
-                                   rate=rate, failed_level=late_need)
+        level = self.levels.update(
+            now,
+            max_level,
+            need_all,
+            overloaded,
+            lambda k: self._comfortable(k, pools, rate, B) and not overloaded(k),
+            rate=rate,
+            failed_level=late_need,
+        )
         reserved: set[int] = set()
         order = self._variants
         shared = view.shared and max_level > 0
@@ -319,8 +362,11 @@ class SLOPolicy(PolicyBase):
             key = (it.variants, it.size)
             opts = memo.get(key)
             if opts is None:  # (finish if started at the earliest, latency, rank), best first
-                opts = memo[key] = [(pools[v].start_s + lat.latency_s(v, it.size), lat.latency_s(v, it.size),
-                                     self._rank.get(v, 0)) for v in self._allowed(it) if v in pools]
+                opts = memo[key] = [
+                    (pools[v].start_s + lat.latency_s(v, it.size), lat.latency_s(v, it.size), self._rank.get(v, 0))
+                    for v in self._allowed(it)
+                    if v in pools
+                ]
             first = True
             latest = -_INF
             for fin, L, rank in opts:
@@ -330,7 +376,9 @@ class SLOPolicy(PolicyBase):
                     latest = max(latest, d - L)
                 first = False
             if latest == -_INF:
-                fin50 = [pools[v].start_s + self.lat_shed.latency_s(v, it.size) for v in self._allowed(it) if v in pools]
+                fin50 = [
+                    pools[v].start_s + self.lat_shed.latency_s(v, it.size) for v in self._allowed(it) if v in pools
+                ]
                 if fin50 and min(fin50) <= d + EPS_S:
                     continue  # late at p99, on time at the median: dispatched alone (late_start), not shed
                 shed.append(it.id)
@@ -402,8 +450,9 @@ class SLOPolicy(PolicyBase):
                 return b
         return 1
 
-    def _plan_pool(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int,
-                   pool: _Pool, overloaded):
+    def _plan_pool(
+        self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int, pool: _Pool, overloaded
+    ):
         """Dispatch for variant ``v`` (its ``pool``), or the time it wants to be asked again, or None.
 
         ``pool.begin_s``: when the batch would start computing (later than ``now`` in a pipelined
@@ -420,8 +469,19 @@ class SLOPolicy(PolicyBase):
             return Dispatch(tuple(ids), v, "full" if cap >= B else "deadline")
         return self._now_or_later(v, ids, rows, cap, skips, head, reserved, now, begin)
 
-    def _gather(self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int,
-                pool: _Pool, overloaded, begin: float):
+    def _gather(
+        self,
+        v: str,
+        rank: int,
+        spill: bool,
+        ents,
+        reserved: set[int],
+        now: float,
+        B: int,
+        pool: _Pool,
+        overloaded,
+        begin: float,
+    ):
         """The batch ``v`` would take: ``(ids, rows, cap, skips, head)``, or a late start's Dispatch.
 
         ``keep_up`` (from the pool's replicas and the arrival rate, computed only when a head is
@@ -477,8 +537,18 @@ class SLOPolicy(PolicyBase):
                 break
         return ids, rows, cap, skips, head
 
-    def _now_or_later(self, v: str, ids: list[int], rows: int, cap: int, skips: int, head: QueuedItem,
-                      reserved: set[int], now: float, begin: float):
+    def _now_or_later(
+        self,
+        v: str,
+        ids: list[int],
+        rows: int,
+        cap: int,
+        skips: int,
+        head: QueuedItem,
+        reserved: set[int],
+        now: float,
+        begin: float,
+    ):
         """A batch short of its cap: dispatch it now, or the time to look again (its ids reserved)."""
         lat = self.lat
         latest = head.deadline_s - lat.latency_s(v, rows) - self.safety_s
@@ -551,7 +621,7 @@ class SLOPolicy(PolicyBase):
             allowed = [min(down, key=lambda v: self._rank.get(v, 0))] if down else allowed[:1]
         for v in allowed:
             p = pools[v]  # a busy replica whose batch this policy did not see: free now
-            free.extend((t, self._rank.get(v, 0), v) for t in (p.free_s[:p.replicas] or [now]))
+            free.extend((t, self._rank.get(v, 0), v) for t in (p.free_s[: p.replicas] or [now]))
         if not free:
             return Shed((item.id,), "admission", (item.deadline_s - item.arrival_s,))
         ahead = q.rows_before(item)
@@ -571,5 +641,4 @@ class SLOPolicy(PolicyBase):
             heapq.heappop(pred)
         self.lat.observe(result)
         if result.ok:
-            self.lateness.observe(result.finished_s, self._rank.get(result.variant, 0), result.rows,
-                                  result.late_rows)
+            self.lateness.observe(result.finished_s, self._rank.get(result.variant, 0), result.rows, result.late_rows)

@@ -64,5 +64,6 @@ class TimeoutPolicy(PolicyBase):
     Settings = TimeoutSettings
 
     def plan(self, view: QueueView, now: float) -> Decision:
-        return fill_or_wait(view, now, self.context.default_variant, self.context.max_batch_size,
-                            self.settings.max_wait_ms / 1000.0)
+        return fill_or_wait(
+            view, now, self.context.default_variant, self.context.max_batch_size, self.settings.max_wait_ms / 1000.0
+        )

@@ -30,9 +30,11 @@ def find_bad_onnx(root: Path) -> ModelLoadError | None:
             m = onnx.load(str(path), load_external_data=False)
             if m.ir_version <= 0 or not m.graph.node:
                 raise ValueError("no ir_version or an empty graph (an empty or foreign file?)")
-        except Exception as e:  # noqa: BLE001 - any parse failure is the file's
-            return ModelLoadError(f"model file {path} cannot be loaded ({type(e).__name__}: {e}); "
-                                  f"replace it (e.g. `sloserve models build`) or remove its model")
+        except Exception as e:
+            return ModelLoadError(
+                f"model file {path} cannot be loaded ({type(e).__name__}: {e}); "
+                f"replace it (e.g. `sloserve models build`) or remove its model"
+            )
     return None
 
 

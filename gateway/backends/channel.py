@@ -70,8 +70,9 @@ class BatchChannel:
         return info
 
     # ---- batches ----------------------------------------------------------------------------
-    async def run(self, inputs: dict[str, np.ndarray], budget_s: float | None,
-                  variant: str | None = None) -> tuple[dict[str, np.ndarray] | None, float]:
+    async def run(
+        self, inputs: dict[str, np.ndarray], budget_s: float | None, variant: str | None = None
+    ) -> tuple[dict[str, np.ndarray] | None, float]:
         """``(outputs, compute_s)``; ``(None, 0.0)`` when the replica skipped it past ``budget_s``."""
         if not self.available:
             raise ReplicaGone(f"replica {self.label} is not connected; retry shortly", retry_after_s=1.0)
@@ -85,8 +86,9 @@ class BatchChannel:
                 self._gone()
                 if fut.done() and not fut.cancelled():
                     fut.exception()  # _fail_pending's answer: this one is raised instead
-                raise ReplicaGone(f"replica {self.label} went away as this batch was sent; retry shortly",
-                                  retry_after_s=1.0) from None
+                raise ReplicaGone(
+                    f"replica {self.label} went away as this batch was sent; retry shortly", retry_after_s=1.0
+                ) from None
             return await fut
         finally:
             self._pending.pop(bid, None)
@@ -174,8 +176,8 @@ class BatchChannel:
             (n,) = struct.unpack_from("!i", buf)
             if len(buf) < 4 + n:
                 break
-            msg = pickle.loads(buf[4:4 + n])  # a copy: buf is resized right after
-            del buf[:4 + n]
+            msg = pickle.loads(buf[4 : 4 + n])  # a copy: buf is resized right after
+            del buf[: 4 + n]
             self._deliver(msg)
 
     def _deliver(self, msg: tuple) -> None:

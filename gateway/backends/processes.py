@@ -53,8 +53,9 @@ class ProcessReplica:
     0.5 s to 30 s between failed attempts (a model file broken meanwhile keeps failing until it is
     fixed), until ``stop``."""
 
-    def __init__(self, path: str | Path, opts: RuntimeOptions, output_names: list[str], label: str,
-                 delay_s: float | None = None):
+    def __init__(
+        self, path: str | Path, opts: RuntimeOptions, output_names: list[str], label: str, delay_s: float | None = None
+    ):
         self.path, self.opts, self.output_names, self.label = str(path), opts, list(output_names), label
         self.delay_s = delay_s or 0.0
         self._proc: subprocess.Popen | None = None
@@ -81,8 +82,16 @@ class ProcessReplica:
             raise RuntimeError(f"replica {self.label} is stopping")
         self._loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-m", "gateway.backends.processes", str(theirs.fileno()), self.path,
-               repr(asdict(self.opts)), repr(self.output_names), repr(self.delay_s)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.backends.processes",
+            str(theirs.fileno()),
+            self.path,
+            repr(asdict(self.opts)),
+            repr(self.output_names),
+            repr(self.delay_s),
+        ]
         try:
             self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
@@ -109,8 +118,11 @@ class ProcessReplica:
     def _close(self, kill: bool) -> None:
         channel, self._channel = self._channel, None
         if channel is not None:  # the worker sees EOF and exits
-            channel.close(why="is stopping (the server is shutting down)" if self._stopping
-                          else "its worker is being started again")
+            channel.close(
+                why="is stopping (the server is shutting down)"
+                if self._stopping
+                else "its worker is being started again"
+            )
         if kill and self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()  # SIGKILLed: reaped in microseconds
@@ -120,16 +132,18 @@ class ProcessReplica:
         """``(outputs, compute_s)``; ``(None, 0.0)`` when the worker skipped it past ``budget_s``."""
         channel = self._channel
         if channel is None or not channel.available:
-            raise WorkerGone(f"replica {self.label}'s worker is being started again; retry shortly",
-                             retry_after_s=1.0)
+            raise WorkerGone(f"replica {self.label}'s worker is being started again; retry shortly", retry_after_s=1.0)
         try:
             return await channel.run(inputs, budget_s)
         except ReplicaGone as e:
             if isinstance(e, WorkerGone):
                 raise
-            why = (f"replica {self.label} is stopping (the server is shutting down)" if self._stopping
-                   else f"replica {self.label}'s worker process exited (code {self._returncode()}) with this "
-                        f"batch in flight")
+            why = (
+                f"replica {self.label} is stopping (the server is shutting down)"
+                if self._stopping
+                else f"replica {self.label}'s worker process exited (code {self._returncode()}) with this "
+                f"batch in flight"
+            )
             raise WorkerGone(f"{why}; retry shortly", retry_after_s=1.0) from None
 
     def _returncode(self) -> int | None:
@@ -141,8 +155,7 @@ class ProcessReplica:
         self._channel = None
         self._close(kill=True)
         if not self._stopping:
-            log.error("replica %s's worker process exited (code %s); starting it again", self.label,
-                      self._returncode())
+            log.error("replica %s's worker process exited (code %s); starting it again", self.label, self._returncode())
             self._restarting = self._loop.create_task(self._restart())
 
     async def _restart(self) -> None:
@@ -152,7 +165,7 @@ class ProcessReplica:
             try:
                 await self.start()
                 return
-            except Exception as e:  # noqa: BLE001 - logged; batches meanwhile get WorkerGone (503)
+            except Exception as e:
                 log.error("could not start the worker for %s again: %s; next try in %.1f s", self.label, e, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
@@ -166,7 +179,7 @@ def _worker(fd: int, path: str, opts: dict, output_names: list[str], delay_s: fl
     conn = Connection(fd)
     try:
         rep = Replica(path, RuntimeOptions(**opts), output_names)
-    except Exception as e:  # noqa: BLE001 - the gateway reports ORT's own message
+    except Exception as e:
         conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}"), protocol=5))
         return
     server = BatchServer(lambda inputs, variant: rep.run(inputs), delay_s=delay_s)

@@ -18,7 +18,7 @@ def _stat(pid: int) -> list[bytes] | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return data[data.rindex(b")") + 2:].split()
+        return data[data.rindex(b")") + 2 :].split()
     except (OSError, ValueError):
         return None
 

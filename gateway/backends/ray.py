@@ -25,12 +25,12 @@ import numpy as np
 
 from batching.batcher import RunResult
 from batching.profile import ProfileTable
-from gateway.config import Settings
-from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
 from gateway.backends.base import BackendBase
 from gateway.backends.proctree import descendants, describe, reap
-from gateway.rates import RateMeter, gateway_id
 from gateway.backends.ray_channels import ReplicaChannels, read_endpoints
+from gateway.config import Settings
+from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
+from gateway.rates import RateMeter, gateway_id
 from models.ray_replica import SHARED, build_app, deployment_name
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
@@ -41,8 +41,9 @@ METRICS_PUSH_S = 0.5
 
 
 # gRPC codes that mean the replica (or its connection) went away, not that the call itself is wrong.
-_REPLICA_GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-                           grpc.StatusCode.ABORTED})
+_REPLICA_GONE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED}
+)
 
 
 def startup_timed_out(e: BaseException) -> bool:
@@ -105,14 +106,17 @@ class RayServeBackend(BackendBase):
         # a shared deployment's label: its replicas' default variant, the most accurate (as deployed)
         self._top = {m: lm.config.variants_by_accuracy[0].name for m, lm in repo.models.items()}
         # models whose replicas hold every variant (fixed for the gateway's life: read on every batch)
-        self._shared = {m for m, lm in repo.models.items() if len(lm.config.variants) > 1
-                        and settings.models.get(m) is not None and settings.models[m].shared_replicas}
+        self._shared = {
+            m
+            for m, lm in repo.models.items()
+            if len(lm.config.variants) > 1 and settings.models.get(m) is not None and settings.models[m].shared_replicas
+        }
         self._autoscaled = {m: bool(settings.models.get(m) and settings.models[m].autoscaling) for m in repo.models}
 
     # ---- life cycle -----------------------------------------------------------------------
     def device_of(self, model: str) -> str:
         over = self.settings.models.get(model)
-        return (over.device_type if over and over.device_type else "cpu")
+        return over.device_type if over and over.device_type else "cpu"
 
     def shared(self, model: str) -> bool:
         """Whether ``model``'s replicas hold all its variants (``shared_replicas``: one deployment)."""
@@ -166,14 +170,21 @@ class RayServeBackend(BackendBase):
             fallback = {"fallback_batch_sizes": fb_sizes, "fallback_p99_ms": fb_p99}
         slo_ms = over.slo_ms if over.slo_ms else cfg.slo_ms
         return {
-            "min_replicas": a.min_replicas, "max_replicas": a.max_replicas, "initial_replicas": a.min_replicas,
-            "upscale_delay_s": 0.0, "downscale_delay_s": 0.0,
+            "min_replicas": a.min_replicas,
+            "max_replicas": a.max_replicas,
+            "initial_replicas": a.min_replicas,
+            "upscale_delay_s": 0.0,
+            "downscale_delay_s": 0.0,
             # Ray averages custom metrics over look_back_period_s, which must exceed the push interval.
-            "metrics_interval_s": METRICS_PUSH_S, "look_back_period_s": max(a.interval_s, 2 * METRICS_PUSH_S),
+            "metrics_interval_s": METRICS_PUSH_S,
+            "look_back_period_s": max(a.interval_s, 2 * METRICS_PUSH_S),
             "policy": {
                 "policy_function": "autoscaler.ray_policy:SwayamRayPolicy",
                 "policy_kwargs": {
-                    "slo_ms": slo_ms, "max_batch_size": cfg.max_batch_size, "batch_sizes": sizes, "p99_ms": p99,
+                    "slo_ms": slo_ms,
+                    "max_batch_size": cfg.max_batch_size,
+                    "batch_sizes": sizes,
+                    "p99_ms": p99,
                     **fallback,
                     "swayam": a.swayam(),
                 },
@@ -225,16 +236,27 @@ class RayServeBackend(BackendBase):
             return
         resources = {f"accelerator_type:{t}": float(n) for t, n in s.emulated_gpus.items()}
         if os.environ.get("RAY_ADDRESS"):
-            log.warning("RAY_ADDRESS=%s is set but ray_address is not: starting an embedded Ray anyway "
-                        "(set ray_address, or SLOSERVE_RAY_ADDRESS, to join that cluster)", os.environ["RAY_ADDRESS"])
+            log.warning(
+                "RAY_ADDRESS=%s is set but ray_address is not: starting an embedded Ray anyway "
+                "(set ray_address, or SLOSERVE_RAY_ADDRESS, to join that cluster)",
+                os.environ["RAY_ADDRESS"],
+            )
         for attempt in (1, 2):
             before = descendants(os.getpid())
             try:
                 # address="local": always a new embedded Ray, never one a `ray start` left on the box
                 # (ray.init() alone would attach to it and then refuse num_cpus).
-                ray.init(address="local", num_cpus=s.ray_num_cpus or os.cpu_count(), num_gpus=sum(s.emulated_gpus.values()) or None,
-                         resources=resources or None, include_dashboard=False, namespace="sloserve",
-                         log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+                ray.init(
+                    address="local",
+                    num_cpus=s.ray_num_cpus or os.cpu_count(),
+                    num_gpus=sum(s.emulated_gpus.values()) or None,
+                    resources=resources or None,
+                    include_dashboard=False,
+                    namespace="sloserve",
+                    log_to_driver=False,
+                    configure_logging=False,
+                    _node_ip_address="127.0.0.1",
+                )
                 break
             except BaseException as e:  # cleaned up, then re-raised unless it is a first start-up timeout
                 # BaseException: Ray's own SIGTERM handler (installed by ray.init on the main thread)
@@ -242,22 +264,32 @@ class RayServeBackend(BackendBase):
                 started = descendants(os.getpid()) - before
                 timed_out = isinstance(e, Exception) and startup_timed_out(e)
                 if timed_out:
-                    log.warning("local Ray did not come up in time (%s); the processes it started: %s%s", e,
-                                describe(started) or "none", "" if attempt == 2 else "; retrying once")
+                    log.warning(
+                        "local Ray did not come up in time (%s); the processes it started: %s%s",
+                        e,
+                        describe(started) or "none",
+                        "" if attempt == 2 else "; retrying once",
+                    )
                 ray.shutdown()
                 reap(started)
                 if not timed_out or attempt == 2:
                     raise
         self._started_ray = True
-        print(f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
-              f"(attach with ray.init(address=...) or `ray status --address ...`)", flush=True)
+        print(
+            f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
+            f"(attach with ray.init(address=...) or `ray status --address ...`)",
+            flush=True,
+        )
 
     def _deploy(self) -> None:
         from ray import serve
 
         serve.start(proxy_location="Disabled")
-        runtime = {"intra_op_threads": self.opts.intra_op_threads, "allow_spinning": self.opts.allow_spinning,
-                   "device": self.opts.device}
+        runtime = {
+            "intra_op_threads": self.opts.intra_op_threads,
+            "allow_spinning": self.opts.allow_spinning,
+            "device": self.opts.device,
+        }
         for name, model in self.repo.models.items():
             device = self.device_of(name)
             shared = self.shared(name)
@@ -269,16 +301,28 @@ class RayServeBackend(BackendBase):
                 dep = deployment_name(name, SHARED if shared else v, device)
                 app = APP_PREFIX + dep
                 if self.settings.ray_deploy:
-                    serve.run(build_app({
-                        "repo": str(self.repo.root), "model": name, "variant": v, "device": device,
-                        "num_replicas": self.replicas_of(name), "num_cpus": self.settings.replica_num_cpus,
-                        "gpu_fraction": self.settings.replica_gpu_fraction,
-                        "pipeline_depth": self.settings.pipeline_depth, "runtime": runtime,
-                        "fault_delay_s": self._fault_delay_s(name),
-                        "autoscaling": self.autoscaling_config(name, v),
-                        "channel_host": self._channel_host(),
-                        **({"variants": ranked} if shared else {}),
-                    }), name=app, route_prefix=None, blocking=False)
+                    serve.run(
+                        build_app(
+                            {
+                                "repo": str(self.repo.root),
+                                "model": name,
+                                "variant": v,
+                                "device": device,
+                                "num_replicas": self.replicas_of(name),
+                                "num_cpus": self.settings.replica_num_cpus,
+                                "gpu_fraction": self.settings.replica_gpu_fraction,
+                                "pipeline_depth": self.settings.pipeline_depth,
+                                "runtime": runtime,
+                                "fault_delay_s": self._fault_delay_s(name),
+                                "autoscaling": self.autoscaling_config(name, v),
+                                "channel_host": self._channel_host(),
+                                **({"variants": ranked} if shared else {}),
+                            }
+                        ),
+                        name=app,
+                        route_prefix=None,
+                        blocking=False,
+                    )
                 handle = self._handle(serve.get_deployment_handle(dep, app_name=app))
                 for served in ranked if shared else [v]:
                     self._apps[(name, served)] = app
@@ -453,21 +497,25 @@ class RayServeBackend(BackendBase):
     def handle(self, model: str, variant: str):
         return self._handles[(model, variant)]
 
-    async def _run_direct(self, model: str, variant: str, inputs: dict[str, np.ndarray], limit: float,
-                          timeout_s: float | None) -> RunResult:
+    async def _run_direct(
+        self, model: str, variant: str, inputs: dict[str, np.ndarray], limit: float, timeout_s: float | None
+    ) -> RunResult:
         """The batch on the connected replica with the fewest batches in flight, over its channel; with
         none connected (the only one died and Serve is replacing it), it waits for one while ``limit``
         allows, as Serve's own router would."""
         t0 = time.monotonic()
         chan = await self.channels.wait_for(self._apps[(model, variant)], limit)
         if chan is None:
-            raise ReplicaFailed(f"no replica of '{model}/{variant}' is connected (Serve is starting or "
-                                f"replacing it); retry shortly", retry_after_s=1.0)
+            raise ReplicaFailed(
+                f"no replica of '{model}/{variant}' is connected (Serve is starting or replacing it); retry shortly",
+                retry_after_s=1.0,
+            )
         limit = max(limit - (time.monotonic() - t0), 1e-3)
         try:
             outputs, compute_s = await asyncio.wait_for(
-                chan.run(inputs, limit, variant if self.shared(model) else None), limit)
-        except asyncio.TimeoutError:
+                chan.run(inputs, limit, variant if self.shared(model) else None), limit
+            )
+        except TimeoutError:
             raise self._late(model, variant, limit, timeout_s) from None
         except RuntimeError as e:  # the replica refused the batch (ONNX Runtime's message)
             raise InternalError(f"replica for '{model}/{variant}' failed on this batch: {e!s:.300}") from None
@@ -480,12 +528,16 @@ class RayServeBackend(BackendBase):
             return DeadlineExceeded(
                 f"the batch on '{model}/{variant}' was not back {limit:.2f} s after dispatch, past its "
                 f"requests' deadlines plus late_grace_s (its replica may have died and been replaced); "
-                f"retry, or raise slo_ms")
-        return DeadlineExceeded(f"replica for '{model}/{variant}' did not return a batch within batch_timeout_s="
-                                f"{self.settings.batch_timeout_s}")
+                f"retry, or raise slo_ms"
+            )
+        return DeadlineExceeded(
+            f"replica for '{model}/{variant}' did not return a batch within batch_timeout_s="
+            f"{self.settings.batch_timeout_s}"
+        )
 
-    async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
-                  timeout_s: float | None = None) -> RunResult:
+    async def run(
+        self, model: str, variant: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+    ) -> RunResult:
         """One Ray call for the whole batch, bounded by the batch's deadline (``timeout_s``, from the
         batcher: latest deadline + late_grace_s) and by ``batch_timeout_s`` for hung replicas.
 
@@ -505,21 +557,24 @@ class RayServeBackend(BackendBase):
             call = handle.run_batch.remote(inputs, self._stamp(model, variant))
         try:
             outputs, compute_s, device = await asyncio.wait_for(call, limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             call.cancel()
             raise self._late(model, variant, limit, timeout_s) from None
-        except (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError,
-                rex.ObjectLostError) as e:
-            raise ReplicaFailed(f"replica for '{model}/{variant}' died while running this batch "
-                                f"({type(e).__name__})") from None
+        except (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError, rex.ObjectLostError) as e:
+            raise ReplicaFailed(
+                f"replica for '{model}/{variant}' died while running this batch ({type(e).__name__})"
+            ) from None
         except grpc.aio.AioRpcError as e:  # ray_transport grpc
             if e.code() in _REPLICA_GONE:  # the replica's server went away mid-call: retried once
-                raise ReplicaFailed(f"replica for '{model}/{variant}' dropped this batch "
-                                    f"(gRPC {e.code().name})") from None
-            raise InternalError(f"the batch for '{model}/{variant}' could not be sent to its replica "
-                                f"(gRPC {e.code().name}: {e.details()!s:.200}); with a batch over "
-                                f"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH, raise it on the Ray nodes "
-                                f"or set ray_transport: object_ref") from None
+                raise ReplicaFailed(
+                    f"replica for '{model}/{variant}' dropped this batch (gRPC {e.code().name})"
+                ) from None
+            raise InternalError(
+                f"the batch for '{model}/{variant}' could not be sent to its replica "
+                f"(gRPC {e.code().name}: {e.details()!s:.200}); with a batch over "
+                f"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH, raise it on the Ray nodes "
+                f"or set ray_transport: object_ref"
+            ) from None
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

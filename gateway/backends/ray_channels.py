@@ -43,8 +43,9 @@ class Endpoint:
     key: bytes
 
 
-def read_endpoints(details: dict[str, Any], apps: set[str],
-                   known: dict[str, set[str]]) -> dict[str, dict[str, Endpoint | None]]:
+def read_endpoints(
+    details: dict[str, Any], apps: set[str], known: dict[str, set[str]]
+) -> dict[str, dict[str, Endpoint | None]]:
     """Per application: its RUNNING replicas -> their endpoints (read from the KV for the replicas not in
     ``known[app]``; None for a known one, or one that has not published yet). Runs in a thread: the KV
     reads are calls to Ray's GCS. Stale entries (replicas Serve no longer lists) are deleted."""
@@ -113,7 +114,7 @@ class ReplicaChannels:
         up = self._up.setdefault(app, asyncio.Event())
         try:
             await asyncio.wait_for(up.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         return self.pick(app)
 
@@ -168,12 +169,17 @@ class ReplicaChannels:
             sock = await loop.run_in_executor(None, open_socket)
             chan = BatchChannel(sock, label, on_gone=lambda c: self._gone(app, ep.replica_id, c))
             await asyncio.wait_for(chan.ready(), CONNECT_TIMEOUT_S)
-        except (OSError, ValueError, RuntimeError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError, ValueError, RuntimeError) as e:
             key = channel_key(app, ep.replica_id)
             backoff = self._retry.get(key, (0.0, 0.5))[1]
             (log.warning if backoff <= 1.0 else log.debug)(
-                "could not open the channel to replica %s at %s:%d: %s; trying again in %.0f s", label, ep.host,
-                ep.port, e, backoff)
+                "could not open the channel to replica %s at %s:%d: %s; trying again in %.0f s",
+                label,
+                ep.host,
+                ep.port,
+                e,
+                backoff,
+            )
             self._retry[key] = (time.monotonic() + backoff, min(backoff * 2, 30.0))
             return
         self._retry.pop(channel_key(app, ep.replica_id), None)

@@ -47,10 +47,18 @@ class InProcessBackend(BackendBase):
     name = "inprocess"
     round_trip_latency = False  # calibrate on compute: the thread hand-off is tens of microseconds
 
-    def __init__(self, repo: ModelRepository, opts: RuntimeOptions, instances: int = 1,
-                 inline_below_s: float = 0.0, fault_delay_s: dict[str, float] | None = None,
-                 batch_timeout_s: float | None = None, pipeline_depth: int = 1, processes: bool = False,
-                 shared: set[str] | None = None):
+    def __init__(
+        self,
+        repo: ModelRepository,
+        opts: RuntimeOptions,
+        instances: int = 1,
+        inline_below_s: float = 0.0,
+        fault_delay_s: dict[str, float] | None = None,
+        batch_timeout_s: float | None = None,
+        pipeline_depth: int = 1,
+        processes: bool = False,
+        shared: set[str] | None = None,
+    ):
         self.repo = repo
         self._shared = set(shared or ())
         if self._shared and processes:
@@ -128,8 +136,11 @@ class InProcessBackend(BackendBase):
             outs = [o.name for o in model.config.outputs]
             for v in model.config.variants:
                 curve = profiles.curves.get((name, v.name, self.device_type)) if profiles is not None else None
-                maybe_tiny = (profiles is not None and name not in self.fault_delay_s
-                              and (curve is None or curve.at(1, "p50") < self.inline_below_s))
+                maybe_tiny = (
+                    profiles is not None
+                    and name not in self.fault_delay_s
+                    and (curve is None or curve.at(1, "p50") < self.inline_below_s)
+                )
                 if maybe_tiny:  # probe it here (no worker is started yet); as many sessions as without workers
                     reps = await self._sessions(name, model, v.name, outs, 1)
                     if self._probe_fast(reps[0], model):
@@ -138,25 +149,31 @@ class InProcessBackend(BackendBase):
                         self._fast[(name, v.name)] = True
                         continue
                 self._workers[(name, v.name)] = [
-                    ProcessReplica(model.onnx_path(v.name), self.opts, outs, f"{name}/{v.name}#{i}",
-                                   self.fault_delay_s.get(name)) for i in range(self.instances)]
+                    ProcessReplica(
+                        model.onnx_path(v.name), self.opts, outs, f"{name}/{v.name}#{i}", self.fault_delay_s.get(name)
+                    )
+                    for i in range(self.instances)
+                ]
                 self._fast[(name, v.name)] = False
                 started += [(name, v.name, model, w) for w in self._workers[(name, v.name)]]
         results = await asyncio.gather(*(w.start() for *_, w in started), return_exceptions=True)
-        for (name, variant, model, _), r in zip(started, results):
+        for (name, variant, model, _), r in zip(started, results, strict=False):
             if isinstance(r, BaseException):
                 await asyncio.gather(*(w.stop() for *_, w in started))
-                raise ModelLoadError(f"model '{name}' variant '{variant}': {model.onnx_path(variant)} "
-                                     f"cannot be loaded: {r}") from None
+                raise ModelLoadError(
+                    f"model '{name}' variant '{variant}': {model.onnx_path(variant)} cannot be loaded: {r}"
+                ) from None
 
-    async def _run_on_worker(self, key: tuple[str, str], inputs: dict[str, np.ndarray],
-                             limit: float | None) -> tuple[dict[str, np.ndarray] | None, float]:
+    async def _run_on_worker(
+        self, key: tuple[str, str], inputs: dict[str, np.ndarray], limit: float | None
+    ) -> tuple[dict[str, np.ndarray] | None, float]:
         live = [w for w in self._workers[key] if w.available]
         if not live:
             from gateway.backends.processes import WorkerGone
 
-            raise WorkerGone(f"no worker of '{key[0]}/{key[1]}' is up (being started again); retry shortly",
-                             retry_after_s=1.0)
+            raise WorkerGone(
+                f"no worker of '{key[0]}/{key[1]}' is up (being started again); retry shortly", retry_after_s=1.0
+            )
         worker = min(live, key=lambda w: w.in_flight)
         return await worker.run(inputs, limit)
 
@@ -168,9 +185,10 @@ class InProcessBackend(BackendBase):
         for _ in range(n):
             try:
                 reps.append(await loop.run_in_executor(self._pool, Replica, model.onnx_path(variant), self.opts, outs))
-            except Exception as e:  # noqa: BLE001 - ORT's message names what is wrong
-                raise ModelLoadError(f"model '{name}' variant '{variant}': {model.onnx_path(variant)} "
-                                     f"cannot be loaded: {e}") from None
+            except Exception as e:
+                raise ModelLoadError(
+                    f"model '{name}' variant '{variant}': {model.onnx_path(variant)} cannot be loaded: {e}"
+                ) from None
         return reps
 
     def _probe_fast(self, rep: Replica, model) -> bool:
@@ -178,8 +196,9 @@ class InProcessBackend(BackendBase):
             return False
         from gateway.types import V2_TO_NUMPY
 
-        feeds = {t.name: np.zeros((1, *[max(d, 1) for d in t.shape]), V2_TO_NUMPY[t.datatype])
-                 for t in model.config.inputs}
+        feeds = {
+            t.name: np.zeros((1, *[max(d, 1) for d in t.shape]), V2_TO_NUMPY[t.datatype]) for t in model.config.inputs
+        }
         rep.run(feeds)
         t0 = time.perf_counter()
         for _ in range(5):
@@ -210,8 +229,9 @@ class InProcessBackend(BackendBase):
         """Whether ``model``'s replicas hold all its variants (its slots are one set, under every variant)."""
         return model in self._shared
 
-    async def run(self, model: str, variant: str, inputs: dict[str, np.ndarray],
-                  timeout_s: float | None = None) -> RunResult:
+    async def run(
+        self, model: str, variant: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+    ) -> RunResult:
         """Inline batches (predicted under ``inline_below_s``) ignore ``timeout_s``; pooled ones
         fail with 504 once ``timeout_s`` (or ``batch_timeout_s``) has passed."""
         key = (model, variant)
@@ -227,24 +247,27 @@ class InProcessBackend(BackendBase):
             if self.processes:
                 pooled = self._run_on_worker(key, inputs, limit)
             else:
-                pooled = asyncio.get_running_loop().run_in_executor(self._pool, self._on_free_replica, key,
-                                                                    inputs, delay, abandoned)
+                pooled = asyncio.get_running_loop().run_in_executor(
+                    self._pool, self._on_free_replica, key, inputs, delay, abandoned
+                )
             outputs, compute_s = await asyncio.wait_for(pooled, limit)
             if outputs is None:  # the worker skipped it: its deadline had passed before it started
-                raise asyncio.TimeoutError
-        except asyncio.TimeoutError:
+                raise TimeoutError
+        except TimeoutError:
             abandoned.set()
             raise DeadlineExceeded(
                 f"the batch on '{model}/{variant}' was not back {limit:.2f} s after dispatch "
                 f"(past its requests' deadlines plus late_grace_s, or batch_timeout_s); retry, "
-                f"or raise slo_ms") from None
+                f"or raise slo_ms"
+            ) from None
         except asyncio.CancelledError:
             abandoned.set()
             raise
         return RunResult(outputs, compute_s, self.device_type)
 
-    def _on_free_replica(self, key: tuple[str, str], inputs: dict[str, np.ndarray], delay: float | None,
-                         abandoned: threading.Event) -> tuple[dict[str, np.ndarray] | None, float]:
+    def _on_free_replica(
+        self, key: tuple[str, str], inputs: dict[str, np.ndarray], delay: float | None, abandoned: threading.Event
+    ) -> tuple[dict[str, np.ndarray] | None, float]:
         """In a pool thread: wait for a free replica of ``key``, run the batch on it, free it."""
         free = self._free_q[key]
         i = free.get()

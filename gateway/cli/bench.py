@@ -27,12 +27,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     from loadtests.bench import closed, slo
 
-    c = bsub.add_parser("closed", help="closed loop with wrk: N requests in flight, systems interleaved",
-                        description=closed.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = bsub.add_parser(
+        "closed",
+        help="closed loop with wrk: N requests in flight, systems interleaved",
+        description=closed.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     closed.add_arguments(c)
     c.set_defaults(func=_closed)
 
-    o = bsub.add_parser("slo", help="open loop under a latency SLO: attainment, goodput, max rate at 99%%",
-                        description=slo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    o = bsub.add_parser(
+        "slo",
+        help="open loop under a latency SLO: attainment, goodput, max rate at 99%%",
+        description=slo.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     slo.add_arguments(o)
     o.set_defaults(func=_slo)

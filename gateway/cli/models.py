@@ -11,8 +11,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     b = msub.add_parser("build", help="build the demo models (digits, heavy) locally, no downloads")
     b.add_argument("--repo", default="model_repository")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--profile-iters", type=int, default=30,
-                   help="also profile the built models with this many batches per size (0: skip)")
+    b.add_argument(
+        "--profile-iters",
+        type=int,
+        default=30,
+        help="also profile the built models with this many batches per size (0: skip)",
+    )
     b.set_defaults(func=_models_build)
 
     pr = sub.add_parser("profile", help="measure latency per batch size of every (model, variant) on this device")
@@ -45,8 +49,7 @@ def _profile(args: argparse.Namespace) -> int:
     from models.runtime import RuntimeOptions
 
     opts = RuntimeOptions(intra_op_threads=args.intra_op_threads, device=args.device)
-    paths = profile_repo(args.repo, opts, iters=args.iters, warmup=args.warmup,
-                         models=args.model or None)
+    paths = profile_repo(args.repo, opts, iters=args.iters, warmup=args.warmup, models=args.model or None)
     for p in paths:
         print(f"wrote {p}")
     return 0

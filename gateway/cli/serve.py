@@ -31,9 +31,17 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         settings = load_settings(
-            args.config, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, repo=args.repo,
-            backend=args.backend, ray_address=args.ray_address, instances=args.instances,
-            intra_op_threads=args.intra_op_threads, device=args.device, log_level=args.log_level,
+            args.config,
+            host=args.host,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            repo=args.repo,
+            backend=args.backend,
+            ray_address=args.ray_address,
+            instances=args.instances,
+            intra_op_threads=args.intra_op_threads,
+            device=args.device,
+            log_level=args.log_level,
         )
     except ConfigError as e:
         print(f"sloserve: {e}", file=sys.stderr)

@@ -20,15 +20,22 @@ from sim import arrivals as arr
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sim", help="trace-driven autoscaling simulator (virtual time)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "sim",
+        help="trace-driven autoscaling simulator (virtual time)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--trace", help="CSV trace (per-interval counts or timestamps)")
     p.add_argument("--column", help="column(s) to replay, comma-separated: one model each")
     p.add_argument("--kind", choices=["counts", "timestamps"], default="counts")
     p.add_argument("--interval-s", type=float, default=60.0, help="seconds per row, for --kind counts")
     p.add_argument("--time-unit-s", type=float, default=1.0, help="seconds per timestamp unit")
-    p.add_argument("--wide", action="store_true",
-                   help="wide counts CSV: one row per model (first column an id), one column per interval")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="wide counts CSV: one row per model (first column an id), one column per interval",
+    )
     p.add_argument("--models", type=int, default=0, help="--wide: take the N rows with the most requests")
     p.add_argument("--synthetic", choices=["poisson", "gamma", "diurnal"], help="instead of --trace")
     p.add_argument("--rate", type=float, default=100.0, help="synthetic mean rate, req/s")
@@ -41,10 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ms", type=float, default=1000.0)
     p.add_argument("--model-class", default="gpt2-gen", help="profile of sim/profiles.py (comma list: round robin)")
     p.add_argument("--device", default="t4", help="simulated GPU type of the profile")
-    p.add_argument("--fallback-class", default="",
-                   help="a cheaper variant every replica also holds (e.g. distilgpt2-gen for gpt2-gen): the "
-                        "batcher serves it while the primary is short, and swayam sizes its warm buffer with it; "
-                        "a comma list pairs with --model-class by position (an empty entry: no fallback)")
+    p.add_argument(
+        "--fallback-class",
+        default="",
+        help="a cheaper variant every replica also holds (e.g. distilgpt2-gen for gpt2-gen): the "
+        "batcher serves it while the primary is short, and swayam sizes its warm buffer with it; "
+        "a comma list pairs with --model-class by position (an empty entry: no fallback)",
+    )
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--autoscaler", default="swayam,ray-default,kpa,oracle", help="NAME[,NAME...]")
     p.add_argument("--mode", choices=["auto", "request", "fluid"], default="auto")
@@ -61,21 +71,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--training-duration-col", default="duration_s", help="column: duration, seconds")
     t.add_argument("--training-gpus-col", default="num_gpus", help="column: GPUs per job")
     t.add_argument("--training-start-s", type=float, default=0.0, help="slice of the training trace: start")
-    t.add_argument("--training-window-s", type=float, default=0.0,
-                   help="slice length (0 = the inference duration)")
+    t.add_argument("--training-window-s", type=float, default=0.0, help="slice length (0 = the inference duration)")
     t.add_argument("--training-time-scale", type=float, default=1.0, help="multiply submit offsets (0.5 = 2x denser)")
-    t.add_argument("--no-training-backlog", action="store_true",
-                   help="do not start with the jobs the trace shows running at the slice start")
-    t.add_argument("--placement", default="none,static,cost-blind,cost-aware",
-                   help="NAME[,NAME...]: cost-aware, static, cost-blind (none = no training, the baseline)")
+    t.add_argument(
+        "--no-training-backlog",
+        action="store_true",
+        help="do not start with the jobs the trace shows running at the slice start",
+    )
+    t.add_argument(
+        "--placement",
+        default="none,static,cost-blind,cost-aware",
+        help="NAME[,NAME...]: cost-aware, static, cost-blind (none = no training, the baseline)",
+    )
     t.add_argument("--gpu-mix", default="t4:600,a100:400", help="typed inventory TYPE:N[,TYPE:N]")
     t.add_argument("--checkpoint-every-s", type=float, default=600.0, help="training work between checkpoints")
     t.add_argument("--checkpoint-write-s", type=float, default=10.0, help="time to write one checkpoint")
     t.add_argument("--grace-s", type=float, default=1.0, help="preemption grace period")
     t.add_argument("--restart-overhead-s", type=float, default=30.0, help="reload time of a resumed job")
     t.add_argument("--iteration-time-s", default="0.2,2.0", help="LO,HI: per-job iteration time, log-uniform")
-    t.add_argument("--training-headroom-gpus", type=int, default=0,
-                   help="idle GPUs per type kept free of training (scale-ups without preemption)")
+    t.add_argument(
+        "--training-headroom-gpus",
+        type=int,
+        default=0,
+        help="idle GPUs per type kept free of training (scale-ups without preemption)",
+    )
     t.add_argument("--unknown-durations", action="store_true", help="hide job durations from the policy")
     t.add_argument("--harvest-plot", default="", help="also write the GPUs-by-use plot here")
     p.add_argument("--out", default="out/sim")
@@ -124,8 +143,10 @@ def main(a: argparse.Namespace) -> int:
     devices = a.device.split(",")  # a comma list assigns devices round robin (typed GPUs)
     fallbacks = a.fallback_class.split(",") if a.fallback_class else []
     if fallbacks and len(fallbacks) != len(classes):
-        raise SystemExit(f"sloserve sim: --fallback-class lists {len(fallbacks)} classes for {len(classes)} "
-                         f"--model-class entries; give one per model class, by position (empty: no fallback)")
+        raise SystemExit(
+            f"sloserve sim: --fallback-class lists {len(fallbacks)} classes for {len(classes)} "
+            f"--model-class entries; give one per model class, by position (empty: no fallback)"
+        )
     specs = []
     for i, s in enumerate(series):
         dev = devices[i % len(devices)]
@@ -136,24 +157,37 @@ def main(a: argparse.Namespace) -> int:
         except KeyError as e:
             raise SystemExit(f"sloserve sim: {e.args[0]} (--model-class, --fallback-class, --device)") from None
         specs.append(make_spec(s.name or f"m{i}", s, svc, dev, peak_replicas=a.peak_replicas, scale=a.scale))
-    cfg = SimConfig(startup_s=a.startup_s, tick_s=a.tick_s, gateways=a.gateways, batching=a.batching, seed=a.seed,
-                    autoscaler_kwargs={"swayam": {"startup_s": a.startup_s, "interval_s": a.tick_s,
-                                                  **json.loads(a.swayam)}})
+    cfg = SimConfig(
+        startup_s=a.startup_s,
+        tick_s=a.tick_s,
+        gateways=a.gateways,
+        batching=a.batching,
+        seed=a.seed,
+        autoscaler_kwargs={"swayam": {"startup_s": a.startup_s, "interval_s": a.tick_s, **json.loads(a.swayam)}},
+    )
     policies = [p for p in a.autoscaler.split(",") if p]
-    print(f"sloserve sim: {len(specs)} model(s), {expected_requests(specs):,.0f} expected requests, "
-          f"{max(s.arrivals.duration_s for s in specs) / 3600:.2f} h, policies {policies}", file=sys.stderr)
+    print(
+        f"sloserve sim: {len(specs)} model(s), {expected_requests(specs):,.0f} expected requests, "
+        f"{max(s.arrivals.duration_s for s in specs) / 3600:.2f} h, policies {policies}",
+        file=sys.stderr,
+    )
     if a.training_trace:
         return _harvest_main(a, specs, cfg, policies)
     t = time.perf_counter()
     runs = run_experiment(specs, policies, cfg, a.mode, lambda: FixedPool(a.gpus, a.device), not a.no_progress)
-    meta = {"argv": sys.argv[1:], "title": f"{a.trace or a.synthetic} {a.column or ''}".strip(),
-            "wall_s": round(time.perf_counter() - t, 3)}
+    meta = {
+        "argv": sys.argv[1:],
+        "title": f"{a.trace or a.synthetic} {a.column or ''}".strip(),
+        "wall_s": round(time.perf_counter() - t, 3),
+    }
     path = write_outputs(a.out, runs, specs, cfg, meta)
     for name, res in runs.items():
         s = res["summary"]
-        print(f"{name:12s} mode={res['mode']:7s} attainment={s['slo_attainment']:.4f} "
-              f"minutes_sla_met={s['minutes_sla_met_fraction']:.4f} replica_s={s['replica_seconds']:.0f} "
-              f"goodput_rps={s['goodput_rps']:.2f} fallback_share={s['fallback_share']:.4f} wall={res['wall_s']:.1f}s")
+        print(
+            f"{name:12s} mode={res['mode']:7s} attainment={s['slo_attainment']:.4f} "
+            f"minutes_sla_met={s['minutes_sla_met_fraction']:.4f} replica_s={s['replica_seconds']:.0f} "
+            f"goodput_rps={s['goodput_rps']:.2f} fallback_share={s['fallback_share']:.4f} wall={res['wall_s']:.1f}s"
+        )
     print(f"wrote {path}")
     return 0
 
@@ -171,37 +205,63 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
     missing = {s.device_type for s in specs} - set(mix)
     if missing:
         raise SystemExit(f"sloserve sim: --gpu-mix has no GPUs of type(s) {sorted(missing)}")
-    jobs = load_training_jobs(a.training_trace, start_s=a.training_start_s,
-                              window_s=a.training_window_s or horizon / a.training_time_scale,
-                              submit_col=a.training_submit_col, duration_col=a.training_duration_col,
-                              gpus_col=a.training_gpus_col, backlog=not a.no_training_backlog,
-                              time_scale=a.training_time_scale, max_gpus=max(mix.values()))
+    jobs = load_training_jobs(
+        a.training_trace,
+        start_s=a.training_start_s,
+        window_s=a.training_window_s or horizon / a.training_time_scale,
+        submit_col=a.training_submit_col,
+        duration_col=a.training_duration_col,
+        gpus_col=a.training_gpus_col,
+        backlog=not a.no_training_backlog,
+        time_scale=a.training_time_scale,
+        max_gpus=max(mix.values()),
+    )
     lo, hi = (float(x) for x in a.iteration_time_s.split(","))
-    hcfg = HarvestConfig(gpus=mix, iteration_time_s=(lo, hi), checkpoint_every_s=a.checkpoint_every_s,
-                         checkpoint_write_s=a.checkpoint_write_s, known_durations=not a.unknown_durations,
-                         seed=a.seed)
-    pcfg = PlacementConfig(pack_small_replicas=False, substitute_types=False, preempt_grace_s=a.grace_s,
-                           restart_overhead_s=a.restart_overhead_s, seed=a.seed,
-                           training_headroom_gpus=a.training_headroom_gpus)
+    hcfg = HarvestConfig(
+        gpus=mix,
+        iteration_time_s=(lo, hi),
+        checkpoint_every_s=a.checkpoint_every_s,
+        checkpoint_write_s=a.checkpoint_write_s,
+        known_durations=not a.unknown_durations,
+        seed=a.seed,
+    )
+    pcfg = PlacementConfig(
+        pack_small_replicas=False,
+        substitute_types=False,
+        preempt_grace_s=a.grace_s,
+        restart_overhead_s=a.restart_overhead_s,
+        seed=a.seed,
+        training_headroom_gpus=a.training_headroom_gpus,
+    )
     placements = [p for p in a.placement.split(",") if p]
-    print(f"sloserve sim: harvest, {len(jobs)} training jobs ({demand_gpu_hours(jobs, horizon):,.0f} GPU-h of demand "
-          f"within the run), GPUs {mix}, placements {placements}", file=sys.stderr)
+    print(
+        f"sloserve sim: harvest, {len(jobs)} training jobs ({demand_gpu_hours(jobs, horizon):,.0f} GPU-h of demand "
+        f"within the run), GPUs {mix}, placements {placements}",
+        file=sys.stderr,
+    )
     t = time.perf_counter()
-    runs = run_harvest(specs, policies, placements, cfg, jobs, hcfg, pcfg, a.mode if a.mode != "auto" else "fluid",
-                       not a.no_progress)
-    meta = {"argv": sys.argv[1:], "title": f"{a.trace or a.synthetic} + {a.training_trace}",
-            "wall_s": round(time.perf_counter() - t, 3), "harvest": {**hcfg.model_dump(), **pcfg.model_dump()}}
+    runs = run_harvest(
+        specs, policies, placements, cfg, jobs, hcfg, pcfg, a.mode if a.mode != "auto" else "fluid", not a.no_progress
+    )
+    meta = {
+        "argv": sys.argv[1:],
+        "title": f"{a.trace or a.synthetic} + {a.training_trace}",
+        "wall_s": round(time.perf_counter() - t, 3),
+        "harvest": {**hcfg.model_dump(), **pcfg.model_dump()},
+    }
     path = write_outputs(a.out, runs, specs, cfg, meta)
     plot_harvest(path.parent / "harvest.png", runs, meta["title"])
     if a.harvest_plot:
         plot_harvest(a.harvest_plot, runs, meta["title"])
     for r in summary_rows(runs):
         d = "" if r["delta_points"] is None else f" ({r['delta_points']:+.3f} pt)"
-        print(f"{r['policy']:22s} slo={100 * r['slo_attainment']:.3f}%{d} train_h={r['training_gpu_hours']:.0f} "
-              f"idle_h={r['idle_gpu_hours']:.0f} harvest={100 * r['harvest_fraction']:.1f}% "
-              f"preempt={r['preemptions']} lost_h={r['lost_work_gpu_hours']:.2f} "
-              f"lost/preempt mean={r['lost_per_preemption_intervals_mean']:.3f} "
-              f"max={r['lost_per_preemption_intervals_max']:.3f} ckpt-intervals "
-              f"finished={r['jobs_finished']} jct_med={r['jct_median_s']} wall={r['wall_s']:.1f}s")
+        print(
+            f"{r['policy']:22s} slo={100 * r['slo_attainment']:.3f}%{d} train_h={r['training_gpu_hours']:.0f} "
+            f"idle_h={r['idle_gpu_hours']:.0f} harvest={100 * r['harvest_fraction']:.1f}% "
+            f"preempt={r['preemptions']} lost_h={r['lost_work_gpu_hours']:.2f} "
+            f"lost/preempt mean={r['lost_per_preemption_intervals_mean']:.3f} "
+            f"max={r['lost_per_preemption_intervals_max']:.3f} ckpt-intervals "
+            f"finished={r['jobs_finished']} jct_med={r['jct_median_s']} wall={r['wall_s']:.1f}s"
+        )
     print(f"wrote {path}")
     return 0

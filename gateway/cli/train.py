@@ -28,17 +28,27 @@ def _print(infos, as_json: bool) -> None:
     print(f"{'JOB':<20} {'STATE':<10} {'ITER':>8} {'CKPT':>8} {'TOTAL':>8} {'LOSS':>8} GPUS")
     for i in infos:
         loss = f"{i.loss:.4f}" if i.loss is not None else "-"
-        print(f"{i.job_id:<20} {i.state:<10} {i.iteration:>8} {i.checkpoint_iteration:>8} "
-              f"{i.total_iterations or '-':>8} {loss:>8} {i.num_gpus}x{i.gpu_type}")
+        print(
+            f"{i.job_id:<20} {i.state:<10} {i.iteration:>8} {i.checkpoint_iteration:>8} "
+            f"{i.total_iterations or '-':>8} {loss:>8} {i.num_gpus}x{i.gpu_type}"
+        )
 
 
 def _submit(args) -> int:
     from autoscaler.training.job import TrainingRunner, TrainingSpec
 
-    spec = TrainingSpec(job_id=args.job_id, dataset=args.dataset, hidden=args.hidden,
-                        total_iterations=args.iterations or None, checkpoint_every=args.checkpoint_every,
-                        iteration_delay_s=args.iteration_delay_s, num_gpus=args.gpus, gpu_type=args.gpu_type,
-                        memory_mib=args.memory_mib, seed=args.seed)
+    spec = TrainingSpec(
+        job_id=args.job_id,
+        dataset=args.dataset,
+        hidden=args.hidden,
+        total_iterations=args.iterations or None,
+        checkpoint_every=args.checkpoint_every,
+        iteration_delay_s=args.iteration_delay_s,
+        num_gpus=args.gpus,
+        gpu_type=args.gpu_type,
+        memory_mib=args.memory_mib,
+        seed=args.seed,
+    )
     m = _manager(args)
     try:
         info = m.submit(spec, start=not args.foreground)
@@ -75,6 +85,7 @@ def _act(verb):
             return 2
         _print([info], args.json)
         return 0
+
     return run
 
 
@@ -83,8 +94,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = t.add_subparsers(dest="tcmd", required=True)
 
     def common(p):
-        p.add_argument("--jobs-dir", default=DEFAULT_DIR, help=f"jobs directory (default {DEFAULT_DIR}, "
-                                                                  "env SLOSERVE_TRAINING_DIR)")
+        p.add_argument(
+            "--jobs-dir", default=DEFAULT_DIR, help=f"jobs directory (default {DEFAULT_DIR}, env SLOSERVE_TRAINING_DIR)"
+        )
         p.add_argument("--grace-s", type=float, default=1.0, help="preemption grace period before SIGKILL")
         p.add_argument("--json", action="store_true", help="print JSON")
         return p
@@ -103,9 +115,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--foreground", action="store_true", help="train in this process (Ctrl-C checkpoints)")
     s.set_defaults(func=_submit)
     common(tsub.add_parser("list", help="list jobs and their progress")).set_defaults(func=_list)
-    for verb, method, helptext in (("cancel", "cancel", "checkpoint, stop and cancel a job"),
-                                   ("preempt", "preempt", "checkpoint and stop a job, keeping it resumable"),
-                                   ("resume", "start", "resume a preempted job from its latest checkpoint")):
+    for verb, method, helptext in (
+        ("cancel", "cancel", "checkpoint, stop and cancel a job"),
+        ("preempt", "preempt", "checkpoint and stop a job, keeping it resumable"),
+        ("resume", "start", "resume a preempted job from its latest checkpoint"),
+    ):
         p = common(tsub.add_parser(verb, help=helptext))
         p.add_argument("job_id")
         p.set_defaults(func=_act(method))

@@ -37,8 +37,18 @@ import grpc
 from gateway.errors import PermissionDenied, ServingError, Unauthenticated
 from gateway.transports.status import grpc_code, http_status
 
-OPEN_HTTP_PATHS = frozenset({"/v2", "/v2/health/live", "/v2/health/ready", "/metrics", "/docs",
-                             "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+OPEN_HTTP_PATHS = frozenset(
+    {
+        "/v2",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/metrics",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/openapi.json",
+    }
+)
 _SERVICE = "/inference.GRPCInferenceService/"
 OPEN_GRPC_METHODS = frozenset(_SERVICE + m for m in ("ServerLive", "ServerReady", "ServerMetadata"))
 
@@ -62,8 +72,7 @@ class TokenTable:
     """The configured tokens, kept only as SHA-256 digests."""
 
     def __init__(self, entries: list[tuple[str, frozenset[str] | None]]):
-        self._entries = [(_digest(tok), Principal(f"token#{i + 1}", models))
-                         for i, (tok, models) in enumerate(entries)]
+        self._entries = [(_digest(tok), Principal(f"token#{i + 1}", models)) for i, (tok, models) in enumerate(entries)]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -86,8 +95,9 @@ class TokenTable:
         for text, source in texts:
             entries += _parse_entries(text, source)
         if not entries:
-            raise ValueError("authentication is configured but no token was found in "
-                             + " and ".join(s for _, s in texts))
+            raise ValueError(
+                "authentication is configured but no token was found in " + " and ".join(s for _, s in texts)
+            )
         return cls(entries)
 
     def lookup(self, token: str | None) -> Principal | None:
@@ -201,7 +211,7 @@ def _safe_deserializer(deser: Callable[[bytes], Any] | None) -> Callable[[bytes]
     def parse(data: bytes) -> Any:
         try:
             return deser(data)
-        except Exception as e:  # noqa: BLE001 - any parse failure is the client's bytes
+        except Exception as e:
             return _Malformed(f"malformed protobuf request: {type(e).__name__}: {e}"[:300])
 
     return parse
@@ -216,8 +226,9 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
     def __init__(self, table: TokenTable | None):
         self.table = table
 
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
-                                details: grpc.HandlerCallDetails) -> Any:
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: grpc.HandlerCallDetails
+    ) -> Any:
         handler = await continuation(details)
         if handler is None or handler.request_streaming or handler.response_streaming:
             if handler is not None and self.table is not None and details.method not in OPEN_GRPC_METHODS:
@@ -246,8 +257,10 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
             return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
-            guarded, request_deserializer=_safe_deserializer(handler.request_deserializer),
-            response_serializer=handler.response_serializer)
+            guarded,
+            request_deserializer=_safe_deserializer(handler.request_deserializer),
+            response_serializer=handler.response_serializer,
+        )
 
 
 def _deny_streaming(handler: Any, table: TokenTable, details: grpc.HandlerCallDetails) -> Any:
@@ -256,15 +269,19 @@ def _deny_streaming(handler: Any, table: TokenTable, details: grpc.HandlerCallDe
         return handler
 
     async def deny(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                            "missing or invalid bearer token: send metadata authorization: Bearer <token>")
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or invalid bearer token: send metadata authorization: Bearer <token>",
+        )
 
-    kind = {(True, True): grpc.stream_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler}[(handler.request_streaming,
-                                                                   handler.response_streaming)]
-    return kind(deny, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    kind = {
+        (True, True): grpc.stream_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+    }[(handler.request_streaming, handler.response_streaming)]
+    return kind(
+        deny, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
 
 
 def _metadata_get(md: Any, key: str) -> str | None:

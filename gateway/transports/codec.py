@@ -97,9 +97,7 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], where: str
         except (ValueError, TypeError) as e:
             raise InvalidArgument(f"{where}: 'data' is not a regular (non-ragged) list of numbers: {e}") from None
         if arr.dtype.kind not in _JSON_KINDS[dtype.kind] and not (arr.size == 0 and arr.dtype.kind == "f"):
-            raise InvalidArgument(
-                f"{where}: 'data' holds {_kind_name(arr.dtype)} values but datatype is {datatype}"
-            )
+            raise InvalidArgument(f"{where}: 'data' holds {_kind_name(arr.dtype)} values but datatype is {datatype}")
         if dtype.kind in "iu" and arr.size:
             info = np.iinfo(dtype)
             # As Python ints: numpy cannot compare a bool array's extreme with uint64's max (OverflowError)
@@ -108,15 +106,19 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], where: str
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf: InputLimits refuses it
             arr = arr.astype(dtype, copy=False)
     if arr.size != count:
-        raise InvalidArgument(
-            f"{where}: shape {list(shape)} needs {count} elements but 'data' has {arr.size}"
-        )
+        raise InvalidArgument(f"{where}: shape {list(shape)} needs {count} elements but 'data' has {arr.size}")
     return arr.reshape(shape)
 
 
 def _kind_name(dt: np.dtype) -> str:
-    return {"b": "boolean", "i": "integer", "u": "integer", "f": "floating-point",
-            "U": "string", "O": "mixed/non-numeric"}.get(dt.kind, str(dt))
+    return {
+        "b": "boolean",
+        "i": "integer",
+        "u": "integer",
+        "f": "floating-point",
+        "U": "string",
+        "O": "mixed/non-numeric",
+    }.get(dt.kind, str(dt))
 
 
 def _flatten(data: Any, where: str, depth: int = 0):
@@ -146,7 +148,7 @@ def array_from_binary(buf: memoryview, datatype: str, shape: tuple[int, ...], wh
             off += 4
             if off + n > len(buf):
                 raise InvalidArgument(f"{where}: BYTES element of {n} bytes runs past the tensor's data")
-            items.append(bytes(buf[off:off + n]))
+            items.append(bytes(buf[off : off + n]))
             off += n
         if len(items) != count:
             raise InvalidArgument(f"{where}: shape {list(shape)} needs {count} BYTES elements, got {len(items)}")
@@ -160,8 +162,9 @@ def array_from_binary(buf: memoryview, datatype: str, shape: tuple[int, ...], wh
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
-def decode_rest(body: bytes, header_length: int | None, model: str, version: str | None,
-                headers: dict[str, str] | None = None) -> InferRequest:
+def decode_rest(
+    body: bytes, header_length: int | None, model: str, version: str | None, headers: dict[str, str] | None = None
+) -> InferRequest:
     """Decode a V2 REST infer body (JSON, or JSON + binary tensors)."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
@@ -190,8 +193,9 @@ def decode_rest(body: bytes, header_length: int | None, model: str, version: str
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
         raise InvalidArgument("'id' must be a string")
-    return InferRequest(model=model, version=version, inputs=inputs, id=rid, outputs=outputs,
-                        params=params, binary_output=binary_output)
+    return InferRequest(
+        model=model, version=version, inputs=inputs, id=rid, outputs=outputs, params=params, binary_output=binary_output
+    )
 
 
 def _rest_inputs(raw_inputs: list, binary: memoryview) -> dict[str, tuple[str, np.ndarray]]:
@@ -225,7 +229,7 @@ def _rest_inputs(raw_inputs: list, binary: memoryview) -> dict[str, tuple[str, n
                     f"{where}: binary_data_size {size} runs past the {len(binary)} bytes of binary data "
                     f"(Inference-Header-Content-Length set correctly?)"
                 )
-            arr = array_from_binary(binary[offset:offset + size], datatype, shape, where)
+            arr = array_from_binary(binary[offset : offset + size], datatype, shape, where)
             offset += size
         elif "data" in t:
             arr = array_from_json(t["data"], datatype, shape, where)
@@ -254,8 +258,12 @@ def _rest_outputs(raw_outputs: Any, binary_output: bool) -> list[RequestedOutput
     return outputs
 
 
-_HEADER_PARAMS = {"x-slo-ms": "slo_ms", "x-min-accuracy": "min_accuracy", "x-priority": "priority",
-                  "x-variant": "variant"}
+_HEADER_PARAMS = {
+    "x-slo-ms": "slo_ms",
+    "x-min-accuracy": "min_accuracy",
+    "x-priority": "priority",
+    "x-variant": "variant",
+}
 
 
 def _params_from_headers(params: RequestParams, headers: dict[str, str]) -> None:
@@ -286,8 +294,7 @@ def encode_rest(resp: InferResponse) -> tuple[bytes, int | None]:
     wanted = {o.name: o.binary for o in resp.requested} if resp.requested is not None else None
     for name, arr in resp.outputs.items():
         binary = wanted[name] if wanted is not None else resp.binary_output
-        doc: dict[str, Any] = {"name": name, "datatype": NUMPY_TO_V2.get(arr.dtype, "BYTES"),
-                               "shape": list(arr.shape)}
+        doc: dict[str, Any] = {"name": name, "datatype": NUMPY_TO_V2.get(arr.dtype, "BYTES"), "shape": list(arr.shape)}
         if binary:
             raw = _raw_bytes(arr)
             doc["parameters"] = {"binary_data_size": len(raw)}
@@ -332,8 +339,7 @@ class InputLimits:
 
     __slots__ = ("allow_nonfinite", "max_elements", "max_rows")
 
-    def __init__(self, max_elements: int = MAX_ELEMENTS, max_rows: int | None = None,
-                 allow_nonfinite: bool = False):
+    def __init__(self, max_elements: int = MAX_ELEMENTS, max_rows: int | None = None, allow_nonfinite: bool = False):
         self.max_elements = max_elements
         self.max_rows = max_rows
         self.allow_nonfinite = allow_nonfinite
@@ -346,11 +352,15 @@ class InputLimits:
         for name, (datatype, arr) in req.inputs.items():
             where = f"input '{name:.64}'"
             if arr.size > self.max_elements:
-                raise InvalidArgument(f"{where} holds {arr.size:,} elements, over the limit of "
-                                      f"{self.max_elements:,} (max_tensor_elements)")
+                raise InvalidArgument(
+                    f"{where} holds {arr.size:,} elements, over the limit of "
+                    f"{self.max_elements:,} (max_tensor_elements)"
+                )
             if self.max_rows is not None and arr.ndim and arr.shape[0] > self.max_rows:
-                raise InvalidArgument(f"{where} carries {arr.shape[0]} batch rows, over the limit of "
-                                      f"{self.max_rows} (max_batch_rows); split the request")
+                raise InvalidArgument(
+                    f"{where} carries {arr.shape[0]} batch rows, over the limit of "
+                    f"{self.max_rows} (max_batch_rows); split the request"
+                )
             if not self.allow_nonfinite and arr.dtype.kind == "f" and arr.size:
                 finite = np.isfinite(arr)
                 if not finite.all():
@@ -359,4 +369,5 @@ class InputLimits:
                     raise InvalidArgument(
                         f"{where} ({datatype}) holds a non-finite value ({v}) at flat index {i} "
                         f"(NaN, Inf, or a number too large for {datatype}); the server refuses them "
-                        f"unless allow_nonfinite is set")
+                        f"unless allow_nonfinite is set"
+                    )

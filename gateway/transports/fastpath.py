@@ -18,9 +18,9 @@ import logging
 
 import orjson
 
-from gateway.transports.codec import InputLimits  # noqa: F401 - the type the caller passes
 from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, PayloadTooLarge, ServingError
+from gateway.transports.codec import InputLimits  # noqa: F401 - the type the caller passes
 from gateway.transports.status import http_status, retry_after_header
 
 log = logging.getLogger("sloserve.rest")
@@ -31,7 +31,7 @@ def route(path: str) -> tuple[str, str | None] | None:
     """(model, version) for an infer path, else None."""
     if not path.startswith(PREFIX) or not path.endswith("/infer"):
         return None
-    parts = path[len(PREFIX):-len("/infer")].split("/")
+    parts = path[len(PREFIX) : -len("/infer")].split("/")
     if len(parts) == 1 and parts[0]:
         return parts[0], None
     if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
@@ -69,8 +69,10 @@ class InferFastPath:
                     raise InvalidArgument(f"Content-Length {cl!r:.40} is not an integer")
                 declared = int(cl)
                 if declared > self.max_bytes:
-                    raise PayloadTooLarge(f"request body of {declared} bytes is over the {self.max_bytes}-byte "
-                                          f"limit (max_request_bytes); send smaller batches")
+                    raise PayloadTooLarge(
+                        f"request body of {declared} bytes is over the {self.max_bytes}-byte "
+                        f"limit (max_request_bytes); send smaller batches"
+                    )
             ticket = dp.admit(model, declared)
             body = await self._read(receive)
             ticket.read(len(body))  # (read first: a keep-alive connection must not be left with an unread body)
@@ -87,8 +89,12 @@ class InferFastPath:
             return
         except Exception as e:  # a bug: answer 500, log it, keep serving
             log.exception("internal error on %s", scope["path"])
-            await _send(send, *_messages(500, orjson.dumps({"error": f"internal error: {type(e).__name__}"}),
-                                         b"application/json", ()))
+            await _send(
+                send,
+                *_messages(
+                    500, orjson.dumps({"error": f"internal error: {type(e).__name__}"}), b"application/json", ()
+                ),
+            )
             return
         finally:
             if ticket is not None:
@@ -96,8 +102,15 @@ class InferFastPath:
         if json_len is None:
             await _send(send, *_messages(200, payload, b"application/json", ()))
         else:
-            await _send(send, *_messages(200, payload, b"application/octet-stream",
-                                         ((b"inference-header-content-length", str(json_len).encode()),)))
+            await _send(
+                send,
+                *_messages(
+                    200,
+                    payload,
+                    b"application/octet-stream",
+                    ((b"inference-header-content-length", str(json_len).encode()),),
+                ),
+            )
 
     async def _read(self, receive) -> bytes:
         chunks, size = [], 0
@@ -180,9 +193,14 @@ def _step_to_end(coro) -> None:
 
 def _messages(status: int, body: bytes, ctype: bytes, extra: tuple) -> tuple[dict, dict]:
     """The two ASGI messages of a complete response."""
-    return ({"type": "http.response.start", "status": status,
-             "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *extra]},
-            {"type": "http.response.body", "body": body})
+    return (
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *extra],
+        },
+        {"type": "http.response.body", "body": body},
+    )
 
 
 def _error_messages(e: ServingError) -> tuple[dict, dict]:

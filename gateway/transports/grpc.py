@@ -17,20 +17,28 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from gateway.transports.auth import GrpcGuard, TokenTable, grpc_server_credentials
-from gateway.transports.codec import MAX_ELEMENTS, InputLimits, array_from_binary, parse_params
 from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, ServingError
+from gateway.transports.auth import GrpcGuard, TokenTable, grpc_server_credentials
+from gateway.transports.codec import MAX_ELEMENTS, InputLimits, array_from_binary, parse_params
 from gateway.transports.status import grpc_code
 from gateway.types import NUMPY_TO_V2, V2_TO_NUMPY, InferRequest, RequestedOutput
 
 log = logging.getLogger("sloserve.grpc")
 
 _CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
-    "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
-    "FP64": "fp64_contents", "BYTES": "bytes_contents",
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }
 
 
@@ -44,7 +52,8 @@ def decode_grpc(req: pb.ModelInferRequest) -> InferRequest:
     if raw and len(raw) != len(req.inputs):
         raise InvalidArgument(
             f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs; "
-            f"give raw contents for every input or for none")
+            f"give raw contents for every input or for none"
+        )
     if not req.inputs:
         raise InvalidArgument("the request needs at least one input")
     inputs: dict[str, tuple[str, np.ndarray]] = {}
@@ -66,14 +75,15 @@ def decode_grpc(req: pb.ModelInferRequest) -> InferRequest:
                 raise InvalidArgument(f"{where}: give raw_input_contents or contents, not both")
             arr = array_from_binary(memoryview(raw[i]), t.datatype, shape, where)
         else:
-            field = _CONTENTS_FIELD[t.datatype] if t.datatype in _CONTENTS_FIELD else None
+            field = _CONTENTS_FIELD.get(t.datatype)
             if field is None:
                 raise InvalidArgument(f"{where}: datatype {t.datatype} can only be sent as raw_input_contents")
             values = getattr(t.contents, field)
             count = math.prod(shape)
             if len(values) != count:
                 raise InvalidArgument(
-                    f"{where}: shape {list(shape)} needs {count} elements but contents.{field} has {len(values)}")
+                    f"{where}: shape {list(shape)} needs {count} elements but contents.{field} has {len(values)}"
+                )
             dtype = V2_TO_NUMPY[t.datatype]
             if t.datatype == "BYTES":
                 arr = np.array(list(values), dtype=np.object_).reshape(shape)
@@ -89,8 +99,15 @@ def decode_grpc(req: pb.ModelInferRequest) -> InferRequest:
     params_raw = {k: param_value(v) for k, v in req.parameters.items()}
     params = parse_params(params_raw)
     outputs = [RequestedOutput(o.name, True) for o in req.outputs] if req.outputs else None
-    return InferRequest(model=req.model_name, version=req.model_version or None, inputs=inputs,
-                        id=req.id or None, outputs=outputs, params=params, binary_output=True)
+    return InferRequest(
+        model=req.model_name,
+        version=req.model_version or None,
+        inputs=inputs,
+        id=req.id or None,
+        outputs=outputs,
+        params=params,
+        binary_output=True,
+    )
 
 
 def _set_param(p: pb.InferParameter, v: Any) -> None:
@@ -138,7 +155,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return
         tm = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
-            name=md["name"], versions=md["versions"], platform=md["platform"],
+            name=md["name"],
+            versions=md["versions"],
+            platform=md["platform"],
             inputs=[tm(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in md["inputs"]],
             outputs=[tm(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in md["outputs"]],
         )
@@ -179,11 +198,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:
     limit = dp.settings.max_request_bytes
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
-        ("grpc.so_reuseport", 0),
-    ], interceptors=[GrpcGuard(TokenTable.from_settings(dp.settings))])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
+            ("grpc.so_reuseport", 0),
+        ],
+        interceptors=[GrpcGuard(TokenTable.from_settings(dp.settings))],
+    )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dp), server)
     creds = grpc_server_credentials(dp.settings)
     port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)

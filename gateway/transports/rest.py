@@ -16,10 +16,10 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.transports.auth import BearerAuthMiddleware, TokenTable
-from gateway.transports.codec import InputLimits, decode_rest, encode_rest
 from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, PayloadTooLarge, ServingError
+from gateway.transports.auth import BearerAuthMiddleware, TokenTable
+from gateway.transports.codec import InputLimits, decode_rest, encode_rest
 from gateway.transports.status import http_status, retry_after_header
 
 log = logging.getLogger("sloserve.rest")
@@ -70,8 +70,9 @@ INFER_BODY_DOC = {
 
 def error_response(e: ServingError) -> JSONResponse:
     retry = retry_after_header(e)
-    return JSONResponse({"error": e.message}, status_code=http_status(e),
-                        headers={"Retry-After": retry} if retry else None)
+    return JSONResponse(
+        {"error": e.message}, status_code=http_status(e), headers={"Retry-After": retry} if retry else None
+    )
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -82,8 +83,9 @@ async def read_body(request: Request, limit: int) -> bytes:
         except ValueError:
             raise InvalidArgument(f"Content-Length {cl!r:.40} is not an integer") from None
         if n > limit:
-            raise PayloadTooLarge(f"request body of {n} bytes is over the {limit}-byte limit "
-                                  f"(max_request_bytes); send smaller batches")
+            raise PayloadTooLarge(
+                f"request body of {n} bytes is over the {limit}-byte limit (max_request_bytes); send smaller batches"
+            )
         return await request.body()
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -97,8 +99,16 @@ async def read_body(request: Request, limit: int) -> bytes:
 SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant")
 
 
-async def infer_body(dp: DataPlane, limits: InputLimits, model: str, version: str | None, arrival: float,
-                     body: bytes, headers, on_shed=None) -> tuple[bytes, int | None]:
+async def infer_body(
+    dp: DataPlane,
+    limits: InputLimits,
+    model: str,
+    version: str | None,
+    arrival: float,
+    body: bytes,
+    headers,
+    on_shed=None,
+) -> tuple[bytes, int | None]:
     """One infer call from its body and (lower-case) headers to the encoded response: shared by the
     FastAPI route and the raw-ASGI fast path (gateway/transports/fastpath.py), which passes ``on_shed``."""
     hl = headers.get(HEADER_LEN)
@@ -129,8 +139,9 @@ def create_asgi(dp: DataPlane, routers=()):
 def create_app(dp: DataPlane) -> FastAPI:
     """The FastAPI app: metadata, health, metrics, and the infer routes (the fast path serves those
     first, ``gateway/transports/fastpath.py``); :func:`create_asgi` puts authentication around both."""
-    app = FastAPI(title="sloserve", version="0.1.0",
-                  description="KServe V2 (Open Inference Protocol) with SLO-aware batching")
+    app = FastAPI(
+        title="sloserve", version="0.1.0", description="KServe V2 (Open Inference Protocol) with SLO-aware batching"
+    )
     _error_handlers(app)
     _metadata_routes(app, dp)
     _infer_routes(app, dp)
@@ -209,8 +220,9 @@ def _infer_routes(app: FastAPI, dp: DataPlane) -> None:
             payload, json_len = await infer_body(dp, limits, model, version, ticket.arrival_s, body, request.headers)
         if json_len is None:
             return Response(payload, media_type="application/json")
-        return Response(payload, media_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(json_len)})
+        return Response(
+            payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(json_len)}
+        )
 
     @app.post("/v2/models/{model}/infer", openapi_extra=INFER_BODY_DOC)
     async def infer(model: str, request: Request):

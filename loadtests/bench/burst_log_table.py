@@ -4,6 +4,7 @@ on medians and paired per round.
 
     python loadtests/bench/burst_log_table.py docs/data/burst/burst8-250-r6.log [more logs: rounds pooled]
 """
+
 import re
 import statistics as st
 import sys
@@ -26,19 +27,24 @@ for rate, rows in sorted(by_rate.items()):
     for s, v in rows.items():
         e = [v[k][1] for k in keys if k in v]
         print(f"{s:28s} effacc " + " ".join(f"{x:.3f}" for x in e) + f"  median {st.median(e):.4f}")
-    singles_in = [s for s in rows if s.endswith(('@large', '@medium'))]
+    singles_in = [s for s in rows if s.endswith(("@large", "@medium"))]
     if not singles_in:
         print("no @large or @medium rounds at this rate: nothing to compare @any with")
         continue
     # a round's best single variant: the better of the pinned ones in that round
-    best = {k: max(rows[s][k][1] for s in singles_in if k in rows[s]) for k in keys
-            if any(k in rows[s] for s in singles_in)}
+    best = {
+        k: max(rows[s][k][1] for s in singles_in if k in rows[s]) for k in keys if any(k in rows[s] for s in singles_in)
+    }
     bs = max(st.median(x[1] for x in rows[s].values()) for s in singles_in)
     for s, v in rows.items():
-        if s.endswith('@any'):
+        if s.endswith("@any"):
             paired = [v[k][1] - best[k] for k in keys if k in v and k in best]
             if not paired:
                 print(f"{s}: no round in common with a pinned variant's")
                 continue
-            print(f"{s}: median - best single median = {100*(st.median(x[1] for x in v.values()) - bs):+.2f} points; "
-                  f"paired per round " + " ".join(f"{100*p:+.1f}" for p in paired) + f" (median {100*st.median(paired):+.2f})")
+            print(
+                f"{s}: median - best single median = {100 * (st.median(x[1] for x in v.values()) - bs):+.2f} points; "
+                f"paired per round "
+                + " ".join(f"{100 * p:+.1f}" for p in paired)
+                + f" (median {100 * st.median(paired):+.2f})"
+            )

@@ -73,10 +73,25 @@ def run_wrk(url: str, lua: Path, concurrency: int, duration_s: float, threads: i
     wrk = shutil.which("wrk")
     if wrk is None:
         raise FileNotFoundError("wrk is not installed: run loadtests/peers/setup.sh (apt-get install wrk)")
-    argv = [wrk, f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s", "--latency",
-            "--timeout", "10s", "-s", str(lua), url]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=bool(nice), preexec_fn=prioritise(nice))
+    argv = [
+        wrk,
+        f"-t{threads}",
+        f"-c{concurrency}",
+        f"-d{max(1, round(duration_s))}s",
+        "--latency",
+        "--timeout",
+        "10s",
+        "-s",
+        str(lua),
+        url,
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=bool(nice),
+        preexec_fn=prioritise(nice),
+    )
     out = proc.stdout.read().decode(errors="replace")
     _, status, ru = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -85,8 +100,7 @@ def run_wrk(url: str, lua: Path, concurrency: int, duration_s: float, threads: i
         raise RuntimeError(f"wrk failed (rc {proc.returncode}):\n{out[-2000:]}")
     res = json.loads(m.group(1))
     res["wrk_cpu_s"] = ru.ru_utime + ru.ru_stime
-    res["non_2xx"] = int(re.search(r"Non-2xx or 3xx responses: (\d+)", out).group(1)) \
-        if "Non-2xx" in out else 0
+    res["non_2xx"] = int(re.search(r"Non-2xx or 3xx responses: (\d+)", out).group(1)) if "Non-2xx" in out else 0
     return res
 
 
@@ -107,8 +121,9 @@ class RoundBound:
 
         m = ModelRepository(repo).load().models[model]
         self.batch, self.warm_s, self.measure_s = batch, warm_s, measure_s
-        self.replica = Replica(m.onnx_path(variant), RuntimeOptions(intra_op_threads=1),
-                               [o.name for o in m.config.outputs])
+        self.replica = Replica(
+            m.onnx_path(variant), RuntimeOptions(intra_op_threads=1), [o.name for o in m.config.outputs]
+        )
         self.feeds = profile_inputs(m, batch, np.random.default_rng(0))  # what the profile measures
 
     def rows_per_s(self) -> float:
@@ -127,8 +142,9 @@ class RoundBound:
         return self.batch / statistics.median(times)
 
 
-def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespace, log_dir: Path,
-                 bound: RoundBound | None = None) -> dict[str, Any]:
+def measure_once(
+    launch: Launch, body: bytes, lua: Path, args: argparse.Namespace, log_dir: Path, bound: RoundBound | None = None
+) -> dict[str, Any]:
     before = bound.rows_per_s() if bound is not None else None
     launch.start(log_dir, args.nice)
     try:
@@ -189,9 +205,25 @@ def measure_once(launch: Launch, body: bytes, lua: Path, args: argparse.Namespac
     return rec
 
 
-SUMMARY_KEYS = ("rps", "rows_per_s", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "server_cpu_ms_per_req", "server_cores",
-                "wrk_cpu_ms_per_req", "wrk_cores", "other_cores", "avg_batch", "replica_busy",
-                "compute_ms_per_batch", "round_saturation", "pss_mb", "processes")
+SUMMARY_KEYS = (
+    "rps",
+    "rows_per_s",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "p999_ms",
+    "server_cpu_ms_per_req",
+    "server_cores",
+    "wrk_cpu_ms_per_req",
+    "wrk_cores",
+    "other_cores",
+    "avg_batch",
+    "replica_busy",
+    "compute_ms_per_batch",
+    "round_saturation",
+    "pss_mb",
+    "processes",
+)
 
 
 def summarise(rounds: dict[str, list[dict[str, Any]]], baseline: str = "triton") -> dict[str, Any]:
@@ -215,9 +247,13 @@ def summarise(rounds: dict[str, list[dict[str, Any]]], baseline: str = "triton")
             med[f"rps_ratio_vs_{baseline}"] = round(med["rps"] / base["rps"], 3)
             med[f"p99_ratio_vs_{baseline}"] = round(med["p99_ms"] / base["p99_ms"], 3)
             med[f"cpu_per_req_ratio_vs_{baseline}"] = round(
-                med["server_cpu_ms_per_req"] / base["server_cpu_ms_per_req"], 3)
-            paired = [a["rps"] / b["rps"] for a, b in zip(rounds[system], b_rounds)
-                      if "rps" in a and "rps" in b and b["rps"]]
+                med["server_cpu_ms_per_req"] / base["server_cpu_ms_per_req"], 3
+            )
+            paired = [
+                a["rps"] / b["rps"]
+                for a, b in zip(rounds[system], b_rounds, strict=False)
+                if "rps" in a and "rps" in b and b["rps"]
+            ]
             if paired:
                 med[f"rps_ratio_vs_{baseline}_paired_median"] = round(statistics.median(paired), 3)
     return out
@@ -244,7 +280,7 @@ def saturation(summary: dict[str, Any], bound: dict[str, Any]) -> dict[str, Any]
 def machine() -> dict[str, Any]:
     cpu = ""
     try:
-        for line in open("/proc/cpuinfo"):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
@@ -252,19 +288,36 @@ def machine() -> dict[str, Any]:
         pass
     mem_gb = None
     try:
-        mem_gb = round(int(open("/proc/meminfo").readline().split()[1]) / 1024 / 1024, 1)
+        mem_gb = round(int(Path("/proc/meminfo").read_text().split()[1]) / 1024 / 1024, 1)
     except (OSError, ValueError, IndexError):
         pass
     try:
         wrk_v = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0].strip()
     except OSError:
         wrk_v = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": mem_gb, "kernel": platform.release(),
-            "python": platform.python_version(), "wrk": wrk_v}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gb": mem_gb,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "wrk": wrk_v,
+    }
 
 
-def _one_round(s: str, r: int, args: argparse.Namespace, repo: Path, knobs: BatchingKnobs, tmp: Path, body: bytes,
-               body_path: Path, body_headers: dict[str, str], log_dir: Path, round_bound) -> dict[str, Any]:
+def _one_round(
+    s: str,
+    r: int,
+    args: argparse.Namespace,
+    repo: Path,
+    knobs: BatchingKnobs,
+    tmp: Path,
+    body: bytes,
+    body_path: Path,
+    body_headers: dict[str, str],
+    log_dir: Path,
+    round_bound,
+) -> dict[str, Any]:
     """One system, started, measured under wrk and stopped; a failure is recorded, the run goes on."""
     print(f"[round {r + 1}/{args.rounds}] {s}: starting", file=sys.stderr, flush=True)
     try:
@@ -274,14 +327,18 @@ def _one_round(s: str, r: int, args: argparse.Namespace, repo: Path, knobs: Batc
         lua = tmp / f"{s.replace(':', '_')}.lua"
         write_lua(lua, body_path, {**launch.headers, **body_headers})
         rec = measure_once(launch, body, lua, args, log_dir, round_bound)
-    except Exception as e:  # noqa: BLE001 - a peer that fails is recorded, the run goes on
+    except Exception as e:
         rec = {"error": f"{type(e).__name__}: {e}"[:4000]}
         print(f"[round {r + 1}] {s}: FAILED {rec['error'][:400]}", file=sys.stderr, flush=True)
     else:
-        print(f"[round {r + 1}/{args.rounds}] {s}: {rec['rps']:.0f} rps  p50 {rec['p50_ms']:.2f} ms  "
-              f"p99 {rec['p99_ms']:.2f} ms  server {rec['server_cpu_ms_per_req']:.3f} ms CPU/req  "
-              f"wrk {rec['wrk_cores']:.2f} cores  other {rec['other_cores']:.2f} cores"
-              + (f"  batch {rec['avg_batch']}" if "avg_batch" in rec else ""), file=sys.stderr, flush=True)
+        print(
+            f"[round {r + 1}/{args.rounds}] {s}: {rec['rps']:.0f} rps  p50 {rec['p50_ms']:.2f} ms  "
+            f"p99 {rec['p99_ms']:.2f} ms  server {rec['server_cpu_ms_per_req']:.3f} ms CPU/req  "
+            f"wrk {rec['wrk_cores']:.2f} cores  other {rec['other_cores']:.2f} cores"
+            + (f"  batch {rec['avg_batch']}" if "avg_batch" in rec else ""),
+            file=sys.stderr,
+            flush=True,
+        )
     rec["round"] = r + 1
     return rec
 
@@ -293,16 +350,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for s in systems:
         if split_tree(s, args._trees)[0] not in SYSTEMS:
             raise SystemExit(f"sloserve bench closed: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
-    knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
-                          triton_instances=args.triton_instances, sloserve_config=args.sloserve_config,
-                          sloserve_policy=args.sloserve_policy)
+    knobs = BatchingKnobs(
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+        triton_instances=args.triton_instances,
+        sloserve_config=args.sloserve_config,
+        sloserve_policy=args.sloserve_policy,
+    )
     bad = [s for s in systems if split_tree(s, args._trees)[0] not in BINARY_SYSTEMS] if args.binary else []
     if bad:
-        raise SystemExit(f"sloserve bench closed: --binary: {', '.join(bad)} do not take KServe's binary tensor "
-                         f"extension (only {', '.join(BINARY_SYSTEMS)})")
+        raise SystemExit(
+            f"sloserve bench closed: --binary: {', '.join(bad)} do not take KServe's binary tensor "
+            f"extension (only {', '.join(BINARY_SYSTEMS)})"
+        )
     if not 1 <= args.rows_per_request <= args.max_batch_size:
-        raise SystemExit(f"sloserve bench closed: --rows-per-request {args.rows_per_request} must be 1 to "
-                         f"--max-batch-size ({args.max_batch_size})")
+        raise SystemExit(
+            f"sloserve bench closed: --rows-per-request {args.rows_per_request} must be 1 to "
+            f"--max-batch-size ({args.max_batch_size})"
+        )
     body = request_body(repo, args.model, rows=args.rows_per_request)
     wire, body_headers = body, {}
     if args.binary:
@@ -318,8 +383,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         prof = compute_bound(repo, args.model, args.variant, args.max_batch_size).get(device_type())
         if prof is None:
-            raise SystemExit("sloserve bench closed: --bound-each-round needs this machine's profile: "
-                             "run sloserve profile first")
+            raise SystemExit(
+                "sloserve bench closed: --bound-each-round needs this machine's profile: run sloserve profile first"
+            )
         round_bound = RoundBound(repo, args.model, args.variant, prof["batch"])
     t_start = time.time()
     for r in range(args.rounds):
@@ -337,25 +403,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bound = compute_bound(repo, args.model, args.variant, args.max_batch_size)
     result = {
         "benchmark": "closed",
-        "command": "sloserve bench " + " ".join(sys.argv[sys.argv.index("closed"):]) if "closed" in sys.argv
-        else None,
+        "command": "sloserve bench " + " ".join(sys.argv[sys.argv.index("closed") :]) if "closed" in sys.argv else None,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
         "wall_s": round(time.time() - t_start, 1),
         "machine": machine(),
-        "setup": {"model": args.model, "variant": args.variant, "concurrency": args.concurrency,
-                  "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
-                  "wrk_threads": args.threads, "max_batch_size": args.max_batch_size,
-                  "max_wait_ms": args.max_wait_ms, "triton_instances": args.triton_instances,
-                  "sloserve_policy": args.sloserve_policy, "ort_threads": 1, "nice": args.nice, "body_bytes": len(body),
-                  "rows_per_request": args.rows_per_request},
+        "setup": {
+            "model": args.model,
+            "variant": args.variant,
+            "concurrency": args.concurrency,
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "rounds": args.rounds,
+            "wrk_threads": args.threads,
+            "max_batch_size": args.max_batch_size,
+            "max_wait_ms": args.max_wait_ms,
+            "triton_instances": args.triton_instances,
+            "sloserve_policy": args.sloserve_policy,
+            "ort_threads": 1,
+            "nice": args.nice,
+            "body_bytes": len(body),
+            "rows_per_request": args.rows_per_request,
+        },
         "summary": summary,
         "compute_bound": bound,
         "saturation": saturation(summary, bound),
         "rounds": rounds,
     }
-    result["ratios_of_rps"] = {base: {s: round(v["rps"] / summary[base]["rps"], 3) for s, v in summary.items()
-                                      if s != base and v.get("rps")}
-                               for base in ("triton", "rayserve", "mlserver", "sloserve") if summary.get(base, {}).get("rps")}
+    result["ratios_of_rps"] = {
+        base: {s: round(v["rps"] / summary[base]["rps"], 3) for s, v in summary.items() if s != base and v.get("rps")}
+        for base in ("triton", "rayserve", "mlserver", "sloserve")
+        if summary.get(base, {}).get("rps")
+    }
     return result
 
 
@@ -367,33 +445,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=10.0, help="measured seconds per system per round")
     p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds before each measurement")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (A B A B ...); medians reported")
-    p.add_argument("--systems", default="sloserve,triton",
-                   help=f"comma list of {', '.join(SYSTEMS)}; a sloserve system may end in :LABEL (see --tree)")
+    p.add_argument(
+        "--systems",
+        default="sloserve,triton",
+        help=f"comma list of {', '.join(SYSTEMS)}; a sloserve system may end in :LABEL (see --tree)",
+    )
     p.add_argument("--baseline", default="triton", help="the system the ratios are taken against")
-    p.add_argument("--tree", action="append", metavar="LABEL=PATH",
-                   help="another sloserve checkout; `sloserve:LABEL` runs from it (before/after comparisons)")
+    p.add_argument(
+        "--tree",
+        action="append",
+        metavar="LABEL=PATH",
+        help="another sloserve checkout; `sloserve:LABEL` runs from it (before/after comparisons)",
+    )
     p.add_argument("--threads", type=int, default=1, help="wrk threads (1 is the cheapest)")
-    p.add_argument("--binary", action="store_true",
-                   help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of "
-                        "JSON numbers; only for sloserve, sloserve-ray and triton")
+    p.add_argument(
+        "--binary",
+        action="store_true",
+        help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of "
+        "JSON numbers; only for sloserve, sloserve-ray and triton",
+    )
     p.add_argument("--max-batch-size", type=int, default=32, help="every system's max batch size")
-    p.add_argument("--bound-each-round", action="store_true",
-                   help="measure the compute bound (ORT alone, the profile's best batch) right before and after "
-                        "every round and report each round's rows/s against it (round_saturation): the box's "
-                        "speed drifts between a profile and a run")
-    p.add_argument("--rows-per-request", type=int, default=1,
-                   help="rows (images) in each request's tensor; throughput is also reported in rows/s and as a "
-                        "fraction of the profile's compute bound")
-    p.add_argument("--max-wait-ms", type=float, default=2.0,
-                   help="every system's batching wait (Triton max_queue_delay, MLServer max_batch_time, "
-                        "@serve.batch batch_wait_timeout_s, sloserve's max_wait_ms)")
+    p.add_argument(
+        "--bound-each-round",
+        action="store_true",
+        help="measure the compute bound (ORT alone, the profile's best batch) right before and after "
+        "every round and report each round's rows/s against it (round_saturation): the box's "
+        "speed drifts between a profile and a run",
+    )
+    p.add_argument(
+        "--rows-per-request",
+        type=int,
+        default=1,
+        help="rows (images) in each request's tensor; throughput is also reported in rows/s and as a "
+        "fraction of the profile's compute bound",
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=2.0,
+        help="every system's batching wait (Triton max_queue_delay, MLServer max_batch_time, "
+        "@serve.batch batch_wait_timeout_s, sloserve's max_wait_ms)",
+    )
     p.add_argument("--triton-instances", type=int, default=1)
     p.add_argument("--sloserve-policy", default="timeout")
     p.add_argument("--sloserve-config", help="sloserve settings file instead of the generated one")
     p.add_argument("--alternate", action="store_true", help="reverse the system order every other round")
-    p.add_argument("--nice", type=int, default=0,
-                   help="run servers and wrk at this nice value (e.g. -10 as root) so other tenants of a shared "
-                        "box disturb the measurement less; every system gets the same")
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run servers and wrk at this nice value (e.g. -10 as root) so other tenants of a shared "
+        "box disturb the measurement less; every system gets the same",
+    )
     p.add_argument("--pause", type=float, default=1.0, help="seconds between runs")
     p.add_argument("--log-dir", help="where server logs go (default: a temp dir)")
     p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (logs, bodies) even when all runs worked")
@@ -407,14 +510,25 @@ def main_args(args: argparse.Namespace) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
-    print(json.dumps({"summary": result["summary"], "goal_issue2": result.get("goal_issue2"),
-                      "goal_issue4": result.get("goal_issue4")}, indent=1))
+    print(
+        json.dumps(
+            {
+                "summary": result["summary"],
+                "goal_issue2": result.get("goal_issue2"),
+                "goal_issue4": result.get("goal_issue4"),
+            },
+            indent=1,
+        )
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.bench.closed", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.closed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     return main_args(p.parse_args(argv))
 

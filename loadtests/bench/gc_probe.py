@@ -22,7 +22,7 @@ from loadtests.bench.systems import (
     request_body,
 )
 
-WRAPPER = r'''
+WRAPPER = r"""
 import atexit, gc, os, sys, threading, time
 stats, t0 = {}, [0.0]
 def cb(phase, info):
@@ -46,7 +46,7 @@ if after > 0:
     threading.Thread(target=later, daemon=True).start()
 from gateway.cli import main
 sys.exit(main(sys.argv[1:]))
-'''
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         launch.stop()
     secs = w["duration_us"] / 1e6
-    print(f"freeze_after={args.freeze_after}: {w['requests'] / secs:.0f} rps  p50 {w['p50_us'] / 1e3:.2f} ms  "
-          f"p90 {w['p90_us'] / 1e3:.2f} ms  p99 {w['p99_us'] / 1e3:.2f} ms  max {w['max_us'] / 1e3:.1f} ms")
+    print(
+        f"freeze_after={args.freeze_after}: {w['requests'] / secs:.0f} rps  p50 {w['p50_us'] / 1e3:.2f} ms  "
+        f"p90 {w['p90_us'] / 1e3:.2f} ms  p99 {w['p99_us'] / 1e3:.2f} ms  max {w['max_us'] / 1e3:.1f} ms"
+    )
     print(out.read_text() if out.exists() else "(no GC statistics written)")
     return 0
 

@@ -29,6 +29,7 @@ import struct
 import sys
 from array import array
 from collections import deque
+from pathlib import Path
 from time import (
     monotonic as _now,  # not loop.time(): uvloop's is libuv's cached millisecond clock
 )
@@ -72,7 +73,7 @@ class _Conn(asyncio.Protocol):
                 n = 0
                 if k >= 0:
                     e = head.find(b"\r\n", k)
-                    n = int(head[k + 15:e if e >= 0 else len(head)])
+                    n = int(head[k + 15 : e if e >= 0 else len(head)])
                 self.need = end + 4 + n
                 self.close_after = b"connection: close" in head
             if len(buf) < self.need:
@@ -82,13 +83,13 @@ class _Conn(asyncio.Protocol):
             g.done[i] = _now() - g.t0
             g.status[i] = self.status
             if 200 <= self.status < 300 and g.variant_keys:
-                seg = bytes(buf[:self.need])
+                seg = bytes(buf[: self.need])
                 p = seg.find(b'"variant"')
                 if p >= 0:
                     q1 = seg.find(b'"', p + 9)
                     q2 = seg.find(b'"', q1 + 1)
-                    g.variant[i] = g.variant_keys.get(seg[q1 + 1:q2], -1)
-            del buf[:self.need]
+                    g.variant[i] = g.variant_keys.get(seg[q1 + 1 : q2], -1)
+            del buf[: self.need]
             self.req = -1
             self.need = -1
             g.outstanding -= 1
@@ -119,11 +120,12 @@ class Generator:
     def __init__(self, spec: dict, schedule: array):
         self.spec = spec
         self.host, self.port = spec.get("host", "127.0.0.1"), int(spec["port"])
-        body = open(spec["body_file"], "rb").read()
+        body = Path(spec["body_file"]).read_bytes()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (spec.get("headers") or {}).items())
-        self.request = (f"POST {spec['path']} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                        f"Content-Type: {spec.get('content_type', 'application/json')}\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
-                        ).encode() + body
+        self.request = (
+            f"POST {spec['path']} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: {spec.get('content_type', 'application/json')}\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
         self.schedule = schedule
         n = len(schedule)
         self.sent = array("d", [-1.0]) * n
@@ -216,35 +218,44 @@ class Generator:
                 c.transport.abort()
         await asyncio.sleep(0)
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
-        return {"run_cpu_s": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
-                "mean_lag_ms": lag_sum * 1e3 / max(n, 1), "opened": self.opened, "connect_errors": self.connect_errors, "max_lag_ms": self.max_lag * 1e3,
-                "unanswered": self.outstanding}
+        return {
+            "run_cpu_s": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
+            "mean_lag_ms": lag_sum * 1e3 / max(n, 1),
+            "opened": self.opened,
+            "connect_errors": self.connect_errors,
+            "max_lag_ms": self.max_lag * 1e3,
+            "unanswered": self.outstanding,
+        }
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(open(argv[0]).read())
+    spec = json.loads(Path(argv[0]).read_text())
     schedule = array("d")
     with open(spec["schedule_file"], "rb") as f:
         schedule.frombytes(f.read())
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass
     import gc
+
     gc.disable()  # short-lived process; the schedule and records are flat arrays
     g = Generator(spec, schedule)
     trailer = asyncio.run(g.run())
     ru = resource.getrusage(resource.RUSAGE_SELF)
     trailer["cpu_s"] = ru.ru_utime + ru.ru_stime
     with open(argv[1], "wb") as out:
-        out.writelines(REC.pack(schedule[k], g.sent[k], g.done[k], g.status[k], g.variant[k]) for k in range(len(schedule)))
+        out.writelines(
+            REC.pack(schedule[k], g.sent[k], g.done[k], g.status[k], g.variant[k]) for k in range(len(schedule))
+        )
         out.write(b"\n" + json.dumps(trailer).encode() + b"\n")
     return 0
 
 
 def read_records(path: str, n: int) -> tuple[list[tuple], dict]:
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     size = REC.size * n
     recs = [REC.unpack_from(data, k * REC.size) for k in range(n)]
     trailer = json.loads(data[size:].strip() or b"{}")

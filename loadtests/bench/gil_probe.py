@@ -70,9 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     t.join()
     stop.set()
     h.join()
-    ms = lambda xs: round(statistics.median(xs) * 1e3, 3)
-    print(f"switch interval {sys.getswitchinterval() * 1e3:g} ms, batch of {a.rows}: "
-          f"alone p50 {ms(alone)} ms, next to a GIL-holding thread p50 {ms(res)} ms ({ms(res) / ms(alone):.2f}x)")
+
+    def ms(xs):
+        return round(statistics.median(xs) * 1e3, 3)
+
+    print(
+        f"switch interval {sys.getswitchinterval() * 1e3:g} ms, batch of {a.rows}: "
+        f"alone p50 {ms(alone)} ms, next to a GIL-holding thread p50 {ms(res)} ms ({ms(res) / ms(alone):.2f}x)"
+    )
     return 0
 
 

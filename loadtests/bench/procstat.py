@@ -17,7 +17,7 @@ def _stat(pid: int) -> tuple[int, float] | None:
             data = f.read()
     except OSError:
         return None
-    rest = data[data.rindex(b")") + 2:].split()
+    rest = data[data.rindex(b")") + 2 :].split()
     # fields after the command: state(3) ppid(4) ... utime(14) stime(15) cutime(16) cstime(17)
     ppid = int(rest[1])
     ticks = int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])

@@ -34,8 +34,10 @@ from loadtests.bench.systems import (
 CATEGORIES = [
     ("ORT compute (session.run)", ("onnxruntime/capi", "models/runtime.py")),
     ("JSON encode response (encode_rest, orjson.dumps)", ("encode_rest", "_raw_bytes")),
-    ("JSON decode + numpy (decode_rest, array_from_json)", ("decode_rest", "array_from_json", "parse_params",
-                                                           "_params_from_headers", "shape_of")),
+    (
+        "JSON decode + numpy (decode_rest, array_from_json)",
+        ("decode_rest", "array_from_json", "parse_params", "_params_from_headers", "shape_of"),
+    ),
     ("metrics (prometheus_client)", ("prometheus_client", "gateway/metrics.py")),
     ("batching (queue, policy, concat/split)", ("batching/",)),
     ("dataplane (validate, variants, response object)", ("gateway/dataplane.py", "gateway/types.py")),
@@ -81,17 +83,46 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launch.wait_ready(body)
         run_wrk(launch.infer_url, lua, args.concurrency, 3, 1, args.nice)
-        wrk = subprocess.Popen([shutil.which("wrk"), "-t1", f"-c{args.concurrency}", f"-d{int(args.seconds + 4)}s",
-                                "-s", str(lua), launch.infer_url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               start_new_session=bool(args.nice), preexec_fn=prioritise(args.nice))
+        wrk = subprocess.Popen(
+            [
+                shutil.which("wrk"),
+                "-t1",
+                f"-c{args.concurrency}",
+                f"-d{int(args.seconds + 4)}s",
+                "-s",
+                str(lua),
+                launch.infer_url,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=bool(args.nice),
+            preexec_fn=prioritise(args.nice),
+        )
         time.sleep(1.0)
         win = CpuWindow(launch.pid)
         win.start()
         t0 = time.monotonic()
-        subprocess.run([spy, "record", "--pid", str(launch.pid), "--duration", str(int(args.seconds)),
-                        "--rate", str(args.rate), "--nonblocking", "--format", "raw", "--threads",
-                        "-o", str(out.with_suffix(".raw"))], check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.STDOUT)
+        subprocess.run(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(launch.pid),
+                "--duration",
+                str(int(args.seconds)),
+                "--rate",
+                str(args.rate),
+                "--nonblocking",
+                "--format",
+                "raw",
+                "--threads",
+                "-o",
+                str(out.with_suffix(".raw")),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         server_s, _, _ = win.stop()
         secs = time.monotonic() - t0
         text = wrk.communicate()[0].decode(errors="replace")
@@ -111,10 +142,17 @@ def main(argv: list[str] | None = None) -> int:
         total += int(n)
     cpu_ms_req = server_s * 1e3 / (reqs * secs) if reqs else None
     split = {k: round(v / total, 4) for k, v in counts.most_common()}
-    res = {"system": args.system, "model": args.model, "variant": args.variant, "rps": reqs,
-           "server_cpu_ms_per_req": round(cpu_ms_req, 4) if cpu_ms_req else None,
-           "server_cores": round(server_s / secs, 3), "samples": total, "share": split,
-           "ms_per_req": {k: round(v * cpu_ms_req, 4) for k, v in split.items()} if cpu_ms_req else None}
+    res = {
+        "system": args.system,
+        "model": args.model,
+        "variant": args.variant,
+        "rps": reqs,
+        "server_cpu_ms_per_req": round(cpu_ms_req, 4) if cpu_ms_req else None,
+        "server_cores": round(server_s / secs, 3),
+        "samples": total,
+        "share": split,
+        "ms_per_req": {k: round(v * cpu_ms_req, 4) for k, v in split.items()} if cpu_ms_req else None,
+    }
     out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res, indent=1))
     return 0

@@ -78,8 +78,9 @@ POLICIES = ("slo", "timeout", "fixed", "aimd", "nexus")
 PEERS_TUNED = ("triton", "rayserve", "mlserver")
 PEER_CONFIG = re.compile(r"(triton|mlserver)-\d+(\.\d+)?x\d+|rayserve-\d+(\.\d+)?x\d+(-opt|-ha)?")
 DEFAULT_SYSTEMS = "sloserve-default,sloserve-default-inprocess,triton,rayserve,mlserver"
-DEFAULT_RATES = ("20,30,40,50,65,80,100,125,150,200,250,300,350,400,450,500,600,700,800,900,1000,1200,"
-                 "1400,1600,1800,2000,2400,2800")
+DEFAULT_RATES = (
+    "20,30,40,50,65,80,100,125,150,200,250,300,350,400,450,500,600,700,800,900,1000,1200,1400,1600,1800,2000,2400,2800"
+)
 TRACE_CSV = Path(__file__).resolve().parents[1] / "traces" / "azure_functions_2019_selected_per_minute.csv"
 
 
@@ -132,8 +133,11 @@ def trace_arrivals(rate: float, dur: float, rng: random.Random, shape: list[floa
 
 def burst_arrivals(rate: float, factor: float, dur: float, rng: random.Random) -> list[float]:
     third = dur / 3
-    return (poisson(rate, third, rng) + poisson(rate * factor, third, rng, third)
-            + poisson(rate, dur - 2 * third, rng, 2 * third))
+    return (
+        poisson(rate, third, rng)
+        + poisson(rate * factor, third, rng, third)
+        + poisson(rate, dur - 2 * third, rng, 2 * third)
+    )
 
 
 def step_duration(args: argparse.Namespace, rate: float) -> float:
@@ -204,8 +208,9 @@ def _launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) ->
             hdrs["x-variant"] = pin
         return launch, hdrs, pin
     peer, _, cfg = system.partition("-")
-    knobs = BatchingKnobs(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
-                          triton_metrics=args.triton_metrics)
+    knobs = BatchingKnobs(
+        max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, triton_metrics=args.triton_metrics
+    )
     if cfg:  # <wait ms>x<instances | replicas | workers>[-opt]
         head, _, flag = cfg.partition("-")
         wait, _, count = head.partition("x")
@@ -231,8 +236,16 @@ def default_launch(repo: Path, model: str, tmp: Path, inprocess: bool = False) -
     exe = Path(sys.executable).with_name("sloserve")
     argv = [str(exe), "serve", "--repo", str(repo), "--http-port", str(http), "--grpc-port", str(grpc)]
     argv += ["--backend", "inprocess"] if inprocess else []
-    return _with_tmp(Launch("sloserve-default", argv, f"http://127.0.0.1:{http}/v2/models/{model}/infer",
-                            f"http://127.0.0.1:{http}/metrics", grace_s=15.0), tmp)
+    return _with_tmp(
+        Launch(
+            "sloserve-default",
+            argv,
+            f"http://127.0.0.1:{http}/v2/models/{model}/infer",
+            f"http://127.0.0.1:{http}/metrics",
+            grace_s=15.0,
+        ),
+        tmp,
+    )
 
 
 def generator_headers(hdrs: dict[str, str], body_headers: dict[str, str] | None) -> dict:
@@ -251,24 +264,41 @@ def generator_headers(hdrs: dict[str, str], body_headers: dict[str, str] | None)
 
 
 # ---- one measured step ----------------------------------------------------------------------------
-def run_step(launch: Launch, hdrs: dict[str, str], body_path: Path, sched: list[float], args: argparse.Namespace,
-             tmp: Path, tag: str) -> tuple[list[tuple], dict, float]:
+def run_step(
+    launch: Launch,
+    hdrs: dict[str, str],
+    body_path: Path,
+    sched: list[float],
+    args: argparse.Namespace,
+    tmp: Path,
+    tag: str,
+) -> tuple[list[tuple], dict, float]:
     port = int(launch.infer_url.split(":")[2].split("/")[0])
     path = "/" + launch.infer_url.split("/", 3)[3]
     sf = tmp / f"sched-{tag}.bin"
     with open(sf, "wb") as f:
         array("d", sched).tofile(f)
-    spec = {"port": port, "path": path, "body_file": str(body_path), "schedule_file": str(sf),
-            **generator_headers(hdrs, getattr(args, "_body_headers", None)),
-            "timeout_s": args.timeout, "max_conns": args.max_conns, "variants": args._variants}
+    spec = {
+        "port": port,
+        "path": path,
+        "body_file": str(body_path),
+        "schedule_file": str(sf),
+        **generator_headers(hdrs, getattr(args, "_body_headers", None)),
+        "timeout_s": args.timeout,
+        "max_conns": args.max_conns,
+        "variants": args._variants,
+    }
     spec_path = tmp / f"spec-{tag}.json"
     spec_path.write_text(json.dumps(spec))
     out = tmp / f"out-{tag}.bin"
     win = CpuWindow(launch.pid)
     win.start()
-    proc = subprocess.Popen([sys.executable, "-m", "loadtests.bench.gen", str(spec_path), str(out)],
-                            cwd=Path(__file__).resolve().parents[2], preexec_fn=prioritise(args.nice),
-                            start_new_session=bool(args.nice))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadtests.bench.gen", str(spec_path), str(out)],
+        cwd=Path(__file__).resolve().parents[2],
+        preexec_fn=prioritise(args.nice),
+        start_new_session=bool(args.nice),
+    )
     try:
         _, status, ru = os.wait4(proc.pid, 0)
     except BaseException:
@@ -294,8 +324,14 @@ def pct(xs: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1)]
 
 
-def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dict[int, float], peer_acc: float | None,
-            rate: float) -> dict[str, Any]:
+def metrics(
+    recs: list[tuple],
+    trailer: dict,
+    args: argparse.Namespace,
+    acc: dict[int, float],
+    peer_acc: float | None,
+    rate: float,
+) -> dict[str, Any]:
     slo = args.slo_ms / 1e3
     n = len(recs)
     dur = step_duration(args, rate)
@@ -322,17 +358,31 @@ def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dic
                 shed_send.append(done_t - sent_t)
         else:
             errors += 1
-    ms = lambda x: None if x is None else round(x * 1e3, 3)
+
+    def ms(x):
+        return None if x is None else round(x * 1e3, 3)
+
     out = {
-        "rate": rate, "sent": n, "offered_rps": round(n / dur, 1),
+        "rate": rate,
+        "sent": n,
+        "offered_rps": round(n / dur, 1),
         "attainment": round(on_time / n, 5) if n else None,
-        "goodput_rps": round(on_time / dur, 1), "ok_rps": round(len(ok_lat) / dur, 1),
-        "p50_ms": ms(pct(ok_lat, 50)), "p99_ms": ms(pct(ok_lat, 99)), "p999_ms": ms(pct(ok_lat, 99.9)),
-        "late_ok": late_ok, "shed": shed, "shed_share": round(shed / n, 5) if n else None, "errors": errors,
+        "goodput_rps": round(on_time / dur, 1),
+        "ok_rps": round(len(ok_lat) / dur, 1),
+        "p50_ms": ms(pct(ok_lat, 50)),
+        "p99_ms": ms(pct(ok_lat, 99)),
+        "p999_ms": ms(pct(ok_lat, 99.9)),
+        "late_ok": late_ok,
+        "shed": shed,
+        "shed_share": round(shed / n, 5) if n else None,
+        "errors": errors,
         "effective_accuracy": round(eff / n, 5) if n else None,
-        "shed_answer_p50_ms": ms(pct(shed_send, 50)), "shed_answer_p99_ms": ms(pct(shed_send, 99)),
+        "shed_answer_p50_ms": ms(pct(shed_send, 50)),
+        "shed_answer_p99_ms": ms(pct(shed_send, 99)),
         "shed_answer_max_ms": ms(max(shed_send, default=None)),
-        "shed_answer_under_1ms": round(sum(1 for x in shed_send if x <= 1e-3) / len(shed_send), 4) if shed_send else None,
+        "shed_answer_under_1ms": round(sum(1 for x in shed_send if x <= 1e-3) / len(shed_send), 4)
+        if shed_send
+        else None,
         "server_cores": round(trailer["server_cpu_s"] / dur, 3),
         # the generator's CPU while sending and receiving (its start-up, imports, excluded: gen_total_cpu_s)
         "gen_cores": round(trailer.get("run_cpu_s", trailer["gen_cpu_s"]) / dur, 3),
@@ -340,7 +390,8 @@ def metrics(recs: list[tuple], trailer: dict, args: argparse.Namespace, acc: dic
         "gen_total_cpu_s": round(trailer["gen_cpu_s"], 3),
         "gen_mean_lag_ms": round(trailer.get("mean_lag_ms", 0.0), 3),
         "other_cores": round(trailer["other_cpu_s"] / dur, 3),
-        "gen_max_lag_ms": round(trailer.get("max_lag_ms", 0.0), 2), "connections": trailer.get("opened"),
+        "gen_max_lag_ms": round(trailer.get("max_lag_ms", 0.0), 2),
+        "connections": trailer.get("opened"),
     }
     if variants:
         out["variants"] = variants  # 2xx answers by the variant that served them
@@ -370,8 +421,18 @@ def timeline(recs: list[tuple], slo: float, dur: float, names: list[str], bin_s:
     return {"bin_s": bin_s, "sent": sent, "on_time": on_time, "late": late, "shed": shed, "variants": by_variant}
 
 
-def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: bytes, body_path: Path,
-          rates: list[float], round_no: int, start_rate: float = 0.0, light: bool = True) -> dict[str, Any]:
+def sweep(
+    system: str,
+    args: argparse.Namespace,
+    repo: Path,
+    tmp: Path,
+    body: bytes,
+    body_path: Path,
+    rates: list[float],
+    round_no: int,
+    start_rate: float = 0.0,
+    light: bool = True,
+) -> dict[str, Any]:
     launch, hdrs, pinned = launch_for(system, args, repo, tmp)
     peer_acc = None if system.startswith("sloserve") else args._accuracy[pinned]
     acc = {i: args._accuracy[v] for i, v in enumerate(args._variants)}
@@ -384,8 +445,15 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
             raise StartFailed(str(e)) from None
         if args.warmup > 0:  # warm up at a modest rate; sloserve with a generous budget (see --warmup-slo-ms)
             warm_hdrs = dict(hdrs, **({"x-slo-ms": f"{args.warmup_slo_ms:g}"} if "x-slo-ms" in hdrs else {}))
-            run_step(launch, warm_hdrs, body_path, poisson(args.warmup_rate, args.warmup, random.Random(7)), args,
-                     tmp, f"{system}-r{round_no}-warm")
+            run_step(
+                launch,
+                warm_hdrs,
+                body_path,
+                poisson(args.warmup_rate, args.warmup, random.Random(7)),
+                args,
+                tmp,
+                f"{system}-r{round_no}-warm",
+            )
         fails = 0
         for k, rate in enumerate(rates):
             if rate < start_rate:
@@ -395,8 +463,9 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
                 # one noisy second of a shared 2-core box must not end a sweep: the rate gets one more try
                 first = m
                 time.sleep(args.gap)
-                m = measure_step(launch, hdrs, body_path, args, tmp, system, round_no, k, rate, acc, peer_acc,
-                                 retry=True)
+                m = measure_step(
+                    launch, hdrs, body_path, args, tmp, system, round_no, k, rate, acc, peer_acc, retry=True
+                )
                 m["first_try"] = {key: first[key] for key in ("attainment", "p50_ms", "p99_ms", "p999_ms", "shed")}
             steps.append(m)
             fails = fails + 1 if (m["attainment"] or 0) < args.target else 0
@@ -407,18 +476,45 @@ def sweep(system: str, args: argparse.Namespace, repo: Path, tmp: Path, body: by
         light_load = None
         if light and args.light_fraction > 0 and best > 0:  # the tail a lightly loaded server shows, same server
             time.sleep(args.gap)
-            light_load = light_step(launch, hdrs, body_path, best * args.light_fraction, args, tmp,
-                               f"{system}-r{round_no}-light", acc, peer_acc)
+            light_load = light_step(
+                launch,
+                hdrs,
+                body_path,
+                best * args.light_fraction,
+                args,
+                tmp,
+                f"{system}-r{round_no}-light",
+                acc,
+                peer_acc,
+            )
         mem = tree_memory_mb(launch.pid)
     finally:
         launch.stop()
-    return {"system": system, "round": round_no, "ready_s": round(ready, 2), "steps": steps,
-            "max_rate_at_target": best, "light": light_load, "memory": mem}
+    return {
+        "system": system,
+        "round": round_no,
+        "ready_s": round(ready, 2),
+        "steps": steps,
+        "max_rate_at_target": best,
+        "light": light_load,
+        "memory": mem,
+    }
 
 
-def measure_step(launch: Launch, hdrs: dict[str, str], body_path: Path, args: argparse.Namespace, tmp: Path,
-                 system: str, round_no: int, k: int, rate: float, acc: dict[int, float], peer_acc: float | None,
-                 retry: bool = False) -> dict[str, Any]:
+def measure_step(
+    launch: Launch,
+    hdrs: dict[str, str],
+    body_path: Path,
+    args: argparse.Namespace,
+    tmp: Path,
+    system: str,
+    round_no: int,
+    k: int,
+    rate: float,
+    acc: dict[int, float],
+    peer_acc: float | None,
+    retry: bool = False,
+) -> dict[str, Any]:
     """One step of a sweep at ``rate``: its metrics (and, for sloserve, the server's own counts)."""
     seed = 1000 * round_no + k + (500 if retry else 0)
     sched = schedule(args, rate, seed)
@@ -432,14 +528,17 @@ def measure_step(launch: Launch, hdrs: dict[str, str], body_path: Path, args: ar
         m.update(server_on_time(slo_counts(before), slo_counts(after)))
         m["shed_by_reason"] = shed_by_reason(before, after)
         m["batches"] = batch_stats(before, after)
-    print(f"  [{system} r{round_no}{' retry' if retry else ''}] {rate:>6.0f}/s att {m['attainment']:.4f} "
-          f"good {m['goodput_rps']:.0f}/s p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} "
-          f"effacc {m['effective_accuracy']:.4f} srv {m['server_cores']:.2f} gen {m['gen_cores']:.2f} "
-          f"other {m['other_cores']:.2f}"
-          + (f" {m['variants']} late {m['late_by_variant']}" if 'variants' in m else "")
-          + (f" server-on-time {m['server_on_time']}" if m.get('server_on_time') is not None else "")
-          + (f" sheds {m['shed_by_reason']}" if m.get('shed_by_reason') else ""),
-          file=sys.stderr, flush=True)
+    print(
+        f"  [{system} r{round_no}{' retry' if retry else ''}] {rate:>6.0f}/s att {m['attainment']:.4f} "
+        f"good {m['goodput_rps']:.0f}/s p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} "
+        f"effacc {m['effective_accuracy']:.4f} srv {m['server_cores']:.2f} gen {m['gen_cores']:.2f} "
+        f"other {m['other_cores']:.2f}"
+        + (f" {m['variants']} late {m['late_by_variant']}" if "variants" in m else "")
+        + (f" server-on-time {m['server_on_time']}" if m.get("server_on_time") is not None else "")
+        + (f" sheds {m['shed_by_reason']}" if m.get("shed_by_reason") else ""),
+        file=sys.stderr,
+        flush=True,
+    )
     return m
 
 
@@ -447,8 +546,17 @@ class StartFailed(RuntimeError):
     """The system under test did not come up (it is started once more)."""
 
 
-def light_step(launch: Launch, hdrs: dict[str, str], body_path: Path, rate: float, args: argparse.Namespace,
-               tmp: Path, tag: str, acc: dict[int, float], peer_acc: float | None) -> dict[str, Any]:
+def light_step(
+    launch: Launch,
+    hdrs: dict[str, str],
+    body_path: Path,
+    rate: float,
+    args: argparse.Namespace,
+    tmp: Path,
+    tag: str,
+    acc: dict[int, float],
+    peer_acc: float | None,
+) -> dict[str, Any]:
     """Poisson arrivals at ``rate`` (a fraction of the system's highest rate) for at least
     ``--light-requests`` requests: p50, p99, p99.9 and max of the answers, and what was shed."""
     dur = max(args.duration, args.light_requests / rate)
@@ -457,11 +565,19 @@ def light_step(launch: Launch, hdrs: dict[str, str], body_path: Path, rate: floa
     m = metrics(recs, trailer, args, acc, peer_acc, rate)
     m.pop("timeline", None)
     lat = sorted(done - t for t, _sent, done, status, _v in recs if 200 <= status < 300)
-    m.update({"duration_s": round(dur, 1), "max_ms": round(lat[-1] * 1e3, 3) if lat else None,
-              "p999_over_p50": round(m["p999_ms"] / m["p50_ms"], 2) if m.get("p50_ms") else None})
-    print(f"  [{tag}] {rate:.0f}/s x {len(recs)}: p50 {m['p50_ms']} p99 {m['p99_ms']} p99.9 {m['p999_ms']} "
-          f"max {m['max_ms']} shed {m['shed']} errors {m['errors']} (p99.9/p50 {m['p999_over_p50']})",
-          file=sys.stderr, flush=True)
+    m.update(
+        {
+            "duration_s": round(dur, 1),
+            "max_ms": round(lat[-1] * 1e3, 3) if lat else None,
+            "p999_over_p50": round(m["p999_ms"] / m["p50_ms"], 2) if m.get("p50_ms") else None,
+        }
+    )
+    print(
+        f"  [{tag}] {rate:.0f}/s x {len(recs)}: p50 {m['p50_ms']} p99 {m['p99_ms']} p99.9 {m['p999_ms']} "
+        f"max {m['max_ms']} shed {m['shed']} errors {m['errors']} (p99.9/p50 {m['p999_over_p50']})",
+        file=sys.stderr,
+        flush=True,
+    )
     return m
 
 
@@ -507,8 +623,11 @@ def batch_stats(before: str | None, after: str | None) -> dict[str, dict[str, fl
         n = delta("sloserve_batch_rows_count", v)
         if n <= 0:
             continue
-        out[v] = {"batches": int(n), "mean_rows": round(delta("sloserve_batch_rows_sum", v) / n, 2),
-                  "share_le_2_rows": round(delta("sloserve_batch_rows_bucket", v, le="2.0") / n, 3)}
+        out[v] = {
+            "batches": int(n),
+            "mean_rows": round(delta("sloserve_batch_rows_sum", v) / n, 2),
+            "share_le_2_rows": round(delta("sloserve_batch_rows_bucket", v, le="2.0") / n, 3),
+        }
     return out
 
 
@@ -542,12 +661,17 @@ def shed_server_side(before: dict[float, float], after: dict[float, float]) -> d
                 return None if le == float("inf") else round(le * 1e3, 3)
         return None
 
-    return {"shed_server_n": int(total), "shed_server_under_1ms": round(delta.get(0.001, 0.0) / total, 4),
-            "shed_server_p50_le_ms": q(0.5), "shed_server_p99_le_ms": q(0.99)}
+    return {
+        "shed_server_n": int(total),
+        "shed_server_under_1ms": round(delta.get(0.001, 0.0) / total, 4),
+        "shed_server_p50_le_ms": q(0.5),
+        "shed_server_p99_le_ms": q(0.99),
+    }
 
 
-def max_rate(steps: list[dict[str, Any]], target: float, start_rate: float = 0.0,
-             rates: list[float] | None = None) -> float:
+def max_rate(
+    steps: list[dict[str, Any]], target: float, start_rate: float = 0.0, rates: list[float] | None = None
+) -> float:
     """Highest swept rate at which attainment >= target with every lower swept rate also passing
     (rates below start_rate were skipped as passing, by the previous round's result)."""
     best = max((r for r in (rates or []) if r < start_rate), default=0.0)
@@ -575,10 +699,27 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
         for rate in sorted(by_rate):
             ss = by_rate[rate]
             row = {"rate": rate, "n": len(ss)}
-            for k in ("attainment", "goodput_rps", "ok_rps", "p50_ms", "p99_ms", "p999_ms", "shed_share",
-                      "effective_accuracy", "server_cores", "gen_cores", "gen_cpu_ms_per_req", "other_cores",
-                      "shed_answer_p50_ms", "shed_answer_p99_ms", "shed_answer_under_1ms",
-                      "shed_server_under_1ms", "shed_server_p50_le_ms", "shed_server_p99_le_ms", "server_on_time"):
+            for k in (
+                "attainment",
+                "goodput_rps",
+                "ok_rps",
+                "p50_ms",
+                "p99_ms",
+                "p999_ms",
+                "shed_share",
+                "effective_accuracy",
+                "server_cores",
+                "gen_cores",
+                "gen_cpu_ms_per_req",
+                "other_cores",
+                "shed_answer_p50_ms",
+                "shed_answer_p99_ms",
+                "shed_answer_under_1ms",
+                "shed_server_under_1ms",
+                "shed_server_p50_le_ms",
+                "shed_server_p99_le_ms",
+                "server_on_time",
+            ):
                 vals = [s[k] for s in ss if s.get(k) is not None]
                 if vals:
                     row[k] = round(statistics.median(vals), 5)
@@ -587,18 +728,26 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
         lights = [r["light"] for r in good if r.get("light")]
         light = None
         if lights:
-            light = {k: statistics.median(x[k] for x in lights if x.get(k) is not None)
-                     for k in ("rate", "p50_ms", "p99_ms", "p999_ms", "max_ms", "p999_over_p50", "attainment")
-                     if any(x.get(k) is not None for x in lights)}
-            light |= {"sent": sum(x["sent"] for x in lights), "shed": sum(x["shed"] for x in lights),
-                      "errors": sum(x["errors"] for x in lights), "rounds": len(lights)}
+            light = {
+                k: statistics.median(x[k] for x in lights if x.get(k) is not None)
+                for k in ("rate", "p50_ms", "p99_ms", "p999_ms", "max_ms", "p999_over_p50", "attainment")
+                if any(x.get(k) is not None for x in lights)
+            }
+            light |= {
+                "sent": sum(x["sent"] for x in lights),
+                "shed": sum(x["shed"] for x in lights),
+                "errors": sum(x["errors"] for x in lights),
+                "rounds": len(lights),
+            }
         out[system] = {
-            "max_rate_at_target_median": statistics.median(rates), "max_rate_at_target_rounds": rates,
+            "max_rate_at_target_median": statistics.median(rates),
+            "max_rate_at_target_rounds": rates,
             "light_load": light,
             "at_max_rate": at[-1] if at else None,
             "saturation_ok_rps": max((c.get("ok_rps", 0) for c in curve), default=0),
             "saturation_goodput_rps": max((c.get("goodput_rps", 0) for c in curve), default=0),
-            "curve": curve, "ready_s": statistics.median(r["ready_s"] for r in good),
+            "curve": curve,
+            "ready_s": statistics.median(r["ready_s"] for r in good),
             "pss_mb": statistics.median(r["memory"]["pss_mb"] for r in good),
         }
     return out
@@ -617,13 +766,15 @@ def best_configs(summary: dict[str, Any]) -> dict[str, str]:
     for peer in PEERS_TUNED:
         ok = [s for s, v in summary.items() if s.partition("-")[0] == peer and v.get("max_rate_at_target_median")]
         if ok:
-            out[peer] = max(ok, key=lambda s: (summary[s]["max_rate_at_target_median"],
-                                               summary[s].get("saturation_goodput_rps", 0)))
+            out[peer] = max(
+                ok, key=lambda s: (summary[s]["max_rate_at_target_median"], summary[s].get("saturation_goodput_rps", 0))
+            )
     return out
 
 
 def plot(summary: dict[str, Any], args: argparse.Namespace, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -638,8 +789,11 @@ def plot(summary: dict[str, Any], args: argparse.Namespace, path: str) -> None:
     ax.set_xlabel(f"offered rate (requests/s, {args.arrival} arrivals)")
     ax.set_ylabel(f"SLO attainment (% on time within {args.slo_ms:g} ms)")
     ax.set_ylim(max(0, min(50, ax.get_ylim()[0])), 100.5)
-    ax.set_title(f"{args.model}/{args.variant}, {args.slo_ms:g} ms SLO: attainment vs offered rate "
-                 f"(median of {args.rounds} rounds)", fontsize=10)
+    ax.set_title(
+        f"{args.model}/{args.variant}, {args.slo_ms:g} ms SLO: attainment vs offered rate "
+        f"(median of {args.rounds} rounds)",
+        fontsize=10,
+    )
     ax.legend(fontsize=8, loc="lower left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -675,7 +829,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"[round {r}] {system}: starting", file=sys.stderr, flush=True)
             try:
                 return sweep(system, args, repo, tmp, body, body_path, rates, r, start_rate, light)
-            except Exception as e:  # noqa: BLE001 - a system that fails is recorded, the run goes on
+            except Exception as e:
                 err = f"{type(e).__name__}: {e}"[:4000]
                 print(f"[round {r}] {system}: FAILED {err[:600]}", file=sys.stderr, flush=True)
                 if attempt == 2 or not isinstance(e, StartFailed):
@@ -715,21 +869,35 @@ def tune_peers(systems: list[str], args: argparse.Namespace, one, results: dict)
         configs = [c.strip() for c in getattr(args, f"{peer}_configs").split(",") if c.strip()]
         tres = {f"{peer}-{c}": one(f"{peer}-{c}", 0, light=False) for c in configs}
         ok = {k: v for k, v in tres.items() if "error" not in v}
-        best = max(ok, key=lambda k: (ok[k]["max_rate_at_target"],
-                                      max((s["goodput_rps"] for s in ok[k]["steps"]), default=0))) if ok else None
-        tuning[peer] = {"runs": tres, "best": best,
-                        "max_rate_at_target": {k: v.get("max_rate_at_target") for k, v in tres.items()},
-                        "errors": {k: v["error"] for k, v in tres.items() if "error" in v}}
+        best = (
+            max(
+                ok,
+                key=lambda k: (ok[k]["max_rate_at_target"], max((s["goodput_rps"] for s in ok[k]["steps"]), default=0)),
+            )
+            if ok
+            else None
+        )
+        tuning[peer] = {
+            "runs": tres,
+            "best": best,
+            "max_rate_at_target": {k: v.get("max_rate_at_target") for k, v in tres.items()},
+            "errors": {k: v["error"] for k, v in tres.items() if "error" in v},
+        }
         print(f"{peer} tuning: {tuning[peer]['max_rate_at_target']} -> {best}", file=sys.stderr, flush=True)
         systems = [best if s == peer else s for s in systems if s != peer or best]
         if best is None:
-            results[peer] = [{"system": peer, "error": f"every {peer} configuration failed: "
-                              + json.dumps(tuning[peer]["errors"])[:3000]}]
+            results[peer] = [
+                {
+                    "system": peer,
+                    "error": f"every {peer} configuration failed: " + json.dumps(tuning[peer]["errors"])[:3000],
+                }
+            ]
     return systems, tuning
 
 
-def result_doc(args: argparse.Namespace, repo: Path, t_start: float, summary: dict, tuning: dict,
-               results: dict) -> dict[str, Any]:
+def result_doc(
+    args: argparse.Namespace, repo: Path, t_start: float, summary: dict, tuning: dict, results: dict
+) -> dict[str, Any]:
     """The run's JSON: the command, machine and commit, the summary, the ratios against each peer's best
     configuration, and every round."""
     ratios = {}
@@ -737,21 +905,32 @@ def result_doc(args: argparse.Namespace, repo: Path, t_start: float, summary: di
     for base in best.values():
         b = summary[base]["max_rate_at_target_median"]
         if b:
-            ratios[base] = {s: round(v["max_rate_at_target_median"] / b, 3) for s, v in summary.items()
-                            if "max_rate_at_target_median" in v and s != base}
+            ratios[base] = {
+                s: round(v["max_rate_at_target_median"] / b, 3)
+                for s, v in summary.items()
+                if "max_rate_at_target_median" in v and s != base
+            }
     return {
         "benchmark": "slo",
-        "command": "sloserve bench " + " ".join(sys.argv[sys.argv.index("slo"):]) if "slo" in sys.argv else None,
+        "command": "sloserve bench " + " ".join(sys.argv[sys.argv.index("slo") :]) if "slo" in sys.argv else None,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
         "wall_s": round(time.time() - t_start, 1),
-        "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[2]).stdout.strip(),
+        "git": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout.strip(),
         "machine": machine(),
         "setup": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "func"}
         | ({"trace_column": args._trace_column} if args.arrival == "trace" else {}),
         "accuracy": args._accuracy,
         "compute_bound": compute_bound(repo, args.model, args.variant, args.max_batch_size),
-        "summary": summary, "best_configs": best, "ratios_of_max_rate": ratios, "tuning": tuning, "runs": results,
+        "summary": summary,
+        "best_configs": best,
+        "ratios_of_max_rate": ratios,
+        "tuning": tuning,
+        "runs": results,
     }
 
 
@@ -761,23 +940,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", default="model_repository")
     p.add_argument("--slo-ms", type=float, default=20.0)
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="comma list (see above)")
-    p.add_argument("--tree", action="append", metavar="LABEL=PATH",
-                   help="another sloserve checkout; a sloserve system ending in :LABEL runs from it "
-                        "(before/after comparisons in one interleaved run)")
-    p.add_argument("--triton-configs", default="0x1,0.1x1,1x1,5x1,0x2,0.1x2,1x2,5x2",
-                   help="Triton tuning pass: max_queue_delay_ms x model instances (plain callable, metrics off)")
-    p.add_argument("--triton-metrics", action="store_true",
-                   help="turn Triton's metrics on (its batch statistics in the results; they cost it CPU)")
-    p.add_argument("--rayserve-configs", default="1x1-ha,2x1-ha,5x1-ha,1x2-ha,2x2-ha,2x1",
-                   help="Ray Serve tuning pass: @serve.batch batch_wait_timeout ms x replicas; '-opt': "
-                        "RAY_SERVE_THROUGHPUT_OPTIMIZED=1; '-ha': that plus HAProxy in front of the replicas' own "
-                        "HTTP servers (Ray Serve's documented high-throughput mode)")
-    p.add_argument("--mlserver-configs", default="1x0,2x0,5x0,1x1,2x1,5x1,2x2",
-                   help="MLServer tuning pass: max_batch_time ms x parallel_workers (0: inference in the server process)")
-    p.add_argument("--light-fraction", type=float, default=0.1,
-                   help="after each sweep, a light-load step at this fraction of the system's highest rate (0: none)")
-    p.add_argument("--light-requests", type=int, default=2000,
-                   help="requests in the light-load step (its p99.9 is its 2nd-worst answer at 2000)")
+    p.add_argument(
+        "--tree",
+        action="append",
+        metavar="LABEL=PATH",
+        help="another sloserve checkout; a sloserve system ending in :LABEL runs from it "
+        "(before/after comparisons in one interleaved run)",
+    )
+    p.add_argument(
+        "--triton-configs",
+        default="0x1,0.1x1,1x1,5x1,0x2,0.1x2,1x2,5x2",
+        help="Triton tuning pass: max_queue_delay_ms x model instances (plain callable, metrics off)",
+    )
+    p.add_argument(
+        "--triton-metrics",
+        action="store_true",
+        help="turn Triton's metrics on (its batch statistics in the results; they cost it CPU)",
+    )
+    p.add_argument(
+        "--rayserve-configs",
+        default="1x1-ha,2x1-ha,5x1-ha,1x2-ha,2x2-ha,2x1",
+        help="Ray Serve tuning pass: @serve.batch batch_wait_timeout ms x replicas; '-opt': "
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED=1; '-ha': that plus HAProxy in front of the replicas' own "
+        "HTTP servers (Ray Serve's documented high-throughput mode)",
+    )
+    p.add_argument(
+        "--mlserver-configs",
+        default="1x0,2x0,5x0,1x1,2x1,5x1,2x2",
+        help="MLServer tuning pass: max_batch_time ms x parallel_workers (0: inference in the server process)",
+    )
+    p.add_argument(
+        "--light-fraction",
+        type=float,
+        default=0.1,
+        help="after each sweep, a light-load step at this fraction of the system's highest rate (0: none)",
+    )
+    p.add_argument(
+        "--light-requests",
+        type=int,
+        default=2000,
+        help="requests in the light-load step (its p99.9 is its 2nd-worst answer at 2000)",
+    )
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace", "burst"), default="poisson")
     p.add_argument("--cv", type=float, default=4.0, help="gamma arrivals: coefficient of variation (2..8)")
     p.add_argument("--trace-column", help="trace arrivals: column of the CSV (default: the first)")
@@ -785,42 +988,71 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burst-factor", type=float, default=3.0)
     p.add_argument("--rates", default=DEFAULT_RATES, help="offered rates swept upward (requests/s)")
     p.add_argument("--duration", type=float, default=4.0, help="seconds of arrivals per rate")
-    p.add_argument("--min-requests", type=int, default=200,
-                   help="stretch a low rate's step to carry at least this many requests (0: never)")
+    p.add_argument(
+        "--min-requests",
+        type=int,
+        default=200,
+        help="stretch a low rate's step to carry at least this many requests (0: never)",
+    )
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up traffic after start")
     p.add_argument("--warmup-rate", type=float, default=100.0)
-    p.add_argument("--warmup-slo-ms", type=float, default=1000.0,
-                   help="sloserve's budget during warm-up: its slo policy calibrates on admitted batches, and a "
-                        "cold first batch can make it refuse everything at the benchmark's SLO (then nothing is "
-                        "admitted and the calibration never learns otherwise)")
+    p.add_argument(
+        "--warmup-slo-ms",
+        type=float,
+        default=1000.0,
+        help="sloserve's budget during warm-up: its slo policy calibrates on admitted batches, and a "
+        "cold first batch can make it refuse everything at the benchmark's SLO (then nothing is "
+        "admitted and the calibration never learns otherwise)",
+    )
     p.add_argument("--gap", type=float, default=0.5, help="seconds between rates")
     p.add_argument("--target", type=float, default=0.99)
     p.add_argument("--stop-after", type=int, default=2, help="stop a sweep after this many rates under target")
-    p.add_argument("--retry-failed-steps", type=int, choices=(0, 1), default=1,
-                   help="measure a rate under target once more before counting it as failed (1: the default; "
-                        "every system alike)")
+    p.add_argument(
+        "--retry-failed-steps",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="measure a rate under target once more before counting it as failed (1: the default; every system alike)",
+    )
     p.add_argument("--floor", type=float, default=0.5, help="stop a sweep at once under this attainment")
-    p.add_argument("--skip-below", type=float, default=0.6,
-                   help="rounds after the first start at this fraction of the system's lowest earlier max rate")
+    p.add_argument(
+        "--skip-below",
+        type=float,
+        default=0.6,
+        help="rounds after the first start at this fraction of the system's lowest earlier max rate",
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="timeout/fixed/MLServer/@serve.batch wait")
-    p.add_argument("--rows-per-request", type=int, default=1,
-                   help="rows in every request (a client that batches its own inputs); rates stay in requests/s, "
-                        "and effective accuracy counts requests")
+    p.add_argument(
+        "--rows-per-request",
+        type=int,
+        default=1,
+        help="rows in every request (a client that batches its own inputs); rates stay in requests/s, "
+        "and effective accuracy counts requests",
+    )
     p.add_argument("--timeout", type=float, default=3.0, help="client timeout per request (s)")
     p.add_argument("--max-conns", type=int, default=512)
-    p.add_argument("--sloserve-batching", default="",
-                   help="JSON merged into every sloserve system's batching config (e.g. '{\"safety_ms\": 2}'), "
-                        "for A/B runs of a policy setting")
-    p.add_argument("--binary", action="store_true",
-                   help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of JSON "
-                        "numbers; only sloserve and Triton take it")
+    p.add_argument(
+        "--sloserve-batching",
+        default="",
+        help="JSON merged into every sloserve system's batching config (e.g. '{\"safety_ms\": 2}'), "
+        "for A/B runs of a policy setting",
+    )
+    p.add_argument(
+        "--binary",
+        action="store_true",
+        help="send the tensor in KServe's binary extension (as tritonclient.http does) instead of JSON "
+        "numbers; only sloserve and Triton take it",
+    )
     p.add_argument("--nice", type=int, default=0)
     p.add_argument("--pause", type=float, default=1.0)
-    p.add_argument("--keep-tmp", action="store_true",
-                   help="keep the temporary folder: server logs, and each step's schedule, spec and per-request "
-                        "records (out-*.bin, loadtests/bench/gen.py's format)")
+    p.add_argument(
+        "--keep-tmp",
+        action="store_true",
+        help="keep the temporary folder: server logs, and each step's schedule, spec and per-request "
+        "records (out-*.bin, loadtests/bench/gen.py's format)",
+    )
     p.add_argument("--out")
     p.add_argument("--plot", help="PNG: attainment against rate, one line per system")
 
@@ -829,28 +1061,42 @@ def main_args(args: argparse.Namespace) -> int:
     if args.duration > 120 or args.rounds > 10:
         raise SystemExit("--duration <= 120 s and --rounds <= 10")
     if not 1 <= args.rows_per_request <= args.max_batch_size:
-        raise SystemExit(f"sloserve bench slo: --rows-per-request {args.rows_per_request} must be 1 to "
-                         f"--max-batch-size ({args.max_batch_size}): a request is never split across batches")
+        raise SystemExit(
+            f"sloserve bench slo: --rows-per-request {args.rows_per_request} must be 1 to "
+            f"--max-batch-size ({args.max_batch_size}): a request is never split across batches"
+        )
     if args.min_requests < 0:
         raise SystemExit(f"--min-requests must be >= 0 (got {args.min_requests}; 0 never stretches a step)")
     args._trees = parse_trees(args.tree)
     bases = [split_tree(x.strip(), args._trees)[0] for x in args.systems.split(",") if x.strip()]
-    unknown = [s for s in bases
-               if s.partition("@")[0] not in SYSTEMS and not s.startswith("sloserve-") and not PEER_CONFIG.fullmatch(s)]
+    unknown = [
+        s
+        for s in bases
+        if s.partition("@")[0] not in SYSTEMS and not s.startswith("sloserve-") and not PEER_CONFIG.fullmatch(s)
+    ]
     if unknown:
-        raise SystemExit(f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)}, "
-                         f"sloserve-default (exactly `make run`), sloserve-default-inprocess, "
-                         f"sloserve-<policy>[@variant], or a peer's "
-                         f"configuration: triton-<delay ms>x<instances>, rayserve-<wait ms>x<replicas>[-opt|-ha], "
-                         f"mlserver-<batch time ms>x<workers>")
+        raise SystemExit(
+            f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)}, "
+            f"sloserve-default (exactly `make run`), sloserve-default-inprocess, "
+            f"sloserve-<policy>[@variant], or a peer's "
+            f"configuration: triton-<delay ms>x<instances>, rayserve-<wait ms>x<replicas>[-opt|-ha], "
+            f"mlserver-<batch time ms>x<workers>"
+        )
     for peer in PEERS_TUNED:
-        bad = [c for c in getattr(args, f"{peer}_configs").split(",") if c.strip()
-               and not PEER_CONFIG.fullmatch(f"{peer}-{c.strip()}")]
+        bad = [
+            c
+            for c in getattr(args, f"{peer}_configs").split(",")
+            if c.strip() and not PEER_CONFIG.fullmatch(f"{peer}-{c.strip()}")
+        ]
         if bad:
-            raise SystemExit(f"--{peer}-configs: {bad} are not <ms>x<count>" + ("[-opt|-ha]" if peer == "rayserve" else ""))
+            raise SystemExit(
+                f"--{peer}-configs: {bad} are not <ms>x<count>" + ("[-opt|-ha]" if peer == "rayserve" else "")
+            )
     if not 0 <= args.light_fraction <= 1 or args.light_requests < 100:
-        raise SystemExit(f"--light-fraction must be in [0, 1] (got {args.light_fraction}) and --light-requests "
-                         f">= 100 (got {args.light_requests})")
+        raise SystemExit(
+            f"--light-fraction must be in [0, 1] (got {args.light_fraction}) and --light-requests "
+            f">= 100 (got {args.light_requests})"
+        )
     try:
         extra = json.loads(args.sloserve_batching or "{}")
     except ValueError as e:
@@ -873,12 +1119,16 @@ def main_args(args: argparse.Namespace) -> int:
             except (TypeError, ValueError) as e:
                 raise SystemExit(f"--sloserve-batching: {sys_name}: {e}") from None
     if args.binary:
-        bad = [s for s in (x.strip() for x in args.systems.split(","))
-               if s and not s.startswith(("sloserve", "triton"))]
+        bad = [
+            s for s in (x.strip() for x in args.systems.split(",")) if s and not s.startswith(("sloserve", "triton"))
+        ]
         if bad:
-            raise SystemExit(f"sloserve bench slo: --binary: {', '.join(bad)} do not take KServe's binary tensor "
-                             "extension (only sloserve and Triton); drop them or --binary")
+            raise SystemExit(
+                f"sloserve bench slo: --binary: {', '.join(bad)} do not take KServe's binary tensor "
+                "extension (only sloserve and Triton); drop them or --binary"
+            )
     import signal
+
     # SIGTERM unwinds like Ctrl-C, so the system under test is stopped by its launcher's finally
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args)
@@ -887,16 +1137,26 @@ def main_args(args: argparse.Namespace) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
-    brief = {s: {k: v.get(k) for k in ("max_rate_at_target_median", "max_rate_at_target_rounds",
-                                        "saturation_ok_rps", "error")} for s, v in result["summary"].items()}
-    print(json.dumps({"summary": brief, "ratios": result["ratios_of_max_rate"],
-                      "compute_bound": result["compute_bound"]}, indent=1))
+    brief = {
+        s: {
+            k: v.get(k)
+            for k in ("max_rate_at_target_median", "max_rate_at_target_rounds", "saturation_ok_rps", "error")
+        }
+        for s, v in result["summary"].items()
+    }
+    print(
+        json.dumps(
+            {"summary": brief, "ratios": result["ratios_of_max_rate"], "compute_bound": result["compute_bound"]},
+            indent=1,
+        )
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.bench.slo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.slo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(p)
     return main_args(p.parse_args(argv))
 

@@ -128,12 +128,22 @@ def drive(port: int, model: str, variant: str, rate: float, dur: float, slo_ms: 
     (tmp / "body.json").write_bytes(request_body(repo, model))
     with open(tmp / "s.bin", "wb") as f:
         array("d", sched).tofile(f)
-    spec = {"port": port, "path": f"/v2/models/{model}/infer", "body_file": str(tmp / "body.json"),
-            "schedule_file": str(tmp / "s.bin"), "headers": {"x-variant": variant, "x-slo-ms": f"{slo_ms:g}"},
-            "timeout_s": 3, "max_conns": 512, "variants": []}
+    spec = {
+        "port": port,
+        "path": f"/v2/models/{model}/infer",
+        "body_file": str(tmp / "body.json"),
+        "schedule_file": str(tmp / "s.bin"),
+        "headers": {"x-variant": variant, "x-slo-ms": f"{slo_ms:g}"},
+        "timeout_s": 3,
+        "max_conns": 512,
+        "variants": [],
+    }
     (tmp / "spec.json").write_text(json.dumps(spec))
-    subprocess.run([sys.executable, "-m", "loadtests.bench.gen", str(tmp / "spec.json"), str(tmp / "out.bin")],
-                   cwd=ROOT, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "loadtests.bench.gen", str(tmp / "spec.json"), str(tmp / "out.bin")],
+        cwd=ROOT,
+        check=True,
+    )
     recs, _ = read_records(str(tmp / "out.bin"), len(sched))
     return recs
 
@@ -162,16 +172,29 @@ def report(rec: Recorder, recs: list[tuple], slow_ms: float) -> dict[str, Any]:
         if i < 0:
             continue
         d, back, compute, _ = batches[i]
-        row = {"queue": d - arrival, "handoff": back - d - compute, "compute": compute, "after": done - back,
-               "server": done - arrival}
+        row = {
+            "queue": d - arrival,
+            "handoff": back - d - compute,
+            "compute": compute,
+            "after": done - back,
+            "server": done - arrival,
+        }
         for k, v in row.items():
             stages[k].append(v)
         if row["server"] * 1e3 > slow_ms:
-            def near(spans):
+
+            def near(spans, done=done, arrival=arrival):
                 return [round(x * 1e3, 1) for t, x, *_ in spans if t < done and t + x > arrival]
-            slow.append({"at_s": round(arrival, 3), **{k: round(v * 1e3, 2) for k, v in row.items()},
-                         "gc_ms": near(rec.gcs), "loop_stall_ms": near(rec.stalls),
-                         "controller_poll_ms": near(rec.polls)})
+
+            slow.append(
+                {
+                    "at_s": round(arrival, 3),
+                    **{k: round(v * 1e3, 2) for k, v in row.items()},
+                    "gc_ms": near(rec.gcs),
+                    "loop_stall_ms": near(rec.stalls),
+                    "controller_poll_ms": near(rec.polls),
+                }
+            )
     causes = {"gc": 0, "loop_stall": 0, "controller_poll": 0, "none_of_these": 0}
     for s in slow:
         hit = False
@@ -182,9 +205,14 @@ def report(rec: Recorder, recs: list[tuple], slow_ms: float) -> dict[str, Any]:
         causes["none_of_these"] += not hit
     return {
         "client_ms": {q: pct(client, p) for q, p in (("p50", 50), ("p99", 99), ("p99.9", 99.9), ("max", 100))},
-        "answered": len(client), "sent": len(recs),
-        "server_stages_ms": {k: {"p50": pct(v, 50), "p99": pct(v, 99), "p99.9": pct(v, 99.9)} for k, v in stages.items()},
-        "slow_over_ms": slow_ms, "slow": len(slow), "slow_overlapping": causes,
+        "answered": len(client),
+        "sent": len(recs),
+        "server_stages_ms": {
+            k: {"p50": pct(v, 50), "p99": pct(v, 99), "p99.9": pct(v, 99.9)} for k, v in stages.items()
+        },
+        "slow_over_ms": slow_ms,
+        "slow": len(slow),
+        "slow_overlapping": causes,
         "polls_ms": [round(x * 1e3, 1) for _t, x, _k in rec.polls][:20],
         "gc_over_2ms": [round(x * 1e3, 1) for _t, x in rec.gcs if x > 0.002],
         "slow_examples": slow[:15],
@@ -197,8 +225,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     rec = Recorder()
     install(rec)
-    settings = load_settings(args.config, repo=args.repo, backend=args.backend, http_port=0, grpc_port=0,
-                             ray_transport=args.ray_transport)
+    settings = load_settings(
+        args.config, repo=args.repo, backend=args.backend, http_port=0, grpc_port=0, ray_transport=args.ray_transport
+    )
     gw = Gateway(settings)
     await gw.start()
     probe = asyncio.get_running_loop().create_task(stall_probe(rec))
@@ -208,15 +237,24 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"setup": {k: v for k, v in vars(args).items() if k != "func"}, "rates": {}}
     loop = asyncio.get_running_loop()
     try:
-        await loop.run_in_executor(None, drive, gw.http_port, args.model, args.variant, 100.0, 3.0, 1000.0,
-                                   Path(args.repo))  # warm-up
+        await loop.run_in_executor(
+            None, drive, gw.http_port, args.model, args.variant, 100.0, 3.0, 1000.0, Path(args.repo)
+        )  # warm-up
         for rate in args.rates:
             rec.clear()
-            recs = await loop.run_in_executor(None, drive, gw.http_port, args.model, args.variant, rate,
-                                              args.duration, args.slo_ms, Path(args.repo))
+            recs = await loop.run_in_executor(
+                None, drive, gw.http_port, args.model, args.variant, rate, args.duration, args.slo_ms, Path(args.repo)
+            )
             out["rates"][str(rate)] = r = report(rec, recs, args.slow_ms)
-            print(json.dumps({"rate": rate, **{k: r[k] for k in ("client_ms", "server_stages_ms", "slow",
-                                                                  "slow_overlapping", "polls_ms")}}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "rate": rate,
+                        **{k: r[k] for k in ("client_ms", "server_stages_ms", "slow", "slow_overlapping", "polls_ms")},
+                    }
+                ),
+                flush=True,
+            )
     finally:
         stop.set()
         probe.cancel()
@@ -225,8 +263,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.bench.stage_probe", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.stage_probe",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--repo", default="model_repository")
     p.add_argument("--config", help="a sloserve config file (default: none, as `make run`)")
     p.add_argument("--backend", default="ray", choices=("ray", "inprocess"))

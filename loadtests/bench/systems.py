@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from loadtests.bench.procstat import tree_pids
 
@@ -109,9 +110,16 @@ class Launch:
         env.update(self.env)
         self.started_s = time.monotonic()
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, cwd=self.cwd or ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=prioritise(nice))
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=self.cwd or ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=prioritise(nice),
+            )
 
     @property
     def pid(self) -> int:
@@ -125,11 +133,17 @@ class Launch:
         last = "no answer"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.system} exited with {self.proc.returncode} before it was ready; "
-                                   f"log: {self.log_path}\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.system} exited with {self.proc.returncode} before it was ready; "
+                    f"log: {self.log_path}\n{self.log_tail()}"
+                )
             try:
-                req = urllib.request.Request(self.infer_url, data=body, method="POST",
-                                             headers={"Content-Type": "application/json", **self.headers})
+                req = urllib.request.Request(
+                    self.infer_url,
+                    data=body,
+                    method="POST",
+                    headers={"Content-Type": "application/json", **self.headers},
+                )
                 with urllib.request.urlopen(req, timeout=5) as r:
                     if r.status == 200:
                         json.loads(r.read())
@@ -141,8 +155,9 @@ class Launch:
             except (OSError, ValueError) as e:
                 last = f"{type(e).__name__}: {e}"
             time.sleep(0.25)
-        raise TimeoutError(f"{self.system} not ready after {timeout_s:.0f}s ({last}); log: {self.log_path}\n"
-                           f"{self.log_tail()}")
+        raise TimeoutError(
+            f"{self.system} not ready after {timeout_s:.0f}s ({last}); log: {self.log_path}\n{self.log_tail()}"
+        )
 
     def stop(self) -> None:
         """SIGTERM the process group, wait, then SIGKILL whatever is left of the process tree."""
@@ -230,7 +245,7 @@ def prom_sum(text: str, name: str, model: str | None = None, **labels: str) -> f
     if model is not None:
         labels["model"] = model
     total = 0.0
-    pat = re.compile(rf'^{re.escape(name)}\{{([^}}]*)\}}\s+(\S+)', re.MULTILINE)
+    pat = re.compile(rf"^{re.escape(name)}\{{([^}}]*)\}}\s+(\S+)", re.MULTILINE)
     for m in pat.finditer(text):
         if all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
             total += float(m.group(2))
@@ -244,8 +259,7 @@ def peer_python(name: str) -> str:
     return str(exe)
 
 
-def make_launch(system: str, repo: Path, model: str, variant: str, knobs: BatchingKnobs,
-                tmp_dir: Path) -> Launch:
+def make_launch(system: str, repo: Path, model: str, variant: str, knobs: BatchingKnobs, tmp_dir: Path) -> Launch:
     onnx = (repo / model / variant / "model.onnx").resolve()
     if not onnx.exists():
         raise FileNotFoundError(f"{onnx} is missing: run `sloserve models build --repo {repo}`")
@@ -257,41 +271,129 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
         if cfg is None:
             cfg_path = tmp_dir / f"sloserve-{model}.json"
             cfg_path.parent.mkdir(parents=True, exist_ok=True)
-            cfg_path.write_text(json.dumps({"models": {model: {"batching": {
-                "policy": knobs.sloserve_policy, "max_wait_ms": knobs.max_wait_ms,
-                "max_batch_size": knobs.max_batch_size}}}}))
+            cfg_path.write_text(
+                json.dumps(
+                    {
+                        "models": {
+                            model: {
+                                "batching": {
+                                    "policy": knobs.sloserve_policy,
+                                    "max_wait_ms": knobs.max_wait_ms,
+                                    "max_batch_size": knobs.max_batch_size,
+                                }
+                            }
+                        }
+                    }
+                )
+            )
             cfg = str(cfg_path)
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "--backend", backend,
-                "--repo", str(repo), "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
-                "--config", cfg, "--log-level", "warning"]
+        argv = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--backend",
+            backend,
+            "--repo",
+            str(repo),
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--config",
+            cfg,
+            "--log-level",
+            "warning",
+        ]
         # the variant is pinned by header so that the JSON body stays byte-identical for every system
         # a Ray backend starts its own local Ray (children of the gateway: stopped with its tree)
-        return _with_tmp(Launch(system, argv, url, f"http://127.0.0.1:{http}/metrics",
-                                headers={"x-variant": variant}, grace_s=15.0 if backend == "ray" else 5.0), tmp_dir)
+        return _with_tmp(
+            Launch(
+                system,
+                argv,
+                url,
+                f"http://127.0.0.1:{http}/metrics",
+                headers={"x-variant": variant},
+                grace_s=15.0 if backend == "ray" else 5.0,
+            ),
+            tmp_dir,
+        )
     if system == "triton":
         metrics = free_port()
-        argv = [peer_python("triton"), str(PEERS_DIR / "triton_server.py"), "--onnx", str(onnx), "--model", model,
-                "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                "--max-queue-delay-us", str(int(knobs.max_wait_ms * 1000)),
-                "--instances", str(knobs.triton_instances), "--max-batch-size", str(knobs.max_batch_size)]
+        argv = [
+            peer_python("triton"),
+            str(PEERS_DIR / "triton_server.py"),
+            "--onnx",
+            str(onnx),
+            "--model",
+            model,
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+            "--max-queue-delay-us",
+            str(int(knobs.max_wait_ms * 1000)),
+            "--instances",
+            str(knobs.triton_instances),
+            "--max-batch-size",
+            str(knobs.max_batch_size),
+        ]
         if knobs.triton_preferred:
             argv += ["--preferred-batch-size", *map(str, knobs.triton_preferred)]
         if knobs.triton_metrics:
             argv.append("--metrics")
-        return _with_tmp(Launch(system, argv, url, f"http://127.0.0.1:{metrics}/metrics" if knobs.triton_metrics else None,
-                                grace_s=2.0), tmp_dir)
+        return _with_tmp(
+            Launch(
+                system, argv, url, f"http://127.0.0.1:{metrics}/metrics" if knobs.triton_metrics else None, grace_s=2.0
+            ),
+            tmp_dir,
+        )
     if system == "mlserver":
         metrics = free_port()
-        argv = [peer_python("mlserver"), str(PEERS_DIR / "mlserver_runtime.py"), "--onnx", str(onnx),
-                "--model", model, "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                "--max-batch-size", str(knobs.max_batch_size), "--max-batch-time-ms", str(knobs.max_wait_ms),
-                "--parallel-workers", str(knobs.mlserver_workers)]
+        argv = [
+            peer_python("mlserver"),
+            str(PEERS_DIR / "mlserver_runtime.py"),
+            "--onnx",
+            str(onnx),
+            "--model",
+            model,
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+            "--max-batch-size",
+            str(knobs.max_batch_size),
+            "--max-batch-time-ms",
+            str(knobs.max_wait_ms),
+            "--parallel-workers",
+            str(knobs.mlserver_workers),
+        ]
         return _with_tmp(Launch(system, argv, url, None), tmp_dir)
     if system == "rayserve":
-        argv = [sys.executable, str(PEERS_DIR / "rayserve_server.py"), "--onnx", str(onnx), "--model", model,
-                "--http-port", str(http), "--max-batch-size", str(knobs.max_batch_size),
-                "--batch-wait-ms", str(knobs.max_wait_ms), "--num-cpus", str(knobs.rayserve_num_cpus),
-                "--replicas", str(knobs.rayserve_replicas)]
+        argv = [
+            sys.executable,
+            str(PEERS_DIR / "rayserve_server.py"),
+            "--onnx",
+            str(onnx),
+            "--model",
+            model,
+            "--http-port",
+            str(http),
+            "--max-batch-size",
+            str(knobs.max_batch_size),
+            "--batch-wait-ms",
+            str(knobs.max_wait_ms),
+            "--num-cpus",
+            str(knobs.rayserve_num_cpus),
+            "--replicas",
+            str(knobs.rayserve_replicas),
+        ]
         if knobs.rayserve_mode == "opt":
             argv.append("--throughput-optimized")
         elif knobs.rayserve_mode == "ha":
@@ -353,7 +455,7 @@ def request_body(repo: Path, model: str, index: int = 0, rows: int = 1) -> bytes
     cfg = json.loads((repo / model / "config.json").read_text())
     inp = cfg["inputs"][0]
     feats = int(np.prod(inp["shape"]))
-    x = load_digits().data[index:index + rows].astype(np.float32)
+    x = load_digits().data[index : index + rows].astype(np.float32)
     if feats == 1024:
         from models.build import _upsample
 
@@ -361,8 +463,10 @@ def request_body(repo: Path, model: str, index: int = 0, rows: int = 1) -> bytes
     elif feats != 64:
         x = np.random.default_rng(index).random((rows, feats), dtype=np.float32)
     data = [float(v) for v in x.ravel()]
-    return json.dumps({"inputs": [{"name": inp["name"], "shape": [rows, feats], "datatype": inp["datatype"],
-                                   "data": data}]}, separators=(",", ":")).encode()
+    return json.dumps(
+        {"inputs": [{"name": inp["name"], "shape": [rows, feats], "datatype": inp["datatype"], "data": data}]},
+        separators=(",", ":"),
+    ).encode()
 
 
 def compute_bound(repo: Path, model: str, variant: str, max_batch: int) -> dict[str, Any]:
@@ -370,11 +474,15 @@ def compute_bound(repo: Path, model: str, variant: str, max_batch: int) -> dict[
     res = {}
     for f in sorted((repo / model / variant / "profiles").glob("*.json")):
         p = json.loads(f.read_text())
-        pairs = [(b, l) for b, l in zip(p["batch_sizes"], p["p50_ms"]) if l]
-        capped, best = max((b * 1e3 / l, b) for b, l in pairs if b <= max_batch)
-        full = max(b * 1e3 / l for b, l in pairs)
-        res[p.get("device_type", f.stem)] = {"bound_rps_capped": round(capped, 1), "cap": max_batch, "batch": best,
-                                             "bound_rps_any_batch": round(full, 1)}
+        pairs = [(b, ms) for b, ms in zip(p["batch_sizes"], p["p50_ms"], strict=True) if ms]
+        capped, best = max((b * 1e3 / ms, b) for b, ms in pairs if b <= max_batch)
+        full = max(b * 1e3 / ms for b, ms in pairs)
+        res[p.get("device_type", f.stem)] = {
+            "bound_rps_capped": round(capped, 1),
+            "cap": max_batch,
+            "batch": best,
+            "bound_rps_any_batch": round(full, 1),
+        }
     return res
 
 
@@ -393,7 +501,9 @@ def binary_body(json_body: bytes) -> tuple[bytes, dict[str, str]]:
     doc = json.loads(json_body)
     raw = b""
     for t in doc["inputs"]:
-        arr = np.asarray(t.pop("data"), dtype=V2_TO_NUMPY[t["datatype"]]).astype("<" + V2_TO_NUMPY[t["datatype"]].str[1:])
+        arr = np.asarray(t.pop("data"), dtype=V2_TO_NUMPY[t["datatype"]]).astype(
+            "<" + V2_TO_NUMPY[t["datatype"]].str[1:]
+        )
         t["parameters"] = {"binary_data_size": arr.nbytes}
         raw += arr.tobytes()
     head = json.dumps(doc, separators=(",", ":")).encode()

@@ -24,4 +24,4 @@ class OrtModel:
 
     def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
         outs = self.session.run(self.output_names, {self.input_name: np.ascontiguousarray(x, dtype=np.float32)})
-        return dict(zip(self.output_names, outs))
+        return dict(zip(self.output_names, outs, strict=False))

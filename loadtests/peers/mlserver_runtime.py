@@ -72,17 +72,35 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="sloserve-mlserver-"))
     model_dir = root / args.model
     model_dir.mkdir()
-    (root / "settings.json").write_text(json.dumps({
-        "host": "127.0.0.1", "http_port": args.http_port, "grpc_port": args.grpc_port,
-        "metrics_port": args.metrics_port or args.grpc_port + 1, "parallel_workers": args.parallel_workers,
-        "debug": False, **({} if args.metrics else {"metrics_endpoint": None}),
-    }, indent=1))
-    (model_dir / "model-settings.json").write_text(json.dumps({
-        "name": args.model, "implementation": "mlserver_runtime.OnnxRuntime",
-        "max_batch_size": args.max_batch_size, "max_batch_time": args.max_batch_time_ms / 1000.0,
-        "parameters": {"uri": str(Path(args.onnx).resolve()),
-                       "extra": {"intra_op_threads": args.intra_op_threads}},
-    }, indent=1))
+    (root / "settings.json").write_text(
+        json.dumps(
+            {
+                "host": "127.0.0.1",
+                "http_port": args.http_port,
+                "grpc_port": args.grpc_port,
+                "metrics_port": args.metrics_port or args.grpc_port + 1,
+                "parallel_workers": args.parallel_workers,
+                "debug": False,
+                **({} if args.metrics else {"metrics_endpoint": None}),
+            },
+            indent=1,
+        )
+    )
+    (model_dir / "model-settings.json").write_text(
+        json.dumps(
+            {
+                "name": args.model,
+                "implementation": "mlserver_runtime.OnnxRuntime",
+                "max_batch_size": args.max_batch_size,
+                "max_batch_time": args.max_batch_time_ms / 1000.0,
+                "parameters": {
+                    "uri": str(Path(args.onnx).resolve()),
+                    "extra": {"intra_op_threads": args.intra_op_threads},
+                },
+            },
+            indent=1,
+        )
+    )
     env = dict(os.environ)
     env["PYTHONPATH"] = f"{HERE}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(HERE)
     exe = Path(sys.executable).with_name("mlserver")

@@ -29,8 +29,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def build_app(onnx: str, model: str, max_batch_size: int, batch_wait_s: float, num_cpus: float,
-              intra_op_threads: int, replicas: int = 1):
+def build_app(
+    onnx: str,
+    model: str,
+    max_batch_size: int,
+    batch_wait_s: float,
+    num_cpus: float,
+    intra_op_threads: int,
+    replicas: int = 1,
+):
     import numpy as np
     from ray import serve
     from starlette.requests import Request
@@ -45,8 +52,12 @@ def build_app(onnx: str, model: str, max_batch_size: int, batch_wait_s: float, n
 
         loads, dumps = json.loads, lambda o: json.dumps(o).encode()
 
-    @serve.deployment(ray_actor_options={"num_cpus": num_cpus}, max_ongoing_requests=256, num_replicas=replicas,
-                      logging_config={"enable_access_log": False})
+    @serve.deployment(
+        ray_actor_options={"num_cpus": num_cpus},
+        max_ongoing_requests=256,
+        num_replicas=replicas,
+        logging_config={"enable_access_log": False},
+    )
     class OnnxV2:
         def __init__(self):
             sys.path.insert(0, str(HERE))
@@ -60,7 +71,7 @@ def build_app(onnx: str, model: str, max_batch_size: int, batch_wait_s: float, n
             out = self.m.run(np.concatenate(xs) if len(xs) > 1 else xs[0])
             res, start = [], 0
             for n in sizes:
-                res.append({k: v[start:start + n] for k, v in out.items()})
+                res.append({k: v[start : start + n] for k, v in out.items()})
                 start += n
             return res
 
@@ -71,15 +82,26 @@ def build_app(onnx: str, model: str, max_batch_size: int, batch_wait_s: float, n
                 body = loads(await request.body())
                 t = body["inputs"][0]
                 x = np.asarray(t["data"], dtype=np.float32).reshape(t["shape"])
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 return JSONResponse({"error": f"bad request: {e}"}, status_code=400)
             out = await self.run(x)
-            payload = {"model_name": model, "outputs": [
-                {"name": "probs", "datatype": "FP32", "shape": list(out["probs"].shape),
-                 "data": out["probs"].ravel()},
-                {"name": "label", "datatype": "INT64", "shape": list(out["label"].shape),
-                 "data": out["label"].ravel()},
-            ]}
+            payload = {
+                "model_name": model,
+                "outputs": [
+                    {
+                        "name": "probs",
+                        "datatype": "FP32",
+                        "shape": list(out["probs"].shape),
+                        "data": out["probs"].ravel(),
+                    },
+                    {
+                        "name": "label",
+                        "datatype": "INT64",
+                        "shape": list(out["label"].shape),
+                        "data": out["label"].ravel(),
+                    },
+                ],
+            }
             if "id" in body:
                 payload["id"] = body["id"]
             return Response(dumps(payload), media_type="application/json")
@@ -98,11 +120,17 @@ def main() -> int:
     p.add_argument("--ray-cpus", type=int, default=2)
     p.add_argument("--intra-op-threads", type=int, default=1)
     p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--throughput-optimized", action="store_true",
-                   help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1: Ray Serve's high-throughput mode")
-    p.add_argument("--haproxy", action="store_true",
-                   help="RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in front of the replicas' own HTTP servers (Debian's "
-                        "haproxy package), with the high-throughput mode")
+    p.add_argument(
+        "--throughput-optimized",
+        action="store_true",
+        help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1: Ray Serve's high-throughput mode",
+    )
+    p.add_argument(
+        "--haproxy",
+        action="store_true",
+        help="RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in front of the replicas' own HTTP servers (Debian's "
+        "haproxy package), with the high-throughput mode",
+    )
     args = p.parse_args()
     if args.throughput_optimized or args.haproxy:  # read by Ray Serve at import, here and in Ray's workers
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
@@ -118,8 +146,14 @@ def main() -> int:
     # Ray's socket paths are length-limited (~107 bytes): use TMPDIR only while it is short
     base = tempfile.gettempdir()
     tmp = tempfile.mkdtemp(prefix="srb-", dir=base if len(base) <= 48 else "/tmp")
-    ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, _temp_dir=tmp,
-             log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=args.ray_cpus,
+        include_dashboard=False,
+        _temp_dir=tmp,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     stop = threading.Event()
 
     def _term(*_):
@@ -129,8 +163,15 @@ def main() -> int:
     signal.signal(signal.SIGINT, _term)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.http_port})
-        app = build_app(args.onnx, args.model, args.max_batch_size, args.batch_wait_ms / 1000.0,
-                        args.num_cpus, args.intra_op_threads, args.replicas)
+        app = build_app(
+            args.onnx,
+            args.model,
+            args.max_batch_size,
+            args.batch_wait_ms / 1000.0,
+            args.num_cpus,
+            args.intra_op_threads,
+            args.replicas,
+        )
         serve.run(app, name=args.model, route_prefix=f"/v2/models/{args.model}")
         print(f"rayserve ready: http 127.0.0.1:{args.http_port} model {args.model} pid {os.getpid()}", flush=True)
         stop.wait()

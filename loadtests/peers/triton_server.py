@@ -65,12 +65,14 @@ def main() -> int:
 
     def make_infer(m: OrtModel):
         if args.decorator:
+
             @batch
             def infer(**inputs):
                 x = next(iter(inputs.values()))
                 out = m.run(x)
                 # Triton needs a non-empty per-row shape: label goes out as [N, 1].
                 return {"probs": out["probs"], "label": out["label"].reshape(-1, 1).astype(np.int64)}
+
             return infer
 
         def infer_plain(requests):
@@ -80,34 +82,50 @@ def main() -> int:
             answers, start = [], 0
             for x in xs:
                 n = x.shape[0]
-                answers.append({"probs": probs[start:start + n], "label": label[start:start + n]})
+                answers.append({"probs": probs[start : start + n], "label": label[start : start + n]})
                 start += n
             return answers
+
         return infer_plain
 
     models = [OrtModel(args.onnx, args.intra_op_threads) for _ in range(args.instances)]
     feats = models[0].features
     metrics_port = args.metrics_port or args.grpc_port + 1
-    cfg = TritonConfig(http_address="127.0.0.1", http_port=args.http_port, grpc_address="127.0.0.1",
-                       grpc_port=args.grpc_port, metrics_address="127.0.0.1", metrics_port=metrics_port,
-                       log_verbose=0, allow_metrics=args.metrics, allow_cpu_metrics=args.metrics,
-                       allow_gpu_metrics=False, **({"http_thread_count": args.http_threads} if args.http_threads else {}))
+    cfg = TritonConfig(
+        http_address="127.0.0.1",
+        http_port=args.http_port,
+        grpc_address="127.0.0.1",
+        grpc_port=args.grpc_port,
+        metrics_address="127.0.0.1",
+        metrics_port=metrics_port,
+        log_verbose=0,
+        allow_metrics=args.metrics,
+        allow_cpu_metrics=args.metrics,
+        allow_gpu_metrics=False,
+        **({"http_thread_count": args.http_threads} if args.http_threads else {}),
+    )
     workspace = Path(tempfile.mkdtemp(prefix="sloserve-triton-")) / "ws"  # must not exist yet
-    batcher = DynamicBatcher(max_queue_delay_microseconds=args.max_queue_delay_us,
-                             preferred_batch_size=args.preferred_batch_size or None)
+    batcher = DynamicBatcher(
+        max_queue_delay_microseconds=args.max_queue_delay_us, preferred_batch_size=args.preferred_batch_size or None
+    )
     with Triton(config=cfg, workspace=workspace) as triton:
         triton.bind(
             model_name=args.model,
             infer_func=[make_infer(m) for m in models],
             inputs=[Tensor(name="input", dtype=np.float32, shape=(feats,))],
-            outputs=[Tensor(name="probs", dtype=np.float32, shape=(-1,)),
-                     Tensor(name="label", dtype=np.int64, shape=(1,))],
+            outputs=[
+                Tensor(name="probs", dtype=np.float32, shape=(-1,)),
+                Tensor(name="label", dtype=np.int64, shape=(1,)),
+            ],
             config=ModelConfig(max_batch_size=args.max_batch_size, batcher=batcher),
             strict=False,
         )
-        print(f"triton ready: http 127.0.0.1:{args.http_port} grpc {args.grpc_port} model {args.model} "
-              f"delay {args.max_queue_delay_us}us instances {args.instances} metrics {args.metrics} "
-              f"{'@batch' if args.decorator else 'plain callable'}", flush=True)
+        print(
+            f"triton ready: http 127.0.0.1:{args.http_port} grpc {args.grpc_port} model {args.model} "
+            f"delay {args.max_queue_delay_us}us instances {args.instances} metrics {args.metrics} "
+            f"{'@batch' if args.decorator else 'plain callable'}",
+            flush=True,
+        )
         triton.serve()
     return 0
 

@@ -20,19 +20,23 @@ from gateway.types import V2_TO_NUMPY
 
 DATATYPES = sorted(V2_TO_NUMPY)
 INPUT_NAMES = st.sampled_from(["input", "input", "x", "", "input\x00", "ü" * 3, "a" * 300])
-datatypes = st.one_of(st.sampled_from(DATATYPES), st.sampled_from(["FP8", "fp32", "", "INT128", "STRING"]),
-                      st.text(max_size=8))
+datatypes = st.one_of(
+    st.sampled_from(DATATYPES), st.sampled_from(["FP8", "fp32", "", "INT128", "STRING"]), st.text(max_size=8)
+)
 INT64 = (-(2**63), 2**63 - 1)
 dims = st.one_of(
     st.integers(0, 8),
-    st.sampled_from([1, 64, 1024, -1, -2**31, 2**31, 2**32 + 1, 2**62, 2**63 - 1, -(2**63)]),
+    st.sampled_from([1, 64, 1024, -1, -(2**31), 2**31, 2**32 + 1, 2**62, 2**63 - 1, -(2**63)]),
     st.integers(*INT64),
 )
 shapes = st.lists(dims, max_size=20)
 special_floats = st.sampled_from([math.nan, math.inf, -math.inf, 1e39, -1e39, 3.4e38, 1e308, 5e-324, -0.0])
 numbers = st.one_of(
-    st.integers(-10, 10), st.floats(allow_nan=False, allow_infinity=False), special_floats,
-    st.integers(min_value=-(2**70), max_value=2**70), st.booleans(),
+    st.integers(-10, 10),
+    st.floats(allow_nan=False, allow_infinity=False),
+    special_floats,
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.booleans(),
 )
 json_leaf = st.one_of(numbers, st.text(max_size=4), st.none())
 
@@ -73,8 +77,7 @@ def shaped_tensor(draw) -> tuple[str, list[int], bytes]:
         with np.errstate(over="ignore"):
             raw = np.asarray(vals, dtype=np.float64).astype(V2_TO_NUMPY[dt]).tobytes()
     else:
-        raw = draw(st.binary(min_size=count * V2_TO_NUMPY[dt].itemsize,
-                             max_size=count * V2_TO_NUMPY[dt].itemsize))
+        raw = draw(st.binary(min_size=count * V2_TO_NUMPY[dt].itemsize, max_size=count * V2_TO_NUMPY[dt].itemsize))
     mutate = draw(st.sampled_from(["none", "none", "truncate", "extend", "shape"]))
     if mutate == "truncate" and raw:
         raw = raw[: draw(st.integers(0, len(raw) - 1))]
@@ -91,23 +94,35 @@ def rest_binary_request(draw) -> tuple[bytes, int | None]:
     tensors = draw(st.lists(shaped_tensor(), min_size=1, max_size=3))
     inputs, blobs = [], []
     for i, (dt, shape, raw) in enumerate(tensors):
-        size = draw(st.one_of(st.just(len(raw)), st.integers(-5, len(raw) + 9),
-                              st.sampled_from([2**31, 2**63 - 1, 2**64, -(2**63)])))
-        inp = {"name": "input" if i == 0 else f"in{i}", "datatype": draw(st.one_of(st.just(dt), datatypes)),
-               "shape": shape, "parameters": {"binary_data_size": size}}
+        size = draw(
+            st.one_of(
+                st.just(len(raw)), st.integers(-5, len(raw) + 9), st.sampled_from([2**31, 2**63 - 1, 2**64, -(2**63)])
+            )
+        )
+        inp = {
+            "name": "input" if i == 0 else f"in{i}",
+            "datatype": draw(st.one_of(st.just(dt), datatypes)),
+            "shape": shape,
+            "parameters": {"binary_data_size": size},
+        }
         if draw(st.booleans()) and i == 0:
             inp["data"] = [1.0]
         inputs.append(inp)
         blobs.append(raw)
     doc = {"inputs": inputs}
     if draw(st.booleans()):
-        doc["parameters"] = draw(st.dictionaries(st.sampled_from(["slo_ms", "priority", "variant",
-                                                                  "min_accuracy", "binary_data_output"]),
-                                                 json_leaf, max_size=3))
+        doc["parameters"] = draw(
+            st.dictionaries(
+                st.sampled_from(["slo_ms", "priority", "variant", "min_accuracy", "binary_data_output"]),
+                json_leaf,
+                max_size=3,
+            )
+        )
     head = dumps(doc)
     body = head + b"".join(blobs)
-    hl = draw(st.one_of(st.just(len(head)), st.integers(-3, len(body) + 3), st.none(),
-                        st.sampled_from([2**63 - 1, -(2**63)])))
+    hl = draw(
+        st.one_of(st.just(len(head)), st.integers(-3, len(body) + 3), st.none(), st.sampled_from([2**63 - 1, -(2**63)]))
+    )
     cut = draw(st.one_of(st.none(), st.integers(0, len(body))))
     if cut is not None:
         body = body[:cut]
@@ -119,25 +134,36 @@ def rest_json_request(draw) -> bytes:
     """A V2 JSON body with hostile shapes, datatypes and data."""
     n = draw(st.integers(1, 3))
     inputs = []
-    for i in range(n):
-        inp = {"name": draw(INPUT_NAMES), "datatype": draw(datatypes), "shape": draw(st.one_of(shapes, json_leaf)),
-               "data": draw(json_data)}
+    for _i in range(n):
+        inp = {
+            "name": draw(INPUT_NAMES),
+            "datatype": draw(datatypes),
+            "shape": draw(st.one_of(shapes, json_leaf)),
+            "data": draw(json_data),
+        }
         if draw(st.integers(0, 9)) == 0:
             del inp[draw(st.sampled_from(["name", "datatype", "shape", "data"]))]
         inputs.append(inp)
     doc = {"inputs": inputs}
     if draw(st.booleans()):
-        doc["outputs"] = draw(st.lists(st.fixed_dictionaries({"name": st.sampled_from(["probs", "label", "x"])},
-                                                             optional={"parameters": st.dictionaries(
-                                                                 st.just("binary_data"), json_leaf)}),
-                                       max_size=3))
+        doc["outputs"] = draw(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"name": st.sampled_from(["probs", "label", "x"])},
+                    optional={"parameters": st.dictionaries(st.just("binary_data"), json_leaf)},
+                ),
+                max_size=3,
+            )
+        )
     return dumps(doc)
 
 
 @st.composite
 def grpc_request(draw) -> pb.ModelInferRequest:
-    req = pb.ModelInferRequest(model_name=draw(st.sampled_from(["digits", "heavy", "nope", ""])),
-                               model_version=draw(st.sampled_from(["", "1", "2", "../x"])))
+    req = pb.ModelInferRequest(
+        model_name=draw(st.sampled_from(["digits", "heavy", "nope", ""])),
+        model_version=draw(st.sampled_from(["", "1", "2", "../x"])),
+    )
     raw_mode = draw(st.sampled_from(["raw", "raw", "contents", "mixed", "raw_count"]))
     for i in range(draw(st.integers(0, 3))):
         t = req.inputs.add()
@@ -152,8 +178,20 @@ def grpc_request(draw) -> pb.ModelInferRequest:
         else:
             t.datatype = draw(datatypes)
             t.shape.extend(draw(st.lists(st.one_of(st.integers(0, 70), st.integers(*INT64)), max_size=4)))
-            field = draw(st.sampled_from(["fp32_contents", "fp64_contents", "int_contents", "int64_contents",
-                                          "uint_contents", "uint64_contents", "bool_contents", "bytes_contents"]))
+            field = draw(
+                st.sampled_from(
+                    [
+                        "fp32_contents",
+                        "fp64_contents",
+                        "int_contents",
+                        "int64_contents",
+                        "uint_contents",
+                        "uint64_contents",
+                        "bool_contents",
+                        "bytes_contents",
+                    ]
+                )
+            )
             if field in ("fp32_contents", "fp64_contents"):
                 vals = draw(st.lists(st.one_of(st.floats(width=32), special_floats), max_size=70))
             elif field == "bool_contents":
@@ -161,17 +199,25 @@ def grpc_request(draw) -> pb.ModelInferRequest:
             elif field == "bytes_contents":
                 vals = draw(st.lists(st.binary(max_size=4), max_size=10))
             else:
-                lo, hi = {"int_contents": (-(2**31), 2**31 - 1), "int64_contents": INT64,
-                          "uint_contents": (0, 2**32 - 1), "uint64_contents": (0, 2**64 - 1)}[field]
+                lo, hi = {
+                    "int_contents": (-(2**31), 2**31 - 1),
+                    "int64_contents": INT64,
+                    "uint_contents": (0, 2**32 - 1),
+                    "uint64_contents": (0, 2**64 - 1),
+                }[field]
                 vals = draw(st.lists(st.integers(lo, hi), max_size=70))
             getattr(t.contents, field).extend(vals)
     if raw_mode == "raw_count" and req.raw_input_contents:
         req.raw_input_contents.append(b"\x00" * 4)
     for key in draw(st.lists(st.sampled_from(["slo_ms", "priority", "variant", "min_accuracy", "x"]), max_size=3)):
         which = draw(st.sampled_from(["bool_param", "int64_param", "string_param", "double_param", "uint64_param"]))
-        val = {"bool_param": st.booleans(), "int64_param": st.integers(*INT64),
-               "string_param": st.text(max_size=5), "double_param": st.floats(),
-               "uint64_param": st.integers(0, 2**64 - 1)}[which]
+        val = {
+            "bool_param": st.booleans(),
+            "int64_param": st.integers(*INT64),
+            "string_param": st.text(max_size=5),
+            "double_param": st.floats(),
+            "uint64_param": st.integers(0, 2**64 - 1),
+        }[which]
         setattr(req.parameters[key], which, draw(val))
     for name in draw(st.lists(st.sampled_from(["probs", "label", "bogus"]), max_size=2)):
         req.outputs.add().name = name

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.transports.codec import InputLimits, decode_rest
 from gateway.errors import InvalidArgument
+from gateway.transports.codec import InputLimits, decode_rest
 from gateway.transports.grpc import decode_grpc
 from gateway.transports.status import http_status
 from tests.fuzz.strategies import (
@@ -38,7 +38,7 @@ def _decode_or_400(fn, *args) -> None:
     except InvalidArgument as e:
         assert http_status(e) == 400 and e.message.strip(), e
         return
-    for name, (dt, arr) in req.inputs.items():
+    for _name, (_dt, arr) in req.inputs.items():
         assert isinstance(arr, np.ndarray)
         assert arr.size <= LIMITS.max_elements
         if arr.dtype.kind == "f":
@@ -90,20 +90,23 @@ def _json(inputs) -> bytes:
     return orjson.dumps({"inputs": inputs})
 
 
-@pytest.mark.parametrize("body, needle", [
-    (b'{"inputs": [{"name": "input", "shape": [1, 1], "datatype": "FP32", "data": [NaN]}]}', "malformed JSON"),
-    (b'{"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [1e400]}]}', "malformed JSON"),
-    (_json([{"name": "input", "shape": [1], "datatype": "FP32", "data": [1e39]}]), "non-finite"),
-    (_json([{"name": "input", "shape": [1], "datatype": "INT64", "data": [2**63]}]), "out of range"),
-    (b'{"inputs": [{"name": "input", "shape": [1], "datatype": "INT64", "data": [' + b"9" * 400 + b"]}]}", None),
-    (_json([{"name": "input", "shape": [0, 2**63 - 1], "datatype": "FP32", "data": []}]), "over"),
-    (_json([{"name": "input", "shape": [2**62, 4], "datatype": "FP32", "data": [1.0]}]), "over"),
-    (_json([{"name": "input", "shape": [-1], "datatype": "FP32", "data": [1.0]}]), "non-negative"),
-    (_json([{"name": "input", "shape": [1], "datatype": "FP32", "data": nested(200)}]), None),
-    (b"[" * 5000 + b"]" * 5000, "malformed JSON"),
-    (_json([{"name": "input", "shape": [1], "datatype": "FP32", "data": ["1.0"]}]), "datatype is FP32"),
-    (_json([{"name": "input", "shape": [2], "datatype": "BOOL", "data": [1.5, 2]}]), "datatype is BOOL"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (b'{"inputs": [{"name": "input", "shape": [1, 1], "datatype": "FP32", "data": [NaN]}]}', "malformed JSON"),
+        (b'{"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [1e400]}]}', "malformed JSON"),
+        (_json([{"name": "input", "shape": [1], "datatype": "FP32", "data": [1e39]}]), "non-finite"),
+        (_json([{"name": "input", "shape": [1], "datatype": "INT64", "data": [2**63]}]), "out of range"),
+        (b'{"inputs": [{"name": "input", "shape": [1], "datatype": "INT64", "data": [' + b"9" * 400 + b"]}]}", None),
+        (_json([{"name": "input", "shape": [0, 2**63 - 1], "datatype": "FP32", "data": []}]), "over"),
+        (_json([{"name": "input", "shape": [2**62, 4], "datatype": "FP32", "data": [1.0]}]), "over"),
+        (_json([{"name": "input", "shape": [-1], "datatype": "FP32", "data": [1.0]}]), "non-negative"),
+        (_json([{"name": "input", "shape": [1], "datatype": "FP32", "data": nested(200)}]), None),
+        (b"[" * 5000 + b"]" * 5000, "malformed JSON"),
+        (_json([{"name": "input", "shape": [1], "datatype": "FP32", "data": ["1.0"]}]), "datatype is FP32"),
+        (_json([{"name": "input", "shape": [2], "datatype": "BOOL", "data": [1.5, 2]}]), "datatype is BOOL"),
+    ],
+)
 def test_named_cases_are_400_naming_the_problem(body, needle):
     with pytest.raises(InvalidArgument) as ei:
         LIMITS.check(decode_rest(body, None, "digits", None))
@@ -114,23 +117,30 @@ def test_named_cases_are_400_naming_the_problem(body, needle):
 
 def test_large_finite_values_pass():
     for dt, v in (("FP64", 1e308), ("FP32", 3.4e38), ("FP16", 65504.0)):
-        LIMITS.check(decode_rest(_json([{"name": "input", "shape": [1], "datatype": dt, "data": [v]}]),
-                                 None, "digits", None))
+        LIMITS.check(
+            decode_rest(_json([{"name": "input", "shape": [1], "datatype": dt, "data": [v]}]), None, "digits", None)
+        )
 
 
 def test_nonfinite_refused_on_every_path_unless_allowed():
     arr = np.array([[1.0, np.nan]], np.float32)
-    head = _json([{"name": "input", "shape": [1, 2], "datatype": "FP32",
-                   "parameters": {"binary_data_size": arr.nbytes}}])
+    head = _json(
+        [{"name": "input", "shape": [1, 2], "datatype": "FP32", "parameters": {"binary_data_size": arr.nbytes}}]
+    )
     g = pb.ModelInferRequest(model_name="digits")
     t = g.inputs.add(name="input", datatype="FP32", shape=[1, 2])
     g.raw_input_contents.append(arr.tobytes())
     g2 = pb.ModelInferRequest(model_name="digits")
     t2 = g2.inputs.add(name="input", datatype="FP64", shape=[1, 2])
     t2.contents.fp64_contents.extend([float("inf"), 0.0])
-    decoded = [decode_rest(head + arr.tobytes(), len(head), "digits", None), decode_grpc(g), decode_grpc(g2),
-               decode_rest(_json([{"name": "input", "shape": [1], "datatype": "FP16", "data": [70000.0]}]),
-                           None, "digits", None)]
+    decoded = [
+        decode_rest(head + arr.tobytes(), len(head), "digits", None),
+        decode_grpc(g),
+        decode_grpc(g2),
+        decode_rest(
+            _json([{"name": "input", "shape": [1], "datatype": "FP16", "data": [70000.0]}]), None, "digits", None
+        ),
+    ]
     for req in decoded:
         with pytest.raises(InvalidArgument, match="allow_nonfinite"):
             LIMITS.check(req)
@@ -139,8 +149,9 @@ def test_nonfinite_refused_on_every_path_unless_allowed():
 
 
 def test_element_and_row_limits_name_their_setting():
-    req = decode_rest(_json([{"name": "input", "shape": [65, 1], "datatype": "FP32", "data": [0.0] * 65}]),
-                      None, "digits", None)
+    req = decode_rest(
+        _json([{"name": "input", "shape": [65, 1], "datatype": "FP32", "data": [0.0] * 65}]), None, "digits", None
+    )
     with pytest.raises(InvalidArgument, match="max_batch_rows"):
         LIMITS.check(req)
     with pytest.raises(InvalidArgument, match="max_tensor_elements"):

@@ -20,8 +20,9 @@ def servers(model_repo):
             if s is not None:
                 rc, left = s.proc.returncode, s.leftovers()
                 if rc != 0 or left:  # recorded, and a fresh server keeps the later tests meaningful
-                    crashed.append(f"{backend}: exit {rc}, left {left}; log {s.log.name}, its end:\n"
-                                   f"{getattr(s, 'last_words', '')}")
+                    crashed.append(
+                        f"{backend}: exit {rc}, left {left}; log {s.log_path}, its end:\n{getattr(s, 'last_words', '')}"
+                    )
                     for line in left:
                         os.kill(int(line.split()[0]), 9)
             s = ServerProcess(model_repo, backend)
@@ -36,8 +37,9 @@ def servers(model_repo):
         rc = s.stop()
         left = s.leftovers()
         if rc != 0 or left:  # SIGTERM must stop everything cleanly: no crash, no orphan Ray process
-            problems.append(f"{backend}: exit {rc}, left {left}; log {s.log.name}, its end:\n"
-                            f"{getattr(s, 'last_words', '')}")
+            problems.append(
+                f"{backend}: exit {rc}, left {left}; log {s.log_path}, its end:\n{getattr(s, 'last_words', '')}"
+            )
             for line in left:
                 os.kill(int(line.split()[0]), 9)
     _SERVERS.clear()

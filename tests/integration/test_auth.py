@@ -42,19 +42,27 @@ def make_cert(d):
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = d / "cert.pem", d / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -65,10 +73,18 @@ def secure(model_repo, tmp_path_factory):
     tokens = d / "tokens"
     tokens.write_text(f"# test tokens\n{ALL} *\n{DIGITS} digits   # digits only\n")
     tokens.chmod(0o600)
-    srv = ServerProcess(model_repo, "inprocess", env={
-        "SLOSERVE_AUTH_TOKENS_FILE": str(tokens), "SLOSERVE_AUTH_TOKENS": f"{HEAVY_ENV} heavy",
-        "SLOSERVE_TLS_CERT_FILE": str(cert), "SLOSERVE_TLS_KEY_FILE": str(key),
-        "SLOSERVE_MAX_BATCH_ROWS": "8", "SLOSERVE_MAX_TENSOR_ELEMENTS": "4096"})
+    srv = ServerProcess(
+        model_repo,
+        "inprocess",
+        env={
+            "SLOSERVE_AUTH_TOKENS_FILE": str(tokens),
+            "SLOSERVE_AUTH_TOKENS": f"{HEAVY_ENV} heavy",
+            "SLOSERVE_TLS_CERT_FILE": str(cert),
+            "SLOSERVE_TLS_KEY_FILE": str(key),
+            "SLOSERVE_MAX_BATCH_ROWS": "8",
+            "SLOSERVE_MAX_TENSOR_ELEMENTS": "4096",
+        },
+    )
     ctx = ssl.create_default_context(cafile=str(cert))
     deadline = time.monotonic() + 120
     while True:
@@ -101,7 +117,8 @@ def _get(secure, path, token=None, raw_auth=None):
 def http_client(secure):
     srv, cert, _ = secure
     return httpclient.InferenceServerClient(
-        srv.http_url, ssl=True, ssl_context_factory=lambda: ssl.create_default_context(cafile=str(cert)))
+        srv.http_url, ssl=True, ssl_context_factory=lambda: ssl.create_default_context(cafile=str(cert))
+    )
 
 
 def grpc_client(secure):
@@ -136,15 +153,18 @@ def test_open_endpoints_need_no_token(secure, path):
     assert _get(secure, path)[0] == 200
 
 
-@pytest.mark.parametrize("token, raw, status, needle", [
-    (None, None, 401, "missing bearer token"),
-    (WRONG, None, 401, "invalid bearer token"),
-    (None, f"Basic {ALL}", 401, "malformed bearer token"),
-    (None, "Bearer", 401, "malformed bearer token"),
-    (ALL, None, 200, None),
-    (DIGITS, None, 200, None),
-    (HEAVY_ENV, None, 403, "may not use model 'digits'"),
-])
+@pytest.mark.parametrize(
+    "token, raw, status, needle",
+    [
+        (None, None, 401, "missing bearer token"),
+        (WRONG, None, 401, "invalid bearer token"),
+        (None, f"Basic {ALL}", 401, "malformed bearer token"),
+        (None, "Bearer", 401, "malformed bearer token"),
+        (ALL, None, 200, None),
+        (DIGITS, None, 200, None),
+        (HEAVY_ENV, None, 403, "may not use model 'digits'"),
+    ],
+)
 def test_rest_model_metadata_tokens(secure, token, raw, status, needle):
     code, body, headers = _get(secure, "/v2/models/digits", token, raw)
     assert code == status, body
@@ -160,8 +180,10 @@ def test_rest_infer_right_token_and_allow_list(secure):
     assert http_infer(secure, "heavy", HEAVY_ENV).as_numpy("probs").shape == (1, 10)
 
 
-@pytest.mark.parametrize("model, token, code", [("digits", None, "401"), ("digits", WRONG, "401"),
-                                                ("heavy", DIGITS, "403"), ("digits", HEAVY_ENV, "403")])
+@pytest.mark.parametrize(
+    "model, token, code",
+    [("digits", None, "401"), ("digits", WRONG, "401"), ("heavy", DIGITS, "403"), ("digits", HEAVY_ENV, "403")],
+)
 def test_rest_infer_refused(secure, model, token, code):
     with pytest.raises(InferenceServerException) as ei:
         http_infer(secure, model, token)
@@ -183,9 +205,15 @@ def test_grpc_open_rpcs_need_no_token(secure):
     assert c.get_server_metadata().name == "sloserve"
 
 
-@pytest.mark.parametrize("model, token, code", [
-    ("digits", None, "StatusCode.UNAUTHENTICATED"), ("digits", WRONG, "StatusCode.UNAUTHENTICATED"),
-    ("heavy", DIGITS, "StatusCode.PERMISSION_DENIED"), ("digits", HEAVY_ENV, "StatusCode.PERMISSION_DENIED")])
+@pytest.mark.parametrize(
+    "model, token, code",
+    [
+        ("digits", None, "StatusCode.UNAUTHENTICATED"),
+        ("digits", WRONG, "StatusCode.UNAUTHENTICATED"),
+        ("heavy", DIGITS, "StatusCode.PERMISSION_DENIED"),
+        ("digits", HEAVY_ENV, "StatusCode.PERMISSION_DENIED"),
+    ],
+)
 def test_grpc_infer_refused(secure, model, token, code):
     with pytest.raises(InferenceServerException) as ei:
         grpc_infer(secure, model, token)

@@ -12,8 +12,12 @@ from models.runtime import device_type
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
-BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [1.0] * 64}],
-                   "parameters": {"slo_ms": 200}}).encode()
+BODY = json.dumps(
+    {
+        "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [1.0] * 64}],
+        "parameters": {"slo_ms": 200},
+    }
+).encode()
 
 
 @pytest.fixture(scope="module")
@@ -23,29 +27,67 @@ def scaling_server(model_repo, tmp_path_factory):
     import shutil
 
     repo = tmp_path_factory.mktemp("repo")
-    shutil.copytree(model_repo / "digits" / "small", repo / "digits" / "small", ignore=shutil.ignore_patterns("profiles"))
+    shutil.copytree(
+        model_repo / "digits" / "small", repo / "digits" / "small", ignore=shutil.ignore_patterns("profiles")
+    )
     cfg = json.loads((model_repo / "digits" / "config.json").read_text())
     cfg["variants"] = [v for v in cfg["variants"] if v["name"] == "small"]
     cfg["max_batch_size"] = 4
     (repo / "digits" / "config.json").write_text(json.dumps(cfg))
     prof = repo / "digits" / "small" / "profiles" / f"{device_type('cpu')}.json"
     prof.parent.mkdir(parents=True)
-    prof.write_text(json.dumps({"model": "digits", "variant": "small", "device_type": device_type("cpu"),
-                                "batch_sizes": [1, 2, 4], "p50_ms": [21, 22, 24], "p99_ms": [24, 25, 27]}))
+    prof.write_text(
+        json.dumps(
+            {
+                "model": "digits",
+                "variant": "small",
+                "device_type": device_type("cpu"),
+                "batch_sizes": [1, 2, 4],
+                "p50_ms": [21, 22, 24],
+                "p99_ms": [24, 25, 27],
+            }
+        )
+    )
     # a second model whose replicas hold all three variants (shared_replicas): one Serve deployment
     shutil.copytree(model_repo / "digits", repo / "trio", ignore=shutil.ignore_patterns("profiles", ".built"))
     trio = json.loads((repo / "trio" / "config.json").read_text())
     trio["name"] = "trio"
     (repo / "trio" / "config.json").write_text(json.dumps(trio))
     settings = repo / "settings.json"
-    settings.write_text(json.dumps({"models": {"digits": {
-        "fault_delay_ms": 20, "slo_ms": 200,
-        # the keep-alive alone scales in (no quantile hold, no seasonal term): a short test's load
-        "autoscaling": {"min_replicas": 1, "max_replicas": 3, "startup_s": 2, "keep_alive_s": 6,
-                        "interval_s": 1, "predictor": "last", "hold_quantile": 0, "season_periods_s": []}},
-        "trio": {"shared_replicas": True, "slo_ms": 500,
-                 "autoscaling": {"min_replicas": 1, "max_replicas": 2, "startup_s": 2, "keep_alive_s": 6,
-                                 "interval_s": 1}}}}))
+    settings.write_text(
+        json.dumps(
+            {
+                "models": {
+                    "digits": {
+                        "fault_delay_ms": 20,
+                        "slo_ms": 200,
+                        # the keep-alive alone scales in (no quantile hold, no seasonal term): a short test's load
+                        "autoscaling": {
+                            "min_replicas": 1,
+                            "max_replicas": 3,
+                            "startup_s": 2,
+                            "keep_alive_s": 6,
+                            "interval_s": 1,
+                            "predictor": "last",
+                            "hold_quantile": 0,
+                            "season_periods_s": [],
+                        },
+                    },
+                    "trio": {
+                        "shared_replicas": True,
+                        "slo_ms": 500,
+                        "autoscaling": {
+                            "min_replicas": 1,
+                            "max_replicas": 2,
+                            "startup_s": 2,
+                            "keep_alive_s": 6,
+                            "interval_s": 1,
+                        },
+                    },
+                }
+            }
+        )
+    )
     s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
     s.repo_dir = repo
     yield s
@@ -107,8 +149,9 @@ def test_load_step_scales_up_then_back_in(scaling_server):
 
 def infer(server, model: str, variant: str | None) -> dict:
     headers = {"content-type": "application/json", **({"x-variant": variant} if variant else {})}
-    req = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/infer", data=BODY, headers=headers,
-                                 method="POST")
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{model}/infer", data=BODY, headers=headers, method="POST"
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -122,8 +165,10 @@ def test_shared_replicas_serve_every_variant_from_one_deployment(scaling_server)
 
     s = scaling_server
     x = {"input": np.array([json.loads(BODY)["inputs"][0]["data"]], np.float32)}
-    expected = {v: Replica(s.repo_dir / "trio" / v / "model.onnx", RuntimeOptions(device="cpu"), ["probs"]).run(x)["probs"][0]
-                for v in ("large", "medium", "small")}
+    expected = {
+        v: Replica(s.repo_dir / "trio" / v / "model.onnx", RuntimeOptions(device="cpu"), ["probs"]).run(x)["probs"][0]
+        for v in ("large", "medium", "small")
+    }
     assert not np.allclose(expected["large"], expected["small"], atol=1e-4)  # the variants answer differently
     for v in ("large", "medium", "small"):
         out = infer(s, "trio", v)
@@ -134,7 +179,10 @@ def test_shared_replicas_serve_every_variant_from_one_deployment(scaling_server)
     best = max(variants, key=lambda v: v["accuracy"])["name"]  # (the build measures it: large or medium)
     assert infer(s, "trio", None)["parameters"]["variant"] == best  # the most accurate, at this load
     with urllib.request.urlopen(f"http://{s.http_url}/metrics", timeout=10) as r:
-        gauge = [line for line in r.read().decode().splitlines()
-                 if line.startswith("sloserve_replicas{") and 'model="trio"' in line and 'state="running"' in line]
+        gauge = [
+            line
+            for line in r.read().decode().splitlines()
+            if line.startswith("sloserve_replicas{") and 'model="trio"' in line and 'state="running"' in line
+        ]
     # one deployment: its replicas are counted once, under the best variant (dashboards sum by model)
     assert len(gauge) == 1 and f'variant="{best}"' in gauge[0] and gauge[0].endswith(" 1.0"), gauge

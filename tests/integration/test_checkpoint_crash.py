@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoscaler.training.job import TrainingSpec, preempt_then_kill
 from autoscaler.training.checkpoint import list_checkpoints, load_latest
+from autoscaler.training.job import TrainingSpec, preempt_then_kill
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = dict(dataset="synthetic", hidden=32, total_iterations=120, checkpoint_every=20)
@@ -30,8 +30,13 @@ def _job(tmp: Path, name: str, **kw) -> Path:
 
 
 def _worker(d: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "autoscaler.training.worker", "--job-dir", str(d), *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "autoscaler.training.worker", "--job-dir", str(d), *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(d: Path) -> dict:
@@ -83,7 +88,7 @@ def test_external_sigkill_while_paused_mid_write(tmp_path, reference):
         time.sleep(0.02)
     marker = next((d / "checkpoints").glob("*.paused"))
     tmp = Path(str(marker)[: -len(".paused")])
-    assert 0 < tmp.stat().st_size  # really mid-write: the header and half the payload are on disk
+    assert tmp.stat().st_size > 0  # really mid-write: the header and half the payload are on disk
     os.kill(p.pid, signal.SIGKILL)
     p.communicate(timeout=30)
     assert p.returncode == -signal.SIGKILL
@@ -102,8 +107,7 @@ def test_sigterm_preempts_at_iteration_boundary_within_grace(tmp_path):
         assert p.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     t0 = time.monotonic()
-    outcome = preempt_then_kill(lambda: p.send_signal(signal.SIGTERM),
-                                lambda t: _waited(p, t), p.kill, grace_s=5.0)
+    outcome = preempt_then_kill(lambda: p.send_signal(signal.SIGTERM), lambda t: _waited(p, t), p.kill, grace_s=5.0)
     reclaim_s = time.monotonic() - t0
     assert outcome == "checkpointed" and p.returncode == 0 and reclaim_s < 1.0
     res = json.loads(p.stdout.read().strip().splitlines()[-1])

@@ -36,8 +36,12 @@ def digits_repo(model_repo, tmp_path):
 
 
 def body_for(x: np.ndarray, params: dict | None = None) -> bytes:
-    return json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x.tolist()}],
-                       "parameters": params or {}}).encode()
+    return json.dumps(
+        {
+            "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x.tolist()}],
+            "parameters": params or {},
+        }
+    ).encode()
 
 
 @pytest.mark.parametrize("backend", ["inprocess", "ray"])
@@ -48,26 +52,59 @@ def test_model_file_that_cannot_load_stops_startup_naming_it(model_repo, tmp_pat
     repo = digits_repo(model_repo, tmp_path)
     bad = repo / "digits" / "medium" / "model.onnx"
     data = bad.read_bytes()
-    bad.write_bytes({"garbage": b"\x08\x07not an onnx file" * 8, "empty": b"", "truncated": data[:len(data) // 3]}[damage])
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--repo", str(repo), "--backend", backend,
-           "--http-port", "0", "--grpc-port", "0"]
+    bad.write_bytes(
+        {"garbage": b"\x08\x07not an onnx file" * 8, "empty": b"", "truncated": data[: len(data) // 3]}[damage]
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--repo",
+        str(repo),
+        "--backend",
+        backend,
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr[-2000:]
     assert str(bad) in p.stderr and "cannot be loaded" in p.stderr, p.stderr[-2000:]
     assert "Traceback" not in p.stderr
 
 
-@pytest.mark.parametrize("batching, names", [({"policy": "slo", "late_windw_ms": 5}, "late_windw_ms"),
-                                              ({"policy": "slo", "late_target": 2}, "late_target"),
-                                              ({"policy": "nope"}, "unknown batching policy")])
+@pytest.mark.parametrize(
+    "batching, names",
+    [
+        ({"policy": "slo", "late_windw_ms": 5}, "late_windw_ms"),
+        ({"policy": "slo", "late_target": 2}, "late_target"),
+        ({"policy": "nope"}, "unknown batching policy"),
+    ],
+)
 def test_bad_batching_config_stops_startup_naming_it(model_repo, tmp_path, batching, names):
     """A misspelt or out-of-range batching argument is a configuration error (exit 2, the setting
     named), not a traceback, and not a server that starts with the setting ignored."""
     repo = digits_repo(model_repo, tmp_path)
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({"models": {"digits": {"batching": batching}}}))
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--repo", str(repo), "--backend", "inprocess",
-           "--http-port", "0", "--grpc-port", "0", "--config", str(cfg)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--repo",
+        str(repo),
+        "--backend",
+        "inprocess",
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--config",
+        str(cfg),
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr[-2000:]
     assert "models.digits.batching" in p.stderr and names in p.stderr, p.stderr[-2000:]
@@ -78,16 +115,24 @@ def test_bad_batching_config_stops_startup_naming_it(model_repo, tmp_path, batch
 async def test_hung_replica_answers_504_at_its_bound(model_repo, tmp_path, late_grace_s, batch_timeout_s, bound_s):
     """A replica that holds a batch far past its deadline (fault_delay_ms = 5 s): the request gets
     504 at deadline + late_grace_s (or batch_timeout_s), and the next one is served."""
-    settings = Settings(repo=digits_repo(model_repo, tmp_path), backend="inprocess", http_port=0, grpc_port=0,
-                        late_grace_s=late_grace_s, batch_timeout_s=batch_timeout_s,
-                        models={"digits": {"fault_delay_ms": 5000}})
+    settings = Settings(
+        repo=digits_repo(model_repo, tmp_path),
+        backend="inprocess",
+        http_port=0,
+        grpc_port=0,
+        late_grace_s=late_grace_s,
+        batch_timeout_s=batch_timeout_s,
+        models={"digits": {"fault_delay_ms": 5000}},
+    )
     gw = Gateway(settings)
     await gw.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10) as http:
             t0 = time.monotonic()
-            r = await http.post("/v2/models/digits/infer", content=body_for(np.ones(64, np.float32),
-                                                                             {"slo_ms": 200, "variant": "small"}))
+            r = await http.post(
+                "/v2/models/digits/infer",
+                content=body_for(np.ones(64, np.float32), {"slo_ms": 200, "variant": "small"}),
+            )
             took = time.monotonic() - t0
         assert r.status_code == 504, r.text
         assert "was not back" in r.json()["error"]
@@ -100,9 +145,10 @@ class Reference:
     """Local ONNX Runtime sessions: what each input must get back."""
 
     def __init__(self, repo):
-        self.sess = {v: ort.InferenceSession(str(repo / "digits" / v / "model.onnx"),
-                                             providers=["CPUExecutionProvider"])
-                     for v in ("small", "medium", "large")}
+        self.sess = {
+            v: ort.InferenceSession(str(repo / "digits" / v / "model.onnx"), providers=["CPUExecutionProvider"])
+            for v in ("small", "medium", "large")
+        }
 
     def probs(self, variant: str, x: np.ndarray) -> np.ndarray:
         s = self.sess[variant]
@@ -120,8 +166,9 @@ def call(url: str, body: bytes, timeout: float = 5.0) -> tuple[int, dict]:
         return e.code, {"error": json.loads(e.read()).get("error", ""), "retry_after": e.headers.get("Retry-After")}
 
 
-def retrying_client(url: str, n: int, seed: int, ref: Reference, out: list, stop_by: float,
-                    pace_s: float = 0.02) -> None:
+def retrying_client(
+    url: str, n: int, seed: int, ref: Reference, out: list, stop_by: float, pace_s: float = 0.02
+) -> None:
     """Sends n distinct inputs one after another, ``pace_s`` apart (so the stream outlasts the
     restart even on a fast box: unpaced, 150 answers can all be in before the first server stops);
     each is retried on connection errors and 503 until answered (or stop_by), and every answer is
@@ -162,8 +209,10 @@ def test_gateway_restart_while_clients_retry(model_repo, tmp_path):
     url = f"http://{s1.http_url}"
     results: list[list] = [[] for _ in range(3)]
     stop_by = time.monotonic() + 90
-    threads = [threading.Thread(target=retrying_client, args=(url, 150, k, ref, results[k], stop_by), daemon=True)
-               for k in range(3)]
+    threads = [
+        threading.Thread(target=retrying_client, args=(url, 150, k, ref, results[k], stop_by), daemon=True)
+        for k in range(3)
+    ]
     for t in threads:
         t.start()
     time.sleep(1.0)

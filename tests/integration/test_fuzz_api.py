@@ -27,9 +27,14 @@ from tests.fuzz.strategies import grpc_request, rest_binary_request
 pytestmark = pytest.mark.integration
 N = int(os.environ.get("SLOSERVE_FUZZ_EXAMPLES", "15"))
 TIMEOUT_S = 15.0
-CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                 grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
-                 grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE}
+CLIENT_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.OUT_OF_RANGE,
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +56,9 @@ def error_names_the_problem(ctx, response, case):
     """Every 4xx is ``{"error": "<non-empty message>"}``."""
     if 400 <= response.status_code < 500:
         body = response.json()
-        assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"].strip(), \
+        assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"].strip(), (
             f"{response.status_code} without an error message: {response.text[:200]}"
+        )
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
@@ -63,6 +69,7 @@ def test_openapi_fuzz(api_schema, mode):
     assert len(ops) >= 10, [o.label for o in ops]  # every route of gateway/transports/rest.py
     tried = 0
     for op in ops:
+
         @settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(case=op.as_strategy(generation_mode=mode))
         def run(case):
@@ -88,8 +95,9 @@ def test_rest_binary_fuzz(fuzz_server, req):
     headers = {"Content-Type": "application/octet-stream"}
     if header_len is not None:
         headers["Inference-Header-Content-Length"] = str(header_len)
-    r = httpx.post(f"http://{fuzz_server.http_url}/v2/models/digits/infer", content=body, headers=headers,
-                   timeout=TIMEOUT_S)
+    r = httpx.post(
+        f"http://{fuzz_server.http_url}/v2/models/digits/infer", content=body, headers=headers, timeout=TIMEOUT_S
+    )
     assert r.status_code < 500, r.text
     if r.status_code >= 400:
         assert r.json()["error"].strip()
@@ -98,8 +106,11 @@ def test_rest_binary_fuzz(fuzz_server, req):
 @pytest.fixture(scope="module")
 def infer_call(fuzz_server):
     with grpc.insecure_channel(fuzz_server.grpc_url) as ch:
-        yield ch.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                             request_serializer=lambda b: b, response_deserializer=pb.ModelInferResponse.FromString)
+        yield ch.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=lambda b: b,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
 
 
 @settings(max_examples=N * 2, deadline=None, suppress_health_check=list(HealthCheck))

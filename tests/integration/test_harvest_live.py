@@ -30,8 +30,9 @@ def harvest_server(model_repo, tmp_path_factory):
     """digits/small on an emulated T4 (one whole GPU per replica), autoscaling 1..2, replicas take
     20 ms a batch; training enabled with its jobs in a temp directory."""
     repo = tmp_path_factory.mktemp("harvest-repo")
-    shutil.copytree(model_repo / "digits" / "small", repo / "digits" / "small",
-                    ignore=shutil.ignore_patterns("profiles"))
+    shutil.copytree(
+        model_repo / "digits" / "small", repo / "digits" / "small", ignore=shutil.ignore_patterns("profiles")
+    )
     cfg = json.loads((model_repo / "digits" / "config.json").read_text())
     cfg["variants"] = [v for v in cfg["variants"] if v["name"] == "small"]
     cfg["max_batch_size"] = 4
@@ -40,17 +41,51 @@ def harvest_server(model_repo, tmp_path_factory):
     (repo / "digits" / "config.json").write_text(json.dumps(cfg))
     prof = repo / "digits" / "small" / "profiles" / "t4.json"
     prof.parent.mkdir(parents=True)
-    prof.write_text(json.dumps({"model": "digits", "variant": "small", "device_type": "t4",
-                                "batch_sizes": [1, 2, 4], "p50_ms": [21, 22, 24], "p99_ms": [24, 25, 27]}))
+    prof.write_text(
+        json.dumps(
+            {
+                "model": "digits",
+                "variant": "small",
+                "device_type": "t4",
+                "batch_sizes": [1, 2, 4],
+                "p50_ms": [21, 22, 24],
+                "p99_ms": [24, 25, 27],
+            }
+        )
+    )
     jobs = tmp_path_factory.mktemp("harvest-jobs")
     settings = repo / "settings.json"
-    settings.write_text(json.dumps({
-        "ray_num_cpus": 4, "emulated_gpus": {"T4": 2}, "replica_gpu_fraction": 1.0,
-        "training": {"enabled": True, "jobs_dir": str(jobs), "grace_s": 1.0, "auto_fill": True, "interval_s": 0.5},
-        "models": {"digits": {
-            "device_type": "T4", "fault_delay_ms": 20, "slo_ms": 200,
-            "autoscaling": {"min_replicas": 1, "max_replicas": 2, "startup_s": 2, "keep_alive_s": 6,
-                            "interval_s": 1, "predictor": "last"}}}}))
+    settings.write_text(
+        json.dumps(
+            {
+                "ray_num_cpus": 4,
+                "emulated_gpus": {"T4": 2},
+                "replica_gpu_fraction": 1.0,
+                "training": {
+                    "enabled": True,
+                    "jobs_dir": str(jobs),
+                    "grace_s": 1.0,
+                    "auto_fill": True,
+                    "interval_s": 0.5,
+                },
+                "models": {
+                    "digits": {
+                        "device_type": "T4",
+                        "fault_delay_ms": 20,
+                        "slo_ms": 200,
+                        "autoscaling": {
+                            "min_replicas": 1,
+                            "max_replicas": 2,
+                            "startup_s": 2,
+                            "keep_alive_s": 6,
+                            "interval_s": 1,
+                            "predictor": "last",
+                        },
+                    }
+                },
+            }
+        )
+    )
     s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
     s.jobs_dir = jobs
     yield s
@@ -63,8 +98,12 @@ def get(server, path: str):
 
 
 def post(server, path: str, body: dict, method: str = "POST"):
-    req = urllib.request.Request(f"http://{server.http_url}{path}", data=json.dumps(body).encode(), method=method,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{server.http_url}{path}",
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.status, json.loads(r.read())
 
@@ -82,22 +121,44 @@ def metric(server, name: str, **labels) -> float:
 def status(server, job_id: str) -> dict:
     """The runner's own progress file (written atomically at each checkpoint and state change)."""
     p = server.jobs_dir / job_id / "status.json"
-    return json.loads(p.read_text()) if p.exists() else {"status": None, "iteration": 0, "checkpoint_iteration": 0,
-                                                         "resumed_from": None}
+    return (
+        json.loads(p.read_text())
+        if p.exists()
+        else {"status": None, "iteration": 0, "checkpoint_iteration": 0, "resumed_from": None}
+    )
 
 
 def test_load_step_preempts_training_then_training_resumes(harvest_server):
     s = harvest_server
     t_start = time.monotonic()
-    code, _ = post(s, "/v2/training/jobs", {"job_id": "harvest-1", "dataset": "digits", "total_iterations": None,
-                                            "checkpoint_every": CHECKPOINT_EVERY, "iteration_delay_s": 0.01,
-                                            "gpu_type": "T4"})
+    code, _ = post(
+        s,
+        "/v2/training/jobs",
+        {
+            "job_id": "harvest-1",
+            "dataset": "digits",
+            "total_iterations": None,
+            "checkpoint_every": CHECKPOINT_EVERY,
+            "iteration_delay_s": 0.01,
+            "gpu_type": "T4",
+        },
+    )
     assert code == 201
     # Auto-fill: the idle T4 goes to the job; both GPUs busy, one each.
-    assert wait_for(lambda: get(s, "/v2/training/jobs/harvest-1")["state"] == "running"
-                    and status(s, "harvest-1")["checkpoint_iteration"] >= 2 * CHECKPOINT_EVERY, 40), s.output()
-    assert wait_for(lambda: metric(s, "sloserve_gpus", device_type="t4", use="training") == 1
-                    and metric(s, "sloserve_gpus", device_type="t4", use="inference") == 1, 10), s.output()
+    assert wait_for(
+        lambda: (
+            get(s, "/v2/training/jobs/harvest-1")["state"] == "running"
+            and status(s, "harvest-1")["checkpoint_iteration"] >= 2 * CHECKPOINT_EVERY
+        ),
+        40,
+    ), s.output()
+    assert wait_for(
+        lambda: (
+            metric(s, "sloserve_gpus", device_type="t4", use="training") == 1
+            and metric(s, "sloserve_gpus", device_type="t4", use="inference") == 1
+        ),
+        10,
+    ), s.output()
 
     # Load step: the autoscaler wants 2 replicas; no GPU is free, so the job is preempted.
     stop, counts = threading.Event(), {"ok": 0, "err": 0}
@@ -116,9 +177,11 @@ def test_load_step_preempts_training_then_training_resumes(harvest_server):
     for t in threads:
         t.start()
     try:
+
         def reclaimed():
             r = get(s, "/v2/training/placement")["reclaims"]
             return bool(r) and r[0]["ready_s"] is not None
+
         ok = wait_for(reclaimed, 45)
     finally:
         stop.set()
@@ -140,15 +203,24 @@ def test_load_step_preempts_training_then_training_resumes(harvest_server):
 
     # Load gone: after the keep-alive the replica scales in and the job resumes from its checkpoint.
     assert wait_for(lambda: metric(s, "sloserve_replicas", model="digits", state="running") == 1, 60), s.output()
-    assert wait_for(lambda: status(s, "harvest-1")["resumed_from"] == ck
-                    and status(s, "harvest-1")["iteration"] > ck, 30), (status(s, "harvest-1"), s.output())
+    assert wait_for(
+        lambda: status(s, "harvest-1")["resumed_from"] == ck and status(s, "harvest-1")["iteration"] > ck, 30
+    ), (status(s, "harvest-1"), s.output())
     assert get(s, "/v2/training/jobs/harvest-1")["state"] == "running"
     assert wait_for(lambda: metric(s, "sloserve_training_steps_total", job="harvest-1") > ck, 5)
     total_s = time.monotonic() - t_start
-    result = {"freed_s": rec["freed_s"], "stopped_s": rec["stopped_s"], "granted_s": rec["granted_s"],
-              "ready_s": rec["ready_s"], "waited_s": rec["waited_s"], "round_s": report["round_s"],
-              "lost_iterations": rec["lost_iterations"], "checkpoint_iteration": ck, "outcome": rec["outcome"],
-              "scenario_s": round(total_s, 1)}
+    result = {
+        "freed_s": rec["freed_s"],
+        "stopped_s": rec["stopped_s"],
+        "granted_s": rec["granted_s"],
+        "ready_s": rec["ready_s"],
+        "waited_s": rec["waited_s"],
+        "round_s": report["round_s"],
+        "lost_iterations": rec["lost_iterations"],
+        "checkpoint_iteration": ck,
+        "outcome": rec["outcome"],
+        "scenario_s": round(total_s, 1),
+    }
     print("harvest reclaim:", json.dumps(result))
     if os.environ.get("SLOSERVE_HARVEST_RESULTS"):
         with open(os.environ["SLOSERVE_HARVEST_RESULTS"], "a") as f:

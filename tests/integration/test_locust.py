@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
 def _load(name: str):
     """Import a loadtests/ module by path (no Locust import here: gevent must not patch pytest)."""
     spec = importlib.util.spec_from_file_location(f"sloserve_loadtests_{name}", ROOT / "loadtests" / f"{name}.py")
@@ -41,8 +42,18 @@ def gateway(model_repo):
 
 
 def loadtest(http_port: int, grpc_port: int, *args: str, timeout: float = 90) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "gateway.cli", "loadtest", "--host", f"http://127.0.0.1:{http_port}",
-           "--grpc-host", f"127.0.0.1:{grpc_port}", "-q", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "loadtest",
+        "--host",
+        f"http://127.0.0.1:{http_port}",
+        "--grpc-host",
+        f"127.0.0.1:{grpc_port}",
+        "-q",
+        *args,
+    ]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     return r.returncode, r.stdout + r.stderr
 
@@ -60,9 +71,28 @@ def test_trace_shape_scales_and_compresses_the_trace():
 def test_trace_shaped_run_meets_a_sane_slo(gateway, tmp_path):
     http_port, grpc_port = gateway
     out = tmp_path / "results.json"
-    rc, log = loadtest(http_port, grpc_port, "--shape", "trace", "--duration", "10", "--peak-rps", "60",
-                       "--rps-per-user", "15", "--models", "digits:3,heavy:1", "--slo-ms", "250",
-                       "--min-attainment", "0.9", "--max-error-rate", "0.01", "--results-json", str(out))
+    rc, log = loadtest(
+        http_port,
+        grpc_port,
+        "--shape",
+        "trace",
+        "--duration",
+        "10",
+        "--peak-rps",
+        "60",
+        "--rps-per-user",
+        "15",
+        "--models",
+        "digits:3,heavy:1",
+        "--slo-ms",
+        "250",
+        "--min-attainment",
+        "0.9",
+        "--max-error-rate",
+        "0.01",
+        "--results-json",
+        str(out),
+    )
     assert rc == 0, log[-4000:]
     assert "sloserve SLO check: PASS" in log, log[-2000:]
     res = json.loads(out.read_text())

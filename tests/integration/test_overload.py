@@ -35,9 +35,10 @@ PARAMS = {"variant": "small", "slo_ms": SLO_MS}
 
 
 def server_config(fault_delay_ms: float = 100.0) -> dict:
-    return {"max_queue_rows": 64,
-            "models": {"digits": {"fault_delay_ms": fault_delay_ms,
-                                  "batching": {"policy": "slo", "max_batch_size": 4}}}}
+    return {
+        "max_queue_rows": 64,
+        "models": {"digits": {"fault_delay_ms": fault_delay_ms, "batching": {"policy": "slo", "max_batch_size": 4}}},
+    }
 
 
 def rss_kb(pid: int) -> int:
@@ -54,8 +55,11 @@ def make_bodies(n: int = 256) -> list[bytes]:
 
 
 def phase(url: str, rate: float, duration: float, bodies: list[bytes], seed: int):
-    return asyncio.run(run_open_loop(url, "/v2/models/digits/infer", rate, duration,
-                                     lambda i: bodies[i % len(bodies)], timeout_s=5.0, seed=seed))
+    return asyncio.run(
+        run_open_loop(
+            url, "/v2/models/digits/infer", rate, duration, lambda i: bodies[i % len(bodies)], timeout_s=5.0, seed=seed
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +160,14 @@ async def test_inflight_bytes_bound_refuses_with_retry_after(model_repo, tmp_pat
     count returns to zero once the answers are out."""
     repo = tmp_path / "repo"
     shutil.copytree(model_repo / "digits", repo / "digits")
-    settings = Settings(repo=repo, backend="inprocess", http_port=0, grpc_port=0, max_inflight_bytes=4096,
-                        **server_config(fault_delay_ms=200.0))
+    settings = Settings(
+        repo=repo,
+        backend="inprocess",
+        http_port=0,
+        grpc_port=0,
+        max_inflight_bytes=4096,
+        **server_config(fault_delay_ms=200.0),
+    )
     gw = Gateway(settings)
     await gw.start()
     try:

@@ -49,9 +49,17 @@ RULE_FILES = sorted(PROM_DIR.glob("*rules.yml"))
 # and shed counts (present once a policy sheds; the default timeout policy never does). An
 # expression that reads any of these (alone, or joined with gateway series) may be empty against
 # an in-process gateway; it must still parse.
-LATER_SERIES = ("sloserve_replicas", "sloserve_autoscaler_", "sloserve_replica_start", "sloserve_gpus",
-                "sloserve_training_", "sloserve_preemptions", "sloserve_profile_drift", "ray_",
-                "sloserve_shed")
+LATER_SERIES = (
+    "sloserve_replicas",
+    "sloserve_autoscaler_",
+    "sloserve_replica_start",
+    "sloserve_gpus",
+    "sloserve_training_",
+    "sloserve_preemptions",
+    "sloserve_profile_drift",
+    "ray_",
+    "sloserve_shed",
+)
 # Alerts that fire only on trouble this test does not cause (the query must still parse).
 QUIET_ALERTS = {
     "SloserveAvailabilityBudgetBurnFast": "needs server-side failures (shed/429/5xx)",
@@ -59,7 +67,7 @@ QUIET_ALERTS = {
     "SloserveGatewayDown": "the gateway is up",
     "SloserveQueueBacklog": "needs 4096 queued rows for 5 minutes",
     "SloserveFrontEndOverloaded": "needs an event loop lagging past loop_lag_shed_ms for 10 minutes "
-                                  "(the door itself: tests/integration/test_shed_answer.py)",
+    "(the door itself: tests/integration/test_shed_answer.py)",
     "SloserveProfileDrift": "profile drift is exported by the online profiler (later issue)",
     "SloservePreemptionStorm": "preemptions are exported by placement (later issue)",
 }
@@ -115,17 +123,23 @@ def ensure_prometheus() -> tuple[str, str]:
     sudo: list[str] = []
     if os.geteuid() != 0:
         if shutil.which("sudo") is None:
-            pytest.fail("Prometheus is not installed and cannot be installed: not root and no sudo. "
-                        "Install it with `apt-get install --no-install-recommends prometheus`.")
+            pytest.fail(
+                "Prometheus is not installed and cannot be installed: not root and no sudo. "
+                "Install it with `apt-get install --no-install-recommends prometheus`."
+            )
         sudo = ["sudo", "-n"]
     apt = shutil.which("apt-get")
     if apt is None:
-        pytest.fail("Prometheus is not installed and cannot be installed: no apt-get on this machine. "
-                    "Put prometheus and promtool (2.x) on PATH.")
+        pytest.fail(
+            "Prometheus is not installed and cannot be installed: no apt-get on this machine. "
+            "Put prometheus and promtool (2.x) on PATH."
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     log = []
-    for cmd in ([*sudo, apt, "update", "-q"],
-                [*sudo, apt, "install", "-y", "-q", "--no-install-recommends", "prometheus"]):
+    for cmd in (
+        [*sudo, apt, "update", "-q"],
+        [*sudo, apt, "install", "-y", "-q", "--no-install-recommends", "prometheus"],
+    ):
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         log.append(f"$ {' '.join(cmd)}\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
         if r.returncode != 0:
@@ -195,12 +209,23 @@ class Traffic:
             t.join(timeout=10)
 
     def _rest(self, model: str, width: int, slo_ms: float | None, shape_ok: bool = True) -> None:
-        body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, width if shape_ok else width + 1],
-                            "data": [random.random() * 16 for _ in range(width if shape_ok else width + 1)]}]}
+        body = {
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, width if shape_ok else width + 1],
+                    "data": [random.random() * 16 for _ in range(width if shape_ok else width + 1)],
+                }
+            ]
+        }
         if slo_ms is not None:
             body["parameters"] = {"slo_ms": slo_ms}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.http}/v2/models/{model}/infer",
-                                     json.dumps(body).encode(), {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.http}/v2/models/{model}/infer",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
         try:
             urllib.request.urlopen(req, timeout=5).read()
         except urllib.error.HTTPError:
@@ -249,9 +274,18 @@ def stack(promtools, model_repo, tmp_path_factory):
         jobs["sloserve"]["static_configs"][0]["targets"] = [f"127.0.0.1:{http_port}"]
         jobs["ray"]["file_sd_configs"][0]["files"] = [str(tmp / "ray_sd.json")]  # no Ray here
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        prom = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-                                 "--log.level=warn"], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        prom = subprocess.Popen(
+            [
+                prom_bin,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--log.level=warn",
+            ],
+            cwd=tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         base = f"http://127.0.0.1:{prom_port}"
         wait_for(f"{base}/-/ready", prom, 20, "prometheus")
         with Traffic(http_port, grpc_port) as traffic:
@@ -259,7 +293,7 @@ def stack(promtools, model_repo, tmp_path_factory):
             end = time.monotonic() + 60  # a busy box scrapes and evaluates late; breaks as soon as ready
             while time.monotonic() < end:
                 r = query(base, 'model:sloserve_slo_misses:ratio_rate5m{model="digits"}')
-                att = query(base, 'model:sloserve_slo_attainment:ratio_rate5m')
+                att = query(base, "model:sloserve_slo_attainment:ratio_rate5m")
                 if r and att and alerts_firing(base) >= set(MUST_FIRE) and traffic.sent > 200:
                     break
                 time.sleep(0.5)
@@ -347,16 +381,20 @@ def test_slo_burn_alerts_fire_on_missed_deadlines(stack):
 
 def test_dashboards_are_built_from_their_source_and_well_formed(tmp_path):
     """The committed JSON is what build_dashboards.py writes; ids, uids and grid positions are sane."""
-    r = subprocess.run([sys.executable, str(ROOT / "deploy" / "grafana" / "build_dashboards.py"), "--out",
-                        str(tmp_path)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "grafana" / "build_dashboards.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     built = sorted(p.name for p in tmp_path.glob("*.json"))
     assert built == sorted(p.name for p in DASH_DIR.glob("*.json")), built
     uids = set()
     for name in built:
         committed = json.loads((DASH_DIR / name).read_text())
-        assert json.loads((tmp_path / name).read_text()) == committed, \
+        assert json.loads((tmp_path / name).read_text()) == committed, (
             f"{name} differs from build_dashboards.py's output: run it and commit both"
+        )
         assert committed["uid"] not in uids
         uids.add(committed["uid"])
         ids = [p["id"] for p in committed["panels"]]
@@ -364,7 +402,7 @@ def test_dashboards_are_built_from_their_source_and_well_formed(tmp_path):
         cells = set()
         for p in committed["panels"]:
             g = p["gridPos"]
-            assert 0 <= g["x"] and g["x"] + g["w"] <= 24, (name, p["title"])
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24, (name, p["title"])
             for x in range(g["x"], g["x"] + g["w"]):
                 for y in range(g["y"], g["y"] + g["h"]):
                     assert (x, y) not in cells, f"{name}: panel {p['title']!r} overlaps another"

@@ -34,8 +34,9 @@ def chaos_server(request, model_repo, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     shutil.copytree(model_repo / "digits", repo / "digits")
     cfg = repo / "chaos.json"
-    cfg.write_text(json.dumps({"models": {"digits": {"fault_delay_ms": FAULT_DELAY_MS}},
-                               "ray_transport": request.param}))
+    cfg.write_text(
+        json.dumps({"models": {"digits": {"fault_delay_ms": FAULT_DELAY_MS}}, "ray_transport": request.param})
+    )
     s = ServerProcess(repo, "ray", ["--config", str(cfg)]).wait_ready()
     yield s
     s.stop()
@@ -44,8 +45,10 @@ def chaos_server(request, model_repo, tmp_path_factory):
 def metric(server, name: str, label: str) -> float:
     with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as r:
         text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") and label in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") and label in line
+    )
+
 
 PAYLOAD = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [3.0] * 64}]}
 
@@ -71,8 +74,7 @@ def _ancestors(pid: int):
 def replica_pid(server, variant: str) -> int:
     """The worker process of this server's digits/<variant> replica (Ray runs under the server)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    pids = [int(line.split()[0]) for line in out.splitlines()
-            if f"ServeReplica:sloserve-digits-{variant}-cpu:" in line]
+    pids = [int(line.split()[0]) for line in out.splitlines() if f"ServeReplica:sloserve-digits-{variant}-cpu:" in line]
     mine = [p for p in pids if server.proc.pid in _ancestors(p)]
     assert len(mine) == 1, out
     return mine[0]
@@ -128,9 +130,13 @@ def test_ray_kill_mid_batch_is_retried_on_the_restarted_replica(chaos_server):
     pid = replica_pid(s, "medium")
     # ray.kill from a fresh interpreter: RAY_AUTH_MODE is read when ray is imported, and this
     # pytest process may have imported ray already (the embedded Ray turns token auth on).
-    killer = subprocess.Popen([sys.executable, "-c", KILLER, gcs_address(s), "digits-medium-cpu"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "RAY_AUTH_MODE": "token"})
+    killer = subprocess.Popen(
+        [sys.executable, "-c", KILLER, gcs_address(s), "digits-medium-cpu"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
     try:
         assert killer.stdout.readline().strip() == "ready"
         t, box = in_background(post, s, {"variant": "medium", "slo_ms": 60000})
@@ -168,7 +174,12 @@ def test_sigkill_mid_batch_past_deadline_fails_explicitly_then_recovers(chaos_se
     code, body = box["r"]
     # Either Ray surfaced the death (our retry rule: deadline passed -> 503, not retried) or Ray
     # re-routed it and the deadline bound fired (504): an explicit answer either way.
-    assert (code, code == 503 and "not retried" in body["error"] or
-            code == 504 and "past its requests' deadlines" in body["error"]) in ((503, True), (504, True)), body
+    assert (
+        code,
+        code == 503
+        and "not retried" in body["error"]
+        or code == 504
+        and "past its requests' deadlines" in body["error"],
+    ) in ((503, True), (504, True)), body
     assert metric(s, "sloserve_batch_failures_total", 'action="failed"') == 1
     wait_recovered(s, "small")

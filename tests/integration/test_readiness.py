@@ -48,8 +48,10 @@ async def test_not_ready_while_models_load(model_repo):
     try:
         await asyncio.wait_for(backend.loading.wait(), 60)
         base = f"http://127.0.0.1:{gw.http_port}"
-        async with httpx.AsyncClient(base_url=base, timeout=10) as http, \
-                grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch:
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=10) as http,
+            grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch,
+        ):
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             # loading: live, not ready, inference refused with a retry hint
             assert (await http.get("/v2/health/live")).status_code == 200

@@ -28,8 +28,7 @@ pytestmark = pytest.mark.integration
 
 def test_replicas_killed_repeatedly_under_load(ray_server, model_repo):
     s = ray_server
-    sess = ort.InferenceSession(str(model_repo / "digits" / "small" / "model.onnx"),
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(model_repo / "digits" / "small" / "model.onnx"), providers=["CPUExecutionProvider"])
     stop = threading.Event()
     results: list[tuple[int, int, object]] = []  # (request id, status, label or error text)
     expected: dict[int, int] = {}
@@ -43,9 +42,13 @@ def test_replicas_killed_repeatedly_under_load(ray_server, model_repo):
             x = (rng.random((1, 64)) * 16).astype(np.float32)
             with lock:
                 expected[rid] = int(sess.run(["label"], {"input": x})[0][0])
-            body = json.dumps({"id": str(rid), "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
-                                                            "data": x.ravel().tolist()}],
-                               "parameters": {"variant": "small", "slo_ms": 5000}}).encode()
+            body = json.dumps(
+                {
+                    "id": str(rid),
+                    "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}],
+                    "parameters": {"variant": "small", "slo_ms": 5000},
+                }
+            ).encode()
             req = urllib.request.Request(f"http://{s.http_url}/v2/models/digits/infer", data=body, method="POST")
             try:
                 with urllib.request.urlopen(req, timeout=30) as r:
@@ -66,9 +69,13 @@ def test_replicas_killed_repeatedly_under_load(ray_server, model_repo):
             time.sleep(1.5)
             pid = replica_pid(s, "small")
             if round_ == 1:  # one ray.kill among the SIGKILLs
-                killer = subprocess.Popen([sys.executable, "-c", KILLER, gcs_address(s), "digits-small-cpu"],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                          env={**os.environ, "RAY_AUTH_MODE": "token"})
+                killer = subprocess.Popen(
+                    [sys.executable, "-c", KILLER, gcs_address(s), "digits-small-cpu"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env={**os.environ, "RAY_AUTH_MODE": "token"},
+                )
                 assert killer.stdout.readline().strip() == "ready"
                 killer.stdin.write("go\n")
                 killer.stdin.flush()
@@ -99,5 +106,4 @@ def test_replicas_killed_repeatedly_under_load(ray_server, model_repo):
     for rid, status, text in failed:  # explicit: a status the protocol gives and a reason
         assert status in (503, 504) and isinstance(text, str) and text, (rid, status, text)
     wait_recovered(s, "small")
-    print(f"{len(results)} requests, {len(ok)} ok, {len(failed)} failed explicitly: "
-          f"{sorted({r[1] for r in failed})}")
+    print(f"{len(results)} requests, {len(ok)} ok, {len(failed)} failed explicitly: {sorted({r[1] for r in failed})}")

@@ -17,13 +17,13 @@ import onnxruntime as ort
 import pytest
 
 from gateway.backends.base import ModelLoadError
-from gateway.backends.threads import InProcessBackend
-from gateway.errors import DeadlineExceeded
 from gateway.backends.processes import WorkerGone
 from gateway.backends.proctree import descendants
+from gateway.backends.threads import InProcessBackend
+from gateway.errors import DeadlineExceeded
+from gateway.transports.status import http_status
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
-from gateway.transports.status import http_status
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +81,7 @@ async def test_workers_answer_like_ort_and_stop_cleanly(model_repo, tmp_path):
         rng = np.random.default_rng(0)
         xs = [rng.random((n, 64), dtype=np.float32) for n in (1, 3, 17, 64)]
         results = await asyncio.gather(*(b.run("digits", "large", {"input": x}) for x in xs))
-        for x, r in zip(xs, results):
+        for x, r in zip(xs, results, strict=True):
             np.testing.assert_allclose(r.outputs["probs"], reference(model_repo, "large", x), rtol=1e-5, atol=1e-6)
             assert r.outputs["label"].shape == (len(x),) and r.compute_s > 0
     finally:
@@ -211,7 +211,9 @@ async def test_a_signal_to_the_process_group_does_not_end_a_worker(model_repo, t
         os.kill(w._proc.pid, signal.SIGINT)
         await asyncio.sleep(0.3)
         assert w._proc.poll() is None and w.available
-        assert (await b.run("digits", "medium", {"input": np.zeros((1, 64), np.float32)})).outputs["label"].shape == (1,)
+        assert (await b.run("digits", "medium", {"input": np.zeros((1, 64), np.float32)})).outputs["label"].shape == (
+            1,
+        )
     finally:
         await b.stop()
 
@@ -233,8 +235,9 @@ async def test_a_stalled_worker_never_blocks_the_event_loop(model_repo, tmp_path
         t = asyncio.ensure_future(ticker())
         big = {"input": np.zeros((40_000, 64), np.float32)}  # 10 MB a batch
         t0 = time.monotonic()
-        results = await asyncio.gather(*(b.run("digits", "large", big, timeout_s=0.5) for _ in range(3)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(b.run("digits", "large", big, timeout_s=0.5) for _ in range(3)), return_exceptions=True
+        )
         took = time.monotonic() - t0
         t.cancel()
         assert all(isinstance(r, DeadlineExceeded) for r in results), results

@@ -21,8 +21,29 @@ from models.repository import ModelConfig, ModelRepository, check_name
 
 pytestmark = pytest.mark.integration
 
-BAD_NAMES = ["", ".", "..", "../x", "x/..", "a/b", "/etc", "/", "\\x", "a\\..\\b", "C:\\x", ".hidden",
-             "-rf", "a\x00b", "a b", "x" * 129, "..a", "a..", "ü", "%2e%2e", "~root"]
+BAD_NAMES = [
+    "",
+    ".",
+    "..",
+    "../x",
+    "x/..",
+    "a/b",
+    "/etc",
+    "/",
+    "\\x",
+    "a\\..\\b",
+    "C:\\x",
+    ".hidden",
+    "-rf",
+    "a\x00b",
+    "a b",
+    "x" * 129,
+    "..a",
+    "a..",
+    "ü",
+    "%2e%2e",
+    "~root",
+]
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
@@ -37,14 +58,27 @@ def test_good_names_pass():
 
 
 def _config(name="digits", variants=("small",)) -> dict:
-    return {"name": name, "inputs": [{"name": "input", "datatype": "FP32", "shape": [64]}],
-            "outputs": [{"name": "probs", "datatype": "FP32", "shape": [10]},
-                        {"name": "label", "datatype": "INT64", "shape": []}],
-            "variants": [{"name": v, "accuracy": 0.9, "cost_flops": 1.0} for v in variants]}
+    return {
+        "name": name,
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [64]}],
+        "outputs": [
+            {"name": "probs", "datatype": "FP32", "shape": [10]},
+            {"name": "label", "datatype": "INT64", "shape": []},
+        ],
+        "variants": [{"name": v, "accuracy": 0.9, "cost_flops": 1.0} for v in variants],
+    }
 
 
-@pytest.mark.parametrize("field, value", [("name", "../digits"), ("name", "/abs"), ("variant", "../../etc"),
-                                          ("variant", "/tmp/x"), ("variant", "a/../../b")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("name", "../digits"),
+        ("name", "/abs"),
+        ("variant", "../../etc"),
+        ("variant", "/tmp/x"),
+        ("variant", "a/../../b"),
+    ],
+)
 def test_config_names_validated(field, value):
     cfg = _config(value) if field == "name" else _config(variants=(value,))
     with pytest.raises(ValidationError, match="invalid"):
@@ -114,9 +148,13 @@ def _external_data_model(path, location: str) -> None:
     for k, v in (("location", location), ("offset", "0"), ("length", "256")):
         e = w.external_data.add()
         e.key, e.value = k, v
-    graph = helper.make_graph([helper.make_node("Add", ["input", "w"], ["probs"])], "g",
-                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, 64])],
-                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [None, 64])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["input", "w"], ["probs"])],
+        "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, 64])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [None, 64])],
+        [w],
+    )
     onnx.save(helper.make_model(graph), str(path))
 
 
@@ -135,14 +173,23 @@ def test_onnx_external_data_beside_the_model_is_fine(repo):
 
 
 # ---- nothing from the network becomes a path ----------------------------------------------------
-@pytest.mark.parametrize("path, status", [
-    ("/v2/models/..%2Fdigits/infer", 404), ("/v2/models/%2Fetc%2Fpasswd/infer", 404),
-    ("/v2/models/digits/versions/..%2F..%2F1/infer", 404), ("/v2/models/../digits/infer", 404),
-])
+@pytest.mark.parametrize(
+    "path, status",
+    [
+        ("/v2/models/..%2Fdigits/infer", 404),
+        ("/v2/models/%2Fetc%2Fpasswd/infer", 404),
+        ("/v2/models/digits/versions/..%2F..%2F1/infer", 404),
+        ("/v2/models/../digits/infer", 404),
+    ],
+)
 def test_request_names_are_lookups_not_paths(servers, path, status):
     srv = servers("inprocess")
-    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}],
-                       "parameters": {"variant": "../../small"}}).encode()
+    body = json.dumps(
+        {
+            "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}],
+            "parameters": {"variant": "../../small"},
+        }
+    ).encode()
     req = urllib.request.Request(f"http://{srv.http_url}{path}", data=body, method="POST")
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(req, timeout=10)
@@ -152,8 +199,12 @@ def test_request_names_are_lookups_not_paths(servers, path, status):
 
 def test_variant_parameter_is_a_lookup(servers):
     srv = servers("inprocess")
-    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}],
-                       "parameters": {"variant": "../heavy/large"}}).encode()
+    body = json.dumps(
+        {
+            "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}],
+            "parameters": {"variant": "../heavy/large"},
+        }
+    ).encode()
     req = urllib.request.Request(f"http://{srv.http_url}/v2/models/digits/infer", data=body, method="POST")
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(req, timeout=10)

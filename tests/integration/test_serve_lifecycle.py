@@ -28,16 +28,38 @@ def test_serve_answers_then_stops_on_signal(model_repo, sig):
 def test_bad_config_names_the_key(tmp_path, model_repo):
     cfg = tmp_path / "bad.json"
     cfg.write_text('{"http_port": "eighty", "max_queue_rows": 0}')
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--repo", str(model_repo)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--repo", str(model_repo)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "http_port='eighty'" in r.stderr and "max_queue_rows=0" in r.stderr
 
 
 def test_missing_repository_is_a_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--backend", "inprocess",
-                        "--repo", str(tmp_path / "nothing"), "--http-port", "0", "--grpc-port", "0"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--backend",
+            "inprocess",
+            "--repo",
+            str(tmp_path / "nothing"),
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "sloserve models build" in r.stderr
 
 

@@ -72,9 +72,14 @@ async def sheds_on_a_saturated_loop(repo) -> tuple[float, float, list[int], floa
     """(queue sheds timed, of which within 1 ms, status codes, the loop's largest lag seen) for bursts
     served next to the hog."""
     # loop_lag_shed_ms 0: the hog lags the loop ~4-6 ms, and this test is about the queue's sheds, not the door's
-    settings = Settings(repo=repo, backend="inprocess", http_port=0, grpc_port=0, loop_lag_shed_ms=0,
-                        models={"digits": {"fault_delay_ms": 30.0,
-                                           "batching": {"policy": "slo", "max_batch_size": 1}}})
+    settings = Settings(
+        repo=repo,
+        backend="inprocess",
+        http_port=0,
+        grpc_port=0,
+        loop_lag_shed_ms=0,
+        models={"digits": {"fault_delay_ms": 30.0, "batching": {"policy": "slo", "max_batch_size": 1}}},
+    )
     gw = Gateway(settings)
     await gw.start()
     hog = LoopHog()
@@ -122,8 +127,10 @@ async def test_a_lagging_loop_refuses_at_the_door_and_serves_again_once_it_recov
     shutil.copytree(model_repo / "digits", repo / "digits")
     gw = Gateway(Settings(repo=repo, backend="inprocess", http_port=0, grpc_port=0, loop_lag_shed_ms=1.0))
     assert door_ms(Settings(repo=repo, backend="inprocess")) == 5.0  # the defaults
-    assert door_ms(Settings(repo=repo, backend="ray")) == 0.0 and door_ms(Settings(repo=repo, backend="ray",
-                                                                                  loop_lag_shed_ms=3)) == 3.0
+    assert (
+        door_ms(Settings(repo=repo, backend="ray")) == 0.0
+        and door_ms(Settings(repo=repo, backend="ray", loop_lag_shed_ms=3)) == 3.0
+    )
     await gw.start()
     hog = LoopHog(width=20)  # ~8 ms of ready work per iteration: a timer runs ~4 ms late on average
     try:

@@ -39,12 +39,16 @@ def typed_server(model_repo, tmp_path_factory):
         for v in VARIANTS:
             shutil.copytree(model_repo / model / v, repo / model / v)
     settings = repo / "typed.json"
-    settings.write_text(json.dumps({
-        "ray_num_cpus": 2,
-        "emulated_gpus": {"T4": 1, "A100": 1},
-        "replica_gpu_fraction": 0.5,
-        "models": {m: {"device_type": d} for m, d in DEVICES.items()},
-    }))
+    settings.write_text(
+        json.dumps(
+            {
+                "ray_num_cpus": 2,
+                "emulated_gpus": {"T4": 1, "A100": 1},
+                "replica_gpu_fraction": 0.5,
+                "models": {m: {"device_type": d} for m, d in DEVICES.items()},
+            }
+        )
+    )
     s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
     s.repo = repo
     yield s
@@ -150,8 +154,14 @@ print("PROBE-RESULT " + json.dumps(out, default=str))
 def probe(typed_server):
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
     try:
-        r = subprocess.run([sys.executable, "-c", PROBE, gcs_address(typed_server), json.dumps(DEVICES),
-                            ",".join(VARIANTS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", PROBE, gcs_address(typed_server), json.dumps(DEVICES), ",".join(VARIANTS)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"the probe did not finish in 120 s:\n{(e.stderr or b'')[-5000:]!r}") from None
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("PROBE-RESULT ")]

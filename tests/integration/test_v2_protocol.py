@@ -48,8 +48,7 @@ def grpc_inputs(x):
 
 
 def raw_post(server, path, body: bytes, headers=None):
-    req = urllib.request.Request(f"http://{server.http_url}{path}", data=body, method="POST",
-                                 headers=headers or {})
+    req = urllib.request.Request(f"http://{server.http_url}{path}", data=body, method="POST", headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, r.read(), dict(r.headers)
@@ -82,8 +81,10 @@ def test_health_and_metadata_grpc(server):
 def test_http_infer_json_and_binary(server, model_repo, binary):
     c = httpclient.InferenceServerClient(server.http_url)
     x = digits_input(3)
-    outs = [httpclient.InferRequestedOutput("probs", binary_data=binary),
-            httpclient.InferRequestedOutput("label", binary_data=binary)]
+    outs = [
+        httpclient.InferRequestedOutput("probs", binary_data=binary),
+        httpclient.InferRequestedOutput("label", binary_data=binary),
+    ]
     r = c.infer("digits", http_inputs(x, binary), outputs=outs, parameters={"variant": "medium"})
     probs, label = reference(model_repo, "digits", "medium", x)
     np.testing.assert_allclose(r.as_numpy("probs"), probs, rtol=1e-5, atol=1e-6)
@@ -106,13 +107,12 @@ def test_http_default_outputs_are_binary(server, model_repo):
     assert r.as_numpy("label").dtype == np.int64
 
 
-
-
 def test_grpc_infer(server, model_repo):
     c = grpcclient.InferenceServerClient(server.grpc_url)
     x = digits_input(2)
-    r = c.infer("digits", grpc_inputs(x), priority=3, parameters={"slo_ms": 50.0, "min_accuracy": 0.95},
-                request_id="abc")
+    r = c.infer(
+        "digits", grpc_inputs(x), priority=3, parameters={"slo_ms": 50.0, "min_accuracy": 0.95}, request_id="abc"
+    )
     probs, label = reference(model_repo, "digits", best(model_repo), x)
     np.testing.assert_allclose(r.as_numpy("probs"), probs, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(r.as_numpy("label"), label)
@@ -170,7 +170,7 @@ async def test_64_concurrent_distinct_requests_each_get_their_own_answer(server,
     finally:
         await hc.close()
         await gc.close()
-    for x, (probs, label, served) in zip(xs, results):
+    for x, (probs, label, served) in zip(xs, results, strict=True):
         assert served in ("small", "medium", "large")
         rp, rl = reference(model_repo, "digits", served, x)
         np.testing.assert_allclose(probs, rp, rtol=1e-5, atol=1e-6)
@@ -179,17 +179,84 @@ async def test_64_concurrent_distinct_requests_each_get_their_own_answer(server,
 
 BAD_HTTP = [
     # (path, body, expected status, message fragment)
-    ("/v2/models/nope/infer", {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}]}, 404, "unknown model 'nope'"),
-    ("/v2/models/digits/versions/7/infer", {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}]}, 404, "no version '7'"),
-    ("/v2/models/digits/infer", {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "INT32", "data": [0] * 64}]}, 400, "expects FP32"),
-    ("/v2/models/digits/infer", {"inputs": [{"name": "input", "shape": [1, 63], "datatype": "FP32", "data": [0] * 63}]}, 400, "expects [-1, 64]"),
-    ("/v2/models/digits/infer", {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 60}]}, 400, "needs 64 elements"),
-    ("/v2/models/digits/infer", {"inputs": [{"name": "other", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}]}, 400, "no input 'other'"),
-    ("/v2/models/digits/infer", {"inputs": [{"name": "input", "shape": [65, 64], "datatype": "FP32", "data": [0] * 65 * 64}]}, 400, "max_batch_size 64"),
-    ("/v2/models/digits/infer", {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}], "parameters": {"variant": "huge"}}, 400, "unknown variant 'huge'"),
-    ("/v2/models/digits/infer", {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}], "parameters": {"min_accuracy": 0.999}}, 400, "no variant of 'digits' reaches"),
-    ("/v2/models/digits/infer", {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}], "outputs": [{"name": "logits"}]}, 400, "no output 'logits'"),
-    ("/v2/models/digits/infer", {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}], "parameters": {"variant": "small", "min_accuracy": 0.9}}, 400, "below the min_accuracy"),
+    (
+        "/v2/models/nope/infer",
+        {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}]},
+        404,
+        "unknown model 'nope'",
+    ),
+    (
+        "/v2/models/digits/versions/7/infer",
+        {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}]},
+        404,
+        "no version '7'",
+    ),
+    (
+        "/v2/models/digits/infer",
+        {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "INT32", "data": [0] * 64}]},
+        400,
+        "expects FP32",
+    ),
+    (
+        "/v2/models/digits/infer",
+        {"inputs": [{"name": "input", "shape": [1, 63], "datatype": "FP32", "data": [0] * 63}]},
+        400,
+        "expects [-1, 64]",
+    ),
+    (
+        "/v2/models/digits/infer",
+        {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 60}]},
+        400,
+        "needs 64 elements",
+    ),
+    (
+        "/v2/models/digits/infer",
+        {"inputs": [{"name": "other", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}]},
+        400,
+        "no input 'other'",
+    ),
+    (
+        "/v2/models/digits/infer",
+        {"inputs": [{"name": "input", "shape": [65, 64], "datatype": "FP32", "data": [0] * 65 * 64}]},
+        400,
+        "max_batch_size 64",
+    ),
+    (
+        "/v2/models/digits/infer",
+        {
+            "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}],
+            "parameters": {"variant": "huge"},
+        },
+        400,
+        "unknown variant 'huge'",
+    ),
+    (
+        "/v2/models/digits/infer",
+        {
+            "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}],
+            "parameters": {"min_accuracy": 0.999},
+        },
+        400,
+        "no variant of 'digits' reaches",
+    ),
+    (
+        "/v2/models/digits/infer",
+        {
+            "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}],
+            "outputs": [{"name": "logits"}],
+        },
+        400,
+        "no output 'logits'",
+    ),
+    (
+        "/v2/models/digits/infer",
+        {
+            "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0] * 64}],
+            "parameters": {"variant": "small", "min_accuracy": 0.9},
+        },
+        400,
+        "below the min_accuracy",
+    ),
 ]
 
 
@@ -209,9 +276,11 @@ def test_http_malformed_and_oversized(server):
     assert code == 400
     # The 413 comes from the headers alone, before the body is read.
     import socket
+
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
-        sock.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{"
-                     % (65 * 1024 * 1024))
+        sock.sendall(
+            b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{" % (65 * 1024 * 1024)
+        )
         reply = b""
         while b"max_request_bytes" not in reply:
             chunk = sock.recv(65536)
@@ -234,14 +303,23 @@ def test_http_errors_through_tritonclient(server):
     assert not c.is_model_ready("nope")
 
 
-@pytest.mark.parametrize("model, x, kwargs, code, fragment", [
-    ("nope", np.zeros((1, 64), np.float32), {}, "StatusCode.NOT_FOUND", "unknown model"),
-    ("digits", np.zeros((1, 64), np.float32), {"model_version": "9"}, "StatusCode.NOT_FOUND", "no version"),
-    ("digits", np.zeros((1, 32), np.float32), {}, "StatusCode.INVALID_ARGUMENT", "expects [-1, 64]"),
-    ("digits", np.zeros((1, 64), np.float64), {}, "StatusCode.INVALID_ARGUMENT", "expects FP32"),
-    ("digits", np.zeros((70, 64), np.float32), {}, "StatusCode.INVALID_ARGUMENT", "max_batch_size"),
-    ("digits", np.zeros((1, 64), np.float32), {"parameters": {"variant": "xl"}}, "StatusCode.INVALID_ARGUMENT", "unknown variant"),
-])
+@pytest.mark.parametrize(
+    "model, x, kwargs, code, fragment",
+    [
+        ("nope", np.zeros((1, 64), np.float32), {}, "StatusCode.NOT_FOUND", "unknown model"),
+        ("digits", np.zeros((1, 64), np.float32), {"model_version": "9"}, "StatusCode.NOT_FOUND", "no version"),
+        ("digits", np.zeros((1, 32), np.float32), {}, "StatusCode.INVALID_ARGUMENT", "expects [-1, 64]"),
+        ("digits", np.zeros((1, 64), np.float64), {}, "StatusCode.INVALID_ARGUMENT", "expects FP32"),
+        ("digits", np.zeros((70, 64), np.float32), {}, "StatusCode.INVALID_ARGUMENT", "max_batch_size"),
+        (
+            "digits",
+            np.zeros((1, 64), np.float32),
+            {"parameters": {"variant": "xl"}},
+            "StatusCode.INVALID_ARGUMENT",
+            "unknown variant",
+        ),
+    ],
+)
 def test_grpc_errors(server, model, x, kwargs, code, fragment):
     c = grpcclient.InferenceServerClient(server.grpc_url)
     dt = {np.float32: "FP32", np.float64: "FP64"}[x.dtype.type]
@@ -264,14 +342,30 @@ def grpc_stub(server):
     return service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
 
 
-@pytest.mark.parametrize("build, fragment", [
-    (lambda r: (r.inputs.add(name="input", datatype="FP32", shape=[1, 64]), r.raw_input_contents.append(b"\0" * 100)), "needs 256"),
-    (lambda r: (r.inputs.add(name="input", datatype="FP32", shape=[1, 64]),), "needs 64 elements"),
-    (lambda r: (r.inputs.add(name="input", datatype="FP32", shape=[1, 64]), r.inputs.add(name="x", datatype="FP32", shape=[1]), r.raw_input_contents.append(b"\0" * 256)), "2 inputs"),
-    (lambda r: _typed_with_param(r, "priority", "high"), "priority"),
-    (lambda r: _typed_with_param(r, "slo_ms", "soon"), "slo_ms"),
-    (lambda r: None, "at least one input"),
-])
+@pytest.mark.parametrize(
+    "build, fragment",
+    [
+        (
+            lambda r: (
+                r.inputs.add(name="input", datatype="FP32", shape=[1, 64]),
+                r.raw_input_contents.append(b"\0" * 100),
+            ),
+            "needs 256",
+        ),
+        (lambda r: (r.inputs.add(name="input", datatype="FP32", shape=[1, 64]),), "needs 64 elements"),
+        (
+            lambda r: (
+                r.inputs.add(name="input", datatype="FP32", shape=[1, 64]),
+                r.inputs.add(name="x", datatype="FP32", shape=[1]),
+                r.raw_input_contents.append(b"\0" * 256),
+            ),
+            "2 inputs",
+        ),
+        (lambda r: _typed_with_param(r, "priority", "high"), "priority"),
+        (lambda r: _typed_with_param(r, "slo_ms", "soon"), "slo_ms"),
+        (lambda r: None, "at least one input"),
+    ],
+)
 def test_grpc_wire_mistakes(server, build, fragment):
     import grpc
     from tritonclient.grpc import service_pb2 as pb

@@ -15,8 +15,9 @@ from loadtests.bench.systems import binary_body
 
 def test_binary_body_decodes_to_the_json_body_tensor():
     data = np.random.default_rng(0).random(1024, dtype=np.float32)
-    js = json.dumps({"inputs": [{"name": "input", "shape": [1, 1024], "datatype": "FP32",
-                                 "data": [float(x) for x in data]}]}).encode()
+    js = json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 1024], "datatype": "FP32", "data": [float(x) for x in data]}]}
+    ).encode()
     wire, headers = binary_body(js)
     assert headers["Content-Type"] == "application/octet-stream"
     n = int(headers["Inference-Header-Content-Length"])
@@ -30,14 +31,26 @@ def test_binary_body_decodes_to_the_json_body_tensor():
 def test_binary_is_refused_for_a_peer_without_the_extension(tmp_path):
     p = argparse.ArgumentParser()
     closed.add_arguments(p)
-    args = p.parse_args(["--repo", str(tmp_path), "--model", "heavy", "--variant", "large",
-                         "--systems", "sloserve,mlserver", "--binary"])
+    args = p.parse_args(
+        [
+            "--repo",
+            str(tmp_path),
+            "--model",
+            "heavy",
+            "--variant",
+            "large",
+            "--systems",
+            "sloserve,mlserver",
+            "--binary",
+        ]
+    )
     with pytest.raises(SystemExit, match="mlserver do not take KServe's binary tensor extension"):
         closed.run(args)
 
 
 def test_bench_slo_binary_is_refused_for_peers_without_the_extension(monkeypatch):
     from loadtests.bench import slo
+
     p = argparse.ArgumentParser()
     slo.add_arguments(p)
     args = p.parse_args(["--systems", "sloserve-slo,triton,rayserve", "--binary"])
@@ -56,12 +69,17 @@ def test_the_open_loop_generator_sends_the_binary_body_with_its_headers(tmp_path
     from loadtests.bench.gen import Generator
     from loadtests.bench.slo import generator_headers
 
-    js = json.dumps({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
-                                 "data": [1.0, 2.0, 3.0, 4.0]}]}).encode()
+    js = json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
+    ).encode()
     wire, body_headers = binary_body(js)
     (tmp_path / "body").write_bytes(wire)
-    spec = {"port": 1, "path": "/v2/models/heavy/infer", "body_file": str(tmp_path / "body"),
-            **generator_headers({"x-slo-ms": "20"}, body_headers)}
+    spec = {
+        "port": 1,
+        "path": "/v2/models/heavy/infer",
+        "body_file": str(tmp_path / "body"),
+        **generator_headers({"x-slo-ms": "20"}, body_headers),
+    }
     head, _, body = Generator(spec, array("d", [0.0])).request.partition(b"\r\n\r\n")
     lines = head.decode().split("\r\n")
     assert [x for x in lines if x.lower().startswith("content-type")] == ["Content-Type: application/octet-stream"]

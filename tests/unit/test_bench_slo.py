@@ -27,11 +27,13 @@ def test_low_rates_are_stretched_to_carry_enough_requests():
 
 def test_server_on_time_from_two_scrapes():
     def scrape(met, late):
-        return (f'# TYPE sloserve_slo_requests_total counter\n'
-                f'sloserve_slo_requests_total{{model="heavy",met="true"}} {met}\n'
-                f'sloserve_slo_requests_total{{model="heavy",met="false"}} {late}\n'
-                f'sloserve_slo_requests_total{{model="digits",met="true"}} 5.0\n'
-                f'sloserve_slo_requests_created{{model="heavy",met="true"}} 1.7e9\n')
+        return (
+            f"# TYPE sloserve_slo_requests_total counter\n"
+            f'sloserve_slo_requests_total{{model="heavy",met="true"}} {met}\n'
+            f'sloserve_slo_requests_total{{model="heavy",met="false"}} {late}\n'
+            f'sloserve_slo_requests_total{{model="digits",met="true"}} 5.0\n'
+            f'sloserve_slo_requests_created{{model="heavy",met="true"}} 1.7e9\n'
+        )
 
     before, after = slo_counts(scrape(10.0, 1.0)), slo_counts(scrape(108.0, 3.0))
     assert before == {"true": 15.0, "false": 1.0}
@@ -60,8 +62,13 @@ def test_step_metrics_count_late_answers_per_variant():
     from loadtests.bench.slo import metrics
 
     a = _args(slo_ms=20.0, _variants=["small", "medium", "large"])
-    recs = [(0.0, 0.0, 0.010, 200, 2), (0.0, 0.0, 0.030, 200, 2), (0.0, 0.0, 0.025, 200, 1),
-            (0.0, 0.0, 0.005, 200, 1), (0.0, 0.0, 0.001, 503, -1)]
+    recs = [
+        (0.0, 0.0, 0.010, 200, 2),
+        (0.0, 0.0, 0.030, 200, 2),
+        (0.0, 0.0, 0.025, 200, 1),
+        (0.0, 0.0, 0.005, 200, 1),
+        (0.0, 0.0, 0.001, 503, -1),
+    ]
     trailer = {"server_cpu_s": 0.1, "gen_cpu_s": 0.1, "other_cpu_s": 0.0}
     m = metrics(recs, trailer, a, {0: 0.83, 1: 0.93, 2: 0.98}, None, rate=200)
     assert m["variants"] == {"large": 2, "medium": 2}
@@ -94,8 +101,9 @@ def test_sloserve_batching_settings_are_merged_and_checked(monkeypatch):
         main_args(p.parse_args(["--sloserve-batching", '{"policy": "timeout"}']))
     # a setting one of the listed policies does not take is refused before anything starts
     with pytest.raises(SystemExit, match="sloserve-timeout: .*safety_ms"):
-        main_args(p.parse_args(["--systems", "sloserve-slo@any,sloserve-timeout", "--sloserve-batching",
-                                '{"safety_ms": 2}']))
+        main_args(
+            p.parse_args(["--systems", "sloserve-slo@any,sloserve-timeout", "--sloserve-batching", '{"safety_ms": 2}'])
+        )
     with pytest.raises(SystemExit, match="sloserve-slo: .*safty_ms"):
         main_args(p.parse_args(["--systems", "sloserve-slo", "--sloserve-batching", '{"safty_ms": 2}']))
 
@@ -125,11 +133,22 @@ def test_batch_stats_per_variant_from_two_scrapes():
 def test_timeline_bins_requests_by_scheduled_send_time():
     from loadtests.bench.slo import timeline
 
-    recs = [(0.1, 0.1, 0.105, 200, 0), (0.2, 0.2, 0.3, 200, 1), (0.7, 0.7, 0.71, 503, -1),
-            (1.4, 1.4, -1.0, 0, -1), (1.45, 1.45, 1.46, 200, 1)]
+    recs = [
+        (0.1, 0.1, 0.105, 200, 0),
+        (0.2, 0.2, 0.3, 200, 1),
+        (0.7, 0.7, 0.71, 503, -1),
+        (1.4, 1.4, -1.0, 0, -1),
+        (1.45, 1.45, 1.46, 200, 1),
+    ]
     t = timeline(recs, slo=0.02, dur=1.5, names=["large", "medium"])
-    assert t == {"bin_s": 0.5, "sent": [2, 1, 2], "on_time": [1, 0, 1], "late": [1, 0, 0], "shed": [0, 1, 0],
-                 "variants": {"large": [1, 0, 0], "medium": [1, 0, 1]}}
+    assert t == {
+        "bin_s": 0.5,
+        "sent": [2, 1, 2],
+        "on_time": [1, 0, 1],
+        "late": [1, 0, 0],
+        "shed": [0, 1, 0],
+        "variants": {"large": [1, 0, 0], "medium": [1, 0, 1]},
+    }
 
 
 def test_gil_probe_runs_and_reports_both_timings(model_repo, capsys):
@@ -139,8 +158,21 @@ def test_gil_probe_runs_and_reports_both_timings(model_repo, capsys):
 
     before = sys.getswitchinterval()
     try:
-        assert gil_probe.main(["--model", str(model_repo / "digits" / "small" / "model.onnx"), "--rows", "2",
-                               "--runs", "3", "--switch-interval-ms", "1"]) == 0
+        assert (
+            gil_probe.main(
+                [
+                    "--model",
+                    str(model_repo / "digits" / "small" / "model.onnx"),
+                    "--rows",
+                    "2",
+                    "--runs",
+                    "3",
+                    "--switch-interval-ms",
+                    "1",
+                ]
+            )
+            == 0
+        )
     finally:
         sys.setswitchinterval(before)  # the probe sets it for its process; not for the rest of the suite
     out = capsys.readouterr().out
@@ -172,7 +204,8 @@ def test_a_system_runs_from_another_tree(tmp_path):
         split_tree("triton:before", trees)
     with pytest.raises(SystemExit, match="LABEL=PATH"):
         parse_trees([f"x={tmp_path / 'nope'}"])
-    launch = from_tree(Launch("sloserve-default", ["/venv/bin/sloserve", "serve", "--repo", "r"], "u", None),
-                       trees["before"])
+    launch = from_tree(
+        Launch("sloserve-default", ["/venv/bin/sloserve", "serve", "--repo", "r"], "u", None), trees["before"]
+    )
     assert launch.argv[:3] == [sys.executable, "-m", "gateway.cli"] and launch.argv[3:] == ["serve", "--repo", "r"]
     assert launch.cwd == tmp_path.resolve() and launch.env["PYTHONPATH"] == str(tmp_path.resolve())

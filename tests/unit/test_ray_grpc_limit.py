@@ -7,14 +7,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = ("import models.ray_replica, ray.serve._private.constants as c; "
-         "print(c.RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)")
+PROBE = (
+    "import models.ray_replica, ray.serve._private.constants as c; print(c.RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)"
+)
 
 
 def _probe(env):
     env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True
+    )
     return int(out.stdout.strip().splitlines()[-1])
 
 

@@ -7,8 +7,13 @@ from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingP
 
 from autoscaler.ray_policy import STATE_KEY, SwayamRayPolicy
 
-KWARGS = {"slo_ms": 100, "max_batch_size": 16, "batch_sizes": [1, 16], "p99_ms": [10, 40],
-          "swayam": {"startup_s": 5, "interval_s": 1, "keep_alive_s": 30}}
+KWARGS = {
+    "slo_ms": 100,
+    "max_batch_size": 16,
+    "batch_sizes": [1, 16],
+    "p99_ms": [10, 40],
+    "swayam": {"startup_s": 5, "interval_s": 1, "keep_alive_s": 30},
+}
 
 
 def make_ctx(config, *, now, rate_by_gw, current=1, target=1, state=None, ongoing=0.0):
@@ -20,19 +25,34 @@ def make_ctx(config, *, now, rate_by_gw, current=1, target=1, state=None, ongoin
         metrics[f"sloserve_share/{gw}"] = {r: share for r in replicas}
     # keyword for keyword as ray/serve/_private/autoscaling_state.py get_autoscaling_context
     return AutoscalingContext(
-        deployment_id=dep, deployment_name=dep.name, app_name=dep.app_name,
-        current_num_replicas=len(replicas), target_num_replicas=target, running_replicas=replicas,
-        total_num_requests=lambda: ongoing, capacity_adjusted_min_replicas=config.min_replicas,
-        capacity_adjusted_max_replicas=config.max_replicas, policy_state=dict(state or {}),
-        current_time=now, config=config, total_queued_requests=lambda: 0.0,
-        aggregated_metrics=lambda: metrics, raw_metrics=dict, last_scale_up_time=None,
-        last_scale_down_time=None)
+        deployment_id=dep,
+        deployment_name=dep.name,
+        app_name=dep.app_name,
+        current_num_replicas=len(replicas),
+        target_num_replicas=target,
+        running_replicas=replicas,
+        total_num_requests=lambda: ongoing,
+        capacity_adjusted_min_replicas=config.min_replicas,
+        capacity_adjusted_max_replicas=config.max_replicas,
+        policy_state=dict(state or {}),
+        current_time=now,
+        config=config,
+        total_queued_requests=lambda: 0.0,
+        aggregated_metrics=lambda: metrics,
+        raw_metrics=dict,
+        last_scale_up_time=None,
+        last_scale_down_time=None,
+    )
 
 
 def ray_config(kwargs=None):
     return AutoscalingConfig(
-        min_replicas=1, max_replicas=50, upscale_delay_s=0, downscale_delay_s=0,
-        policy=AutoscalingPolicy(policy_function=SwayamRayPolicy, policy_kwargs=kwargs or KWARGS))
+        min_replicas=1,
+        max_replicas=50,
+        upscale_delay_s=0,
+        downscale_delay_s=0,
+        policy=AutoscalingPolicy(policy_function=SwayamRayPolicy, policy_kwargs=kwargs or KWARGS),
+    )
 
 
 def test_direct_call_scales_with_partial_views():
@@ -55,12 +75,14 @@ def test_through_rays_own_wrapper_and_keep_alive():
     peak = n
     # load drops: the replicas stay for the keep-alive (30 s), then go
     for t in range(1, 30):
-        n, state = policy(make_ctx(cfg, now=float(t), rate_by_gw={"gw0": (10.0, 1.0)}, current=peak,
-                                   target=peak, state=state))
+        n, state = policy(
+            make_ctx(cfg, now=float(t), rate_by_gw={"gw0": (10.0, 1.0)}, current=peak, target=peak, state=state)
+        )
         assert n == peak, t
     for t in range(30, 100):
-        n, state = policy(make_ctx(cfg, now=float(t), rate_by_gw={"gw0": (10.0, 1.0)}, current=n,
-                                   target=n, state=state))
+        n, state = policy(
+            make_ctx(cfg, now=float(t), rate_by_gw={"gw0": (10.0, 1.0)}, current=n, target=n, state=state)
+        )
     assert n == 1
 
 
@@ -81,8 +103,9 @@ def test_state_json_round_trip_and_one_source_of_defaults():
     policy = SwayamRayPolicy(**KWARGS)
     assert policy.config.keep_alive_s == 30  # what the deployment asks wins
     # the rest: the simulator's defaults, the same object model
-    assert policy.config.model_dump(exclude={"keep_alive_s", "startup_s", "interval_s"}) == \
-        SwayamConfig().model_dump(exclude={"keep_alive_s", "startup_s", "interval_s"})
+    assert policy.config.model_dump(exclude={"keep_alive_s", "startup_s", "interval_s"}) == SwayamConfig().model_dump(
+        exclude={"keep_alive_s", "startup_s", "interval_s"}
+    )
 
 
 def test_a_fallback_profile_shrinks_the_keep_alive_buffer():
@@ -92,14 +115,20 @@ def test_a_fallback_profile_shrinks_the_keep_alive_buffer():
     assert SwayamRayPolicy(**fb).service.fallback is not None and SwayamRayPolicy(**KWARGS).service.fallback is None
     kept = {}
     for name, kw in (("plain", KWARGS), ("fallback", fb)):
-        cfg = AutoscalingConfig(min_replicas=1, max_replicas=50, upscale_delay_s=0, downscale_delay_s=0,
-                                policy=AutoscalingPolicy(policy_function=SwayamRayPolicy, policy_kwargs=kw))
+        cfg = AutoscalingConfig(
+            min_replicas=1,
+            max_replicas=50,
+            upscale_delay_s=0,
+            downscale_delay_s=0,
+            policy=AutoscalingPolicy(policy_function=SwayamRayPolicy, policy_kwargs=kw),
+        )
         policy = _apply_autoscaling_config(_resolve_policy_callable(cfg.policy))
         peak, state = policy(make_ctx(cfg, now=0.0, rate_by_gw={"gw0": (900.0, 1.0)}))
         n = peak
         for t in range(1, 10):  # the load falls; within the keep-alive
-            n, state = policy(make_ctx(cfg, now=float(t), rate_by_gw={"gw0": (100.0, 1.0)}, current=n,
-                                       target=n, state=state))
+            n, state = policy(
+                make_ctx(cfg, now=float(t), rate_by_gw={"gw0": (100.0, 1.0)}, current=n, target=n, state=state)
+            )
         kept[name] = (peak, n)
     assert kept["plain"][1] == kept["plain"][0] >= 3
     assert kept["fallback"][0] == kept["plain"][0]  # the peak itself is sized on the best variant
@@ -107,8 +136,8 @@ def test_a_fallback_profile_shrinks_the_keep_alive_buffer():
 
 
 def test_the_gateway_passes_the_next_variant_down_as_the_fallback_of_a_shared_model(model_repo):
-    from gateway.config import load_settings
     from gateway.backends.ray import RayServeBackend
+    from gateway.config import load_settings
     from models.repository import ModelRepository
 
     repo = ModelRepository(model_repo).load()

@@ -32,6 +32,7 @@ SVC = ServiceModel(Curve((1, 8, 32), (0.010, 0.020, 0.050), (0.012, 0.024, 0.060
 
 # ---- the reference: the tuple implementation, verbatim but for names
 
+
 def _ref_first_after(points, t0, lo=0):
     return bisect.bisect_right(points, (t0, math.inf), lo)
 
@@ -63,7 +64,7 @@ def ref_seasonal_changes(season, now, horizon_s, periods_s, cycles, base_s):
 def ref_add(season, now, rate, config):
     bucket = config.season_bucket_s
     span = max(config.season_periods_s) * config.season_cycles + config.season_base_s + bucket
-    season = season[_ref_first_after(season, now - span):]
+    season = season[_ref_first_after(season, now - span) :]
     if season and now - season[-1][0] < bucket - 1e-9:
         season = season[:-1]
     return season + ((now, rate),)
@@ -79,8 +80,16 @@ def ref_level(season, now, base_s):
 CONFIGS = [
     SwayamConfig(startup_s=10, interval_s=30),  # the scale run's (default periods 300/900/3600 s)
     SwayamConfig(startup_s=10, interval_s=10, season_periods_s=(60.0, 150.0), season_cycles=2, season_base_s=20.0),
-    SwayamConfig(startup_s=5, interval_s=7, season_periods_s=(40.0, 90.0), season_cycles=3, season_base_s=15.0,
-                 season_bucket_s=10.0, hold_quantile=0.8, hold_window_s=120.0),
+    SwayamConfig(
+        startup_s=5,
+        interval_s=7,
+        season_periods_s=(40.0, 90.0),
+        season_cycles=3,
+        season_base_s=15.0,
+        season_bucket_s=10.0,
+        hold_quantile=0.8,
+        hold_window_s=120.0,
+    ),
 ]
 
 
@@ -119,7 +128,7 @@ def test_seasonal_fast_path_matches_the_tuple_version(h):
     ref = ()  # the reference's season tuple
     old = []  # (state, ref, now, rate) to decide again from: a fork of the shared lists
     now = 1000.0
-    for n, (step, rate) in enumerate(zip(steps, rates)):
+    for n, (step, rate) in enumerate(zip(steps, rates, strict=True)):
         now += step  # a fake clock: the policy reads no other
         s = snap(rate, now, step)
         _, new = decide(s, cfg, state, now)
@@ -129,10 +138,13 @@ def test_seasonal_fast_path_matches_the_tuple_version(h):
         assert as_pairs(new.season) == ref
         for horizon, at in ((cfg.startup_s + cfg.interval_s, now), (cfg.interval_s, now - cfg.interval_s)):
             want = ref_seasonal_changes(ref, at, horizon, cfg.season_periods_s, cfg.season_cycles, cfg.season_base_s)
-            assert seasonal_changes(new.season, at, horizon, cfg.season_periods_s, cfg.season_cycles,
-                                    cfg.season_base_s) == want
-            assert seasonal_changes(ref, at, horizon, cfg.season_periods_s, cfg.season_cycles,
-                                    cfg.season_base_s) == want  # a plain tuple still works
+            assert (
+                seasonal_changes(new.season, at, horizon, cfg.season_periods_s, cfg.season_cycles, cfg.season_base_s)
+                == want
+            )
+            assert (
+                seasonal_changes(ref, at, horizon, cfg.season_periods_s, cfg.season_cycles, cfg.season_base_s) == want
+            )  # a plain tuple still works
         if ref:
             assert SeasonLog.of(new.season)._level(now - cfg.season_base_s) == ref_level(ref, now, cfg.season_base_s)
         if n in forks:
@@ -157,7 +169,9 @@ def test_decisions_match_the_tuple_version_on_a_recurring_spike():
         da, a = decide(s, cfg, a, t)
         db, b = decide(s, cfg, replace(b, season=tuple(b.season)), t)
         assert da == db and a == b
-    assert isinstance(a.season, SeasonLog) and len(a.season) == 724  # (now - 7240 s, now]: 2 x 3600 s + 30 s + one bucket, per 10 s
+    assert (
+        isinstance(a.season, SeasonLog) and len(a.season) == 724
+    )  # (now - 7240 s, now]: 2 x 3600 s + 30 s + one bucket, per 10 s
 
 
 def test_log_is_a_sequence_of_pairs_and_never_changes():

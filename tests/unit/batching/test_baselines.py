@@ -6,12 +6,12 @@ from batching.types import BatchResult, Dispatch, QueuedItem, Shed, Wait
 
 def test_all_builtins_registered():
     from batching import POLICIES
+
     assert {"timeout", "fixed", "aimd", "nexus", "slo"} <= set(POLICIES)
 
 
 def test_fixed_preferred_sizes_then_max_queue_delay():
-    p = make_policy("fixed", max_batch_size=8, preferred_batch_sizes=(4,), max_queue_delay_ms=1.0,
-                    default_variant="v")
+    p = make_policy("fixed", max_batch_size=8, preferred_batch_sizes=(4,), max_queue_delay_ms=1.0, default_variant="v")
     d = p.plan(view(items(5, slo_s=1.0)), 0.0)
     assert isinstance(d, Dispatch) and d.ids == (0, 1, 2, 3) and d.reason == "preferred"
     w = p.plan(view(items(2, slo_s=1.0)), 0.0)

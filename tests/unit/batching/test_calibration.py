@@ -77,6 +77,7 @@ def test_latency_model_refreshes_from_calibrator():
 
 # ---- a regime change: the tail follows from the second slow batch (the ``recent`` floor) ----
 
+
 def test_the_tail_follows_a_regime_change_from_the_second_slow_batch():
     c = Calibrator(table(), min_samples=8, prior_weight=0.0)
     feed(c, 8, 0.004, 200)  # as profiled: ratio 1

@@ -17,9 +17,14 @@ def test_timeout_policy_replay_matches_hand_computation():
 
 def test_deterministic():
     reqs = [Request(i, 0.0003 * i, 0.02, variants=("big", "small")) for i in range(300)]
-    lat = lambda v, n: (0.004 + 0.0005 * n) if v == "big" else (0.001 + 0.0001 * n)
-    runs = [replay(make_policy("slo", latency_fn=lat, variants=["big", "small"]), reqs, lat,
-                   {"big": 1, "small": 1}) for _ in range(2)]
+
+    def lat(v, n):
+        return (0.004 + 0.0005 * n) if v == "big" else (0.001 + 0.0001 * n)
+
+    runs = [
+        replay(make_policy("slo", latency_fn=lat, variants=["big", "small"]), reqs, lat, {"big": 1, "small": 1})
+        for _ in range(2)
+    ]
     assert runs[0].outcomes == runs[1].outcomes and runs[0].batches == runs[1].batches
 
 
@@ -41,8 +46,14 @@ def test_strict_mode_catches_bad_decisions():
     with pytest.raises(PolicyError):
         replay(_Bad(lambda v: Dispatch((99,), "v")), reqs, lambda v, n: 0.001, 1, variants=["v"])
     with pytest.raises(PolicyError):
-        replay(_Bad(lambda v: Dispatch(tuple(i.id for i in v.items), "v")), reqs, lambda v, n: 0.001, 1,
-               variants=["v"], max_batch_size=2)
+        replay(
+            _Bad(lambda v: Dispatch(tuple(i.id for i in v.items), "v")),
+            reqs,
+            lambda v, n: 0.001,
+            1,
+            variants=["v"],
+            max_batch_size=2,
+        )
 
 
 def test_a_policy_that_never_acts_strands_requests():
@@ -51,10 +62,13 @@ def test_a_policy_that_never_acts_strands_requests():
 
 
 def test_admission_refusals_are_outcomes():
-    lat = lambda v, n: 0.002 + 0.001 * n
+    def lat(v, n):
+        return 0.002 + 0.001 * n
+
     reqs = [Request(i, 0.0, 0.05, variants=("v",)) for i in range(200)]
-    r = replay(make_policy("slo", latency_fn=lat, max_batch_size=8), reqs, lat, {"v": 1},
-               max_batch_size=8, admission=True)
+    r = replay(
+        make_policy("slo", latency_fn=lat, max_batch_size=8), reqs, lat, {"v": 1}, max_batch_size=8, admission=True
+    )
     refused = [o for o in r.outcomes if o.reason == "admission"]
     assert refused and all(o.shed and o.late_by_s > 0 for o in refused)
     assert all(o.on_time for o in r.outcomes if not o.shed)

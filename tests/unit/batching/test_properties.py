@@ -24,9 +24,16 @@ def make(name, lat, B, variants=None):
 
 
 workloads = st.lists(
-    st.tuples(st.floats(0.0, 0.004), st.floats(0.002, 0.04), st.integers(1, 4), st.integers(0, 2),
-              st.sampled_from([("big", "small"), ("big",), ("small",)])),
-    min_size=1, max_size=40)
+    st.tuples(
+        st.floats(0.0, 0.004),
+        st.floats(0.002, 0.04),
+        st.integers(1, 4),
+        st.integers(0, 2),
+        st.sampled_from([("big", "small"), ("big",), ("small",)]),
+    ),
+    min_size=1,
+    max_size=40,
+)
 
 
 def to_requests(spec):
@@ -38,13 +45,26 @@ def to_requests(spec):
 
 
 @FAST
-@given(spec=workloads, name=st.sampled_from(["slo", "timeout", "fixed", "aimd", "nexus"]),
-       B=st.integers(1, 16), reps=st.integers(1, 2), busy=st.booleans(), admission=st.booleans())
+@given(
+    spec=workloads,
+    name=st.sampled_from(["slo", "timeout", "fixed", "aimd", "nexus"]),
+    B=st.integers(1, 16),
+    reps=st.integers(1, 2),
+    busy=st.booleans(),
+    admission=st.booleans(),
+)
 def test_every_request_answered_exactly_once_and_no_batch_over_max(spec, name, B, reps, busy, admission):
     reqs = to_requests(spec)
     B = max(B, 4)  # a request may carry up to 4 rows
-    r = replay(make(name, two_variants, B), reqs, two_variants, {"big": reps, "small": reps},
-               max_batch_size=B, busy_until=busy, admission=admission)
+    r = replay(
+        make(name, two_variants, B),
+        reqs,
+        two_variants,
+        {"big": reps, "small": reps},
+        max_batch_size=B,
+        busy_until=busy,
+        admission=admission,
+    )
     assert r.stranded == ()
     served = Counter(i for b in r.batches for i in b.ids)
     assert all(c == 1 for c in served.values())
@@ -59,7 +79,10 @@ def test_every_request_answered_exactly_once_and_no_batch_over_max(spec, name, B
 
 def feasible_trace(a_ms, b_ms, slo_factor, gaps):
     """Latency a + b*n ms; request i arrives gaps[i] * l(1) after the one before, with SLO slo_factor * l(1)."""
-    lat = lambda v, n: (a_ms + b_ms * n) / 1e3
+
+    def lat(v, n):
+        return (a_ms + b_ms * n) / 1e3
+
     l1 = lat("v", 1)
     t, reqs = 0.0, []
     for i, g in enumerate(gaps):
@@ -69,9 +92,14 @@ def feasible_trace(a_ms, b_ms, slo_factor, gaps):
 
 
 @FAST
-@given(a_ms=st.floats(0.2, 5.0), b_ms=st.floats(0.0, 2.0), B=st.integers(1, 32),
-       slo_factor=st.floats(1.0, 8.0), gaps=st.lists(st.floats(1.0, 6.0), min_size=1, max_size=50),
-       busy=st.booleans())
+@given(
+    a_ms=st.floats(0.2, 5.0),
+    b_ms=st.floats(0.0, 2.0),
+    B=st.integers(1, 32),
+    slo_factor=st.floats(1.0, 8.0),
+    gaps=st.lists(st.floats(1.0, 6.0), min_size=1, max_size=50),
+    busy=st.booleans(),
+)
 def test_feasible_load_meets_every_deadline(a_ms, b_ms, B, slo_factor, gaps, busy):
     """One replica; each request could be served alone after the previous one (gap >= l(1),
     SLO >= l(1)); latency is exactly the profile's. The SLO policy then meets every deadline."""
@@ -87,8 +115,9 @@ def test_feasible_load_meets_every_deadline(a_ms, b_ms, B, slo_factor, gaps, bus
 def test_only_infeasible_requests_are_shed(spec, B, busy):
     reqs = to_requests(spec)
     by_id = {q.id: q for q in reqs}
-    r = replay(make("slo", two_variants, B), reqs, two_variants, {"big": 1, "small": 1},
-               max_batch_size=B, busy_until=busy)
+    r = replay(
+        make("slo", two_variants, B), reqs, two_variants, {"big": 1, "small": 1}, max_batch_size=B, busy_until=busy
+    )
     for o in r.outcomes:
         if not o.shed:
             continue
@@ -97,14 +126,14 @@ def test_only_infeasible_requests_are_shed(spec, B, busy):
         for v in q.variants or ("big", "small"):
             start = t
             if busy:  # the replica of v was running a batch that ends after t
-                start = max([t] + [b.finish_s for b in r.batches
-                                   if b.variant == v and b.start_s <= t < b.finish_s])
+                start = max([t] + [b.finish_s for b in r.batches if b.variant == v and b.start_s <= t < b.finish_s])
             assert start + two_variants(v, q.size) > o.deadline_s + 1e-12, (o, v)
         assert o.late_by_s > 0
 
 
-def burst_trace(rate_light=400.0, rate_burst=2500.0, t_burst=(1.0, 2.0), end_s=4.0, slo_s=0.02,
-                variants=("big", "small")):
+def burst_trace(
+    rate_light=400.0, rate_burst=2500.0, t_burst=(1.0, 2.0), end_s=4.0, slo_s=0.02, variants=("big", "small")
+):
     # deterministic evenly spaced arrivals: a light phase, a burst, a light phase
     reqs, t, i = [], 0.0, 0
     while t < end_s:
@@ -119,7 +148,10 @@ def test_variants_degrade_under_overload_and_return_with_hysteresis():
     reqs = burst_trace()
     p = make("slo", two_variants, 32)
     r = replay(p, reqs, two_variants, {"big": 1, "small": 1}, max_batch_size=32)
-    phase = lambda o: 0 if o.arrival_s < 1.0 else (1 if o.arrival_s < 2.0 else 2)
+
+    def phase(o):
+        return 0 if o.arrival_s < 1.0 else (1 if o.arrival_s < 2.0 else 2)
+
     per = [Counter(o.variant for o in r.outcomes if phase(o) == k) for k in range(3)]
     assert per[0]["small"] == 0  # light: the best variant only
     assert per[1]["small"] > 0.2 * sum(per[1].values())  # burst: overflow goes to the cheap one
@@ -129,9 +161,13 @@ def test_variants_degrade_under_overload_and_return_with_hysteresis():
     assert p.levels.switches <= 6  # no flapping
     assert r.attainment > 0.99
     # degrading beats holding on to the best variant: effective accuracy (Model-Switching)
-    only_big = replay(make("slo", two_variants, 32, ["big"]),
-                      [Request(q.id, q.arrival_s, q.slo_s, variants=("big",)) for q in reqs],
-                      two_variants, {"big": 1, "small": 1}, max_batch_size=32)
+    only_big = replay(
+        make("slo", two_variants, 32, ["big"]),
+        [Request(q.id, q.arrival_s, q.slo_s, variants=("big",)) for q in reqs],
+        two_variants,
+        {"big": 1, "small": 1},
+        max_batch_size=32,
+    )
     assert r.effective_accuracy(ACC) > only_big.effective_accuracy(ACC) + 0.02
 
 
@@ -145,14 +181,27 @@ def test_hysteresis_holds_the_level_through_a_short_lull():
 
 # ---- pipelined replicas (QueueView.depth 2: the in-process backend's inprocess_pipeline_depth) ----
 
+
 @FAST
-@given(spec=workloads, name=st.sampled_from(["slo", "timeout", "fixed", "aimd", "nexus"]),
-       B=st.integers(1, 16), reps=st.integers(1, 2), admission=st.booleans())
+@given(
+    spec=workloads,
+    name=st.sampled_from(["slo", "timeout", "fixed", "aimd", "nexus"]),
+    B=st.integers(1, 16),
+    reps=st.integers(1, 2),
+    admission=st.booleans(),
+)
 def test_pipelined_every_request_answered_exactly_once(spec, name, B, reps, admission):
     reqs = to_requests(spec)
     B = max(B, 4)
-    r = replay(make(name, two_variants, B), reqs, two_variants, {"big": reps, "small": reps},
-               max_batch_size=B, admission=admission, depth=2)
+    r = replay(
+        make(name, two_variants, B),
+        reqs,
+        two_variants,
+        {"big": reps, "small": reps},
+        max_batch_size=B,
+        admission=admission,
+        depth=2,
+    )
     assert r.stranded == ()
     served = Counter(i for b in r.batches for i in b.ids)
     assert all(c == 1 for c in served.values())
@@ -164,13 +213,18 @@ def test_pipelined_every_request_answered_exactly_once(spec, name, B, reps, admi
         by_rep.setdefault((b.variant, b.replica), []).append((b.start_s, b.finish_s))
     for spans in by_rep.values():
         spans.sort()
-        assert all(f0 <= s1 + 1e-12 for (_, f0), (s1, _) in zip(spans, spans[1:]))
+        assert all(f0 <= s1 + 1e-12 for (_, f0), (s1, _) in zip(spans, spans[1:], strict=False))
 
 
 @FAST
-@given(a_ms=st.floats(0.2, 5.0), b_ms=st.floats(0.0, 2.0), B=st.integers(1, 32),
-       slo_factor=st.floats(1.0, 8.0), gaps=st.lists(st.floats(1.0, 6.0), min_size=1, max_size=50),
-       reps=st.integers(1, 2))
+@given(
+    a_ms=st.floats(0.2, 5.0),
+    b_ms=st.floats(0.0, 2.0),
+    B=st.integers(1, 32),
+    slo_factor=st.floats(1.0, 8.0),
+    gaps=st.lists(st.floats(1.0, 6.0), min_size=1, max_size=50),
+    reps=st.integers(1, 2),
+)
 def test_pipelined_feasible_load_meets_every_deadline(a_ms, b_ms, B, slo_factor, gaps, reps):
     """As test_feasible_load_meets_every_deadline, with a second slot queued behind the running
     batch: the policy must count the wait for the replica, not treat the slot as a free replica."""
@@ -184,7 +238,10 @@ def test_pipelined_feasible_load_meets_every_deadline(a_ms, b_ms, B, slo_factor,
 def test_pipelined_slots_on_two_replicas_chain_behind_the_one_that_frees_first():
     """Two replicas, one frees early: a full batch queued now must be predicted (and run) behind
     that one; the policy and the driver agree, so nothing is late."""
-    lat = lambda v, n: 0.002 + 0.00025 * n  # 32 rows: 10 ms, 1 row: 2.25 ms
+
+    def lat(v, n):
+        return 0.002 + 0.00025 * n  # 32 rows: 10 ms, 1 row: 2.25 ms
+
     reqs = [Request(i, 0.0, 0.050, variants=("v",)) for i in range(32)]  # a full batch: one replica to 10 ms
     reqs.append(Request(32, 0.0005, 0.0030, variants=("v",)))  # one tight row: the other replica to ~2.75 ms
     reqs += [Request(100 + i, 0.0010, 0.0130, variants=("v",)) for i in range(33)]  # fits only behind the 2nd
@@ -198,7 +255,9 @@ def test_keep_up_rule_does_not_starve_requests_that_ask_for_a_tight_slo():
     backlog, not for them (it once took their on-time share from 72% to 20%)."""
     import random
 
-    lat = lambda v, n: 0.002 + 0.00025 * n
+    def lat(v, n):
+        return 0.002 + 0.00025 * n
+
     B = 32
     rng, t, reqs = random.Random(0), 0.0, []
     cap = 2 * B / lat("v", B)
@@ -216,7 +275,10 @@ def test_pipelined_slot_is_not_a_free_replica():
     """Two full batches at once on one replica with two slots, SLO 1.5x a batch: the second cannot
     make it (it starts when the first ends). Treating the queued slot as a free replica would
     dispatch it and answer it late; the policy sheds it instead, and answers nothing late."""
-    lat = lambda v, n: 0.010
+
+    def lat(v, n):
+        return 0.010
+
     reqs = [Request(i, 0.0, 0.015, variants=("v",)) for i in range(8)]
     p = make_policy("slo", max_batch_size=4, latency_fn=lat, calibrate=False)
     r = replay(p, reqs, lat, {"v": 1}, max_batch_size=4, depth=2)
@@ -225,7 +287,9 @@ def test_pipelined_slot_is_not_a_free_replica():
 
 
 def test_pipelined_slot_takes_a_full_batch_at_once_chained_after_the_running_one():
-    lat = lambda v, n: 0.010
+    def lat(v, n):
+        return 0.010
+
     reqs = [Request(i, 0.0, 0.050, variants=("v",)) for i in range(8)]
     p = make_policy("slo", max_batch_size=4, latency_fn=lat, calibrate=False)
     r = replay(p, reqs, lat, {"v": 1}, max_batch_size=4, depth=2)
@@ -239,7 +303,9 @@ def test_slo_recovers_after_an_overload_instead_of_settling_into_one_row_batches
     per second to drain it); the policy now passes over such a head while more work waits."""
     import random
 
-    lat = lambda v, n: 0.002 + 0.00025 * n
+    def lat(v, n):
+        return 0.002 + 0.00025 * n
+
     B, slo = 32, 0.020
     cap = 4 * B / lat("v", B)
     rng, t, reqs = random.Random(0), 0.0, []

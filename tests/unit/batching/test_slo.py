@@ -2,8 +2,8 @@ import pytest
 from batching_factories import ACC, items, linear, two_variants, view
 
 from batching import make_policy
-from batching.profile import ProfileTable
 from batching.policies.slo import SLOPolicy
+from batching.profile import ProfileTable
 from batching.types import Dispatch, QueuedItem, Shed, Wait
 
 
@@ -32,8 +32,11 @@ def test_dispatches_largest_batch_meeting_earliest_deadline():
 
 def test_deadline_order_and_priority_break_ties():
     p = policy()
-    its = [QueuedItem(0, 0.0, 0.050, variants=("v",)), QueuedItem(1, 0.001, 0.004, variants=("v",)),
-           QueuedItem(2, 0.002, 0.004, priority=5, variants=("v",))]
+    its = [
+        QueuedItem(0, 0.0, 0.050, variants=("v",)),
+        QueuedItem(1, 0.001, 0.004, variants=("v",)),
+        QueuedItem(2, 0.002, 0.004, priority=5, variants=("v",)),
+    ]
     d = p.plan(view(its, max_batch_size=1), 0.0)
     assert d.ids == (2,)
 
@@ -112,9 +115,13 @@ def test_admission_refuses_what_queueing_already_dooms():
 
 
 def test_profile_table_source_with_calibration_and_variant_order():
-    t = ProfileTable.from_points({("m", "big", "cpu"): ([1, 32], [4.5, 20.0], [5.0, 22.0]),
-                                  ("m", "small", "cpu"): ([1, 32], [1.1, 4.2], [1.2, 4.5])},
-                                 {("m", "big"): 0.95, ("m", "small"): 0.85})
+    t = ProfileTable.from_points(
+        {
+            ("m", "big", "cpu"): ([1, 32], [4.5, 20.0], [5.0, 22.0]),
+            ("m", "small", "cpu"): ([1, 32], [1.1, 4.2], [1.2, 4.5]),
+        },
+        {("m", "big"): 0.95, ("m", "small"): 0.85},
+    )
     p = SLOPolicy(max_batch_size=32, profile=t, model="m")
     assert p._variants == ["big", "small"]
     assert p.calibrator is not None
@@ -151,8 +158,9 @@ def test_shared_replicas_serve_the_cheaper_variant_only_for_a_queue_the_better_o
     assert isinstance(d, Dispatch) and d.variant == "small"
     # the same queue with separate replicas per variant: big takes its own idle replica first
     p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
-    sep = QueueView("m", items(40, slo_s=0.012, variants=both), {"big": 1, "small": 1}, 32,
-                    {"big": [0.004], "small": [0.004]})
+    sep = QueueView(
+        "m", items(40, slo_s=0.012, variants=both), {"big": 1, "small": 1}, 32, {"big": [0.004], "small": [0.004]}
+    )
     assert p.plan(sep, 0.0).variant == "big"
 
 
@@ -165,8 +173,7 @@ def test_shared_replicas_without_driver_busy_times_see_every_variants_batch_in_f
     both = ("big", "small")
     d = p.plan(QueueView("m", items(32, slo_s=0.05, variants=both), {"big": 1, "small": 1}, 32, shared=True), 0.0)
     assert isinstance(d, Dispatch) and d.variant == "big" and len(d.ids) == 32  # 4 + 16 ms on the one replica
-    busy = QueueView("m", items(8, slo_s=0.05, variants=both, start_s=0.001), {"big": 0, "small": 0}, 32,
-                     shared=True)
+    busy = QueueView("m", items(8, slo_s=0.05, variants=both, start_s=0.001), {"big": 0, "small": 0}, 32, shared=True)
     pools = p._pools(busy, 0.001)
     assert pools["small"].free_s == pools["big"].free_s == [pytest.approx(0.020)]
     own = QueueView("m", busy.items, {"big": 0, "small": 0}, 32)  # separate replicas: big's batch is not small's
@@ -180,14 +187,16 @@ def test_shared_replicas_serve_a_head_pinned_to_the_best_variant_first():
 
     both = ("big", "small")
     its = [QueuedItem(0, 0.0, 0.010, variants=("big",))] + [
-        QueuedItem(i, 0.0, 0.012, variants=both) for i in range(1, 41)]
+        QueuedItem(i, 0.0, 0.012, variants=both) for i in range(1, 41)
+    ]
     p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
     d = p.plan(QueueView("m", its, {"big": 1, "small": 1}, 32, {"big": [0.004], "small": [0.004]}, shared=True), 0.0)
     assert isinstance(d, Dispatch) and d.variant == "big" and 0 in d.ids
     flexible = [QueuedItem(0, 0.0, 0.010, variants=both)] + its[1:]
     p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
-    d = p.plan(QueueView("m", flexible, {"big": 1, "small": 1}, 32, {"big": [0.004], "small": [0.004]},
-                         shared=True), 0.0)
+    d = p.plan(
+        QueueView("m", flexible, {"big": 1, "small": 1}, 32, {"big": [0.004], "small": [0.004]}, shared=True), 0.0
+    )
     assert isinstance(d, Dispatch) and d.variant == "small"
 
 

@@ -55,8 +55,16 @@ def test_too_few_rows_or_old_lateness_is_not_evidence():
     q = policy()
     for k in range(8):
         q.observe(BatchResult("m", "big", 8, 0.004, finished_s=0.01 * k, late_rows=8))
-    q.plan(QueueView("m", [QueuedItem(i, 2.0, 2.030, variants=("big", "small")) for i in range(4)],
-                     {"big": 0, "small": 1}, 8, busy_until_s={"big": (2.002,), "small": ()}), 2.0)
+    q.plan(
+        QueueView(
+            "m",
+            [QueuedItem(i, 2.0, 2.030, variants=("big", "small")) for i in range(4)],
+            {"big": 0, "small": 1},
+            8,
+            busy_until_s={"big": (2.002,), "small": ()},
+        ),
+        2.0,
+    )
     assert q.level == 0  # older than late_window_ms (1 s)
 
 
@@ -95,20 +103,22 @@ def test_offline_replay_reports_late_rows_not_requests():
 
         def plan(self, view, now):
             from batching.types import Dispatch
+
             return Dispatch(tuple(it.id for it in view.items), "v", "all")
 
         def observe(self, result):
             seen.append(result)
 
-    replay(Spy(), [Request(0, 0.0, 0.010, size=4), Request(1, 0.0, 1.0, size=2)], lambda v, n: 0.050, 1,
-           variants=["v"])
+    replay(Spy(), [Request(0, 0.0, 0.010, size=4), Request(1, 0.0, 1.0, size=2)], lambda v, n: 0.050, 1, variants=["v"])
     assert [(r.rows, r.late_rows) for r in seen] == [(6, 4)]
 
 
 # ---- overload memory: a level that proved too little at a rate is not restored at that rate ----
 
+
 def _lc(memory_s=10.0):
     from batching.policies._levels import LevelController
+
     return LevelController(restore_headroom=0.25, restore_hold_s=0.5, memory_s=memory_s)
 
 
@@ -156,9 +166,16 @@ def test_the_policy_remembers_the_arrival_rate_when_lateness_raises_the_level():
     """End to end through SLOPolicy.plan: lateness raises the level at 1,000 rows/s; big's profile
     says it sustains 2,000/s (8 rows per 4 ms), so by the profile alone the level would come back
     after the hold. It stays up until the arrivals slow down."""
+
     def make(memory_ms):
-        return SLOPolicy(max_batch_size=8, latency_fn=lat, accuracy={"big": 0.98, "small": 0.93}, calibrate=False,
-                         restore_hold_ms=100.0, overload_memory_ms=memory_ms)
+        return SLOPolicy(
+            max_batch_size=8,
+            latency_fn=lat,
+            accuracy={"big": 0.98, "small": 0.93},
+            calibrate=False,
+            restore_hold_ms=100.0,
+            overload_memory_ms=memory_ms,
+        )
 
     def late_answers(p):
         for k in range(8):
@@ -216,9 +233,14 @@ def test_the_new_settings_refuse_bad_values_with_their_own_names():
 
     from batching.policy import make_policy
 
-    for kwargs, name in (({"overload_memory_ms": -1}, "overload_memory_ms"), ({"overload_memory_ms": "ten"}, "overload_memory_ms"),
-                         ({"calibration_recent": -3}, "calibration_recent"), ({"calibration_recent": 2.5}, "calibration_recent"),
-                         ({"size_quantile": "p90"}, "size_quantile"), ({"no_such_knob": 1}, "no_such_knob")):
+    for kwargs, name in (
+        ({"overload_memory_ms": -1}, "overload_memory_ms"),
+        ({"overload_memory_ms": "ten"}, "overload_memory_ms"),
+        ({"calibration_recent": -3}, "calibration_recent"),
+        ({"calibration_recent": 2.5}, "calibration_recent"),
+        ({"size_quantile": "p90"}, "size_quantile"),
+        ({"no_such_knob": 1}, "no_such_knob"),
+    ):
         with pytest.raises(ValueError, match=name):
             make_policy("slo", **kwargs)
     make_policy("slo", overload_memory_ms=0, calibration_recent=0)  # all valid

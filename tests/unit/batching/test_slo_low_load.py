@@ -56,8 +56,12 @@ def test_admission_keeps_the_safety_margin():
     # with the 2 ms margin the live loop needs for timer and hand-off jitter
     d = p.admit(QueueView("m", [ahead], {"v": 1}, 64), it, 0.0)
     assert d is not None and d.reason == "admission"
-    assert SLOPolicy(max_batch_size=64, latency_fn=lambda v, n: 0.009).admit(
-        QueueView("m", [ahead], {"v": 1}, 64), it, 0.0) is None
+    assert (
+        SLOPolicy(max_batch_size=64, latency_fn=lambda v, n: 0.009).admit(
+            QueueView("m", [ahead], {"v": 1}, 64), it, 0.0
+        )
+        is None
+    )
 
 
 def test_late_at_p99_but_on_time_at_the_median_is_served_not_shed():

@@ -43,8 +43,10 @@ def _embedded_serve_config() -> dict:
 
 
 def _serve_configs() -> dict[str, dict]:
-    return {"deploy/serve/sloserve.yaml": yaml.safe_load(SERVE_CONFIG.read_text()),
-            "RayService serveConfigV2": _embedded_serve_config()}
+    return {
+        "deploy/serve/sloserve.yaml": yaml.safe_load(SERVE_CONFIG.read_text()),
+        "RayService serveConfigV2": _embedded_serve_config(),
+    }
 
 
 def _groups() -> list[dict]:
@@ -93,8 +95,11 @@ def test_ray_serve_deploy_schema_accepts_the_serve_config(which):
     from ray.serve.schema import ServeDeploySchema
 
     cfg = _serve_configs()[which]
-    schema = ServeDeploySchema.model_validate(cfg) if hasattr(ServeDeploySchema, "model_validate") \
+    schema = (
+        ServeDeploySchema.model_validate(cfg)
+        if hasattr(ServeDeploySchema, "model_validate")
         else ServeDeploySchema.parse_obj(cfg)
+    )
     assert len(schema.applications) == sum(len(v) for v in _demo_models().values())
     # The gateway is the front door: no application is routed through a Serve HTTP proxy.
     assert all(app.route_prefix is None for app in schema.applications)
@@ -166,7 +171,7 @@ def _actor_options(app_cfg: dict) -> dict:
 def test_every_accelerator_a_replica_asks_for_is_offered_by_a_worker_group():
     offered = {}
     for g in _groups():
-        for res, n in _ray_start_resources(g["rayStartParams"]).items():
+        for res, _n in _ray_start_resources(g["rayStartParams"]).items():
             offered.setdefault(res, []).append(g["groupName"])
     asked = set()
     for _, app_cfg in _applications():
@@ -243,8 +248,12 @@ def test_every_pod_mounts_the_model_repository_where_the_replicas_read_it():
     (repo,) = repos
     for name, spec in _pod_specs().items():
         vols = {v["name"]: v for v in spec.get("volumes", [])}
-        mounts = [m for c in _containers(spec) for m in c.get("volumeMounts", [])
-                  if vols.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") == claim]
+        mounts = [
+            m
+            for c in _containers(spec)
+            for m in c.get("volumeMounts", [])
+            if vols.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") == claim
+        ]
         assert [m["mountPath"] for m in mounts] == [repo], name
 
 
@@ -273,10 +282,19 @@ def _gateway_settings(tmp_path: Path):
     local = tmp_path / rel
     local.write_text(cm["data"][str(rel)])
     # The same overrides gateway/cli/main.py's _serve passes.
-    settings = load_settings(local, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-                             repo=args.repo, backend=args.backend, ray_address=args.ray_address,
-                             instances=args.instances, intra_op_threads=args.intra_op_threads,
-                             device=args.device, log_level=args.log_level)
+    settings = load_settings(
+        local,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        repo=args.repo,
+        backend=args.backend,
+        ray_address=args.ray_address,
+        instances=args.instances,
+        intra_op_threads=args.intra_op_threads,
+        device=args.device,
+        log_level=args.log_level,
+    )
     return args, settings
 
 
@@ -290,8 +308,10 @@ def test_gateway_command_parses_and_its_settings_validate(tmp_path):
     ports = {p["name"]: p["containerPort"] for p in _gateway_container()["ports"]}
     assert (ports["http"], ports["grpc"]) == (s.http_port, s.grpc_port)
     svc = _kind("Service", "sloserve-gateway")
-    assert svc["spec"]["selector"].items() <= _kind("Deployment", "sloserve-gateway")["spec"]["template"][
-        "metadata"]["labels"].items()
+    assert (
+        svc["spec"]["selector"].items()
+        <= _kind("Deployment", "sloserve-gateway")["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert {p["targetPort"] for p in svc["spec"]["ports"]} == {"http", "grpc"}
     assert _kind("Deployment", "sloserve-gateway")["spec"]["replicas"] >= 2  # no single point of failure
 
@@ -304,8 +324,9 @@ def test_gateway_finds_exactly_the_applications_the_rayservice_deploys(tmp_path)
 
     _, s = _gateway_settings(tmp_path)
     backend = RayServeBackend(repo=SimpleNamespace(models={}), opts=None, settings=s)
-    expected = {APP_PREFIX + deployment_name(m, v, backend.device_of(m))
-                for m, vs in _demo_models().items() for v in vs}
+    expected = {
+        APP_PREFIX + deployment_name(m, v, backend.device_of(m)) for m, vs in _demo_models().items() for v in vs
+    }
     apps = _embedded_serve_config()["applications"]
     assert expected == {a["name"] for a in apps}
     assert {a["args"]["pipeline_depth"] for a in apps} == {s.pipeline_depth}
@@ -322,8 +343,13 @@ def test_example_settings_file_validates_including_its_commented_examples(tmp_pa
     lines = []
     for line in text.splitlines():
         stripped = line.lstrip()
-        if stripped.startswith("# ") and ":" in stripped and not stripped.startswith("# example") \
-                and line.startswith(("# ", "#   ")) and not stripped[2:].startswith(("-", "(")):
+        if (
+            stripped.startswith("# ")
+            and ":" in stripped
+            and not stripped.startswith("# example")
+            and line.startswith(("# ", "#   "))
+            and not stripped[2:].startswith(("-", "("))
+        ):
             body = line.split("# ", 1)[1]
             if body.split(":", 1)[0].strip().replace("_", "").isalnum():
                 lines.append(body)

@@ -7,14 +7,14 @@ import hmac
 import pytest
 
 from gateway import auth
+from gateway.config import Settings
+from gateway.errors import Unauthenticated
 from gateway.transports.auth import (
     BearerAuthMiddleware,
     PermissionDenied,
     TokenTable,
     bearer_token,
 )
-from gateway.config import Settings
-from gateway.errors import Unauthenticated
 from gateway.transports.status import http_status
 
 TEXT = """
@@ -36,10 +36,19 @@ def test_parse_and_allow_lists():
     assert t.authorize("Bearer alpha-token-1", None)  # no model: a valid token suffices
 
 
-@pytest.mark.parametrize("header, word", [(None, "missing"), ("", "missing"), ("Basic abc", "malformed"),
-                                          ("Bearer", "malformed"), ("Bearer  ", "malformed"),
-                                          ("Bearer alpha-token-2", "invalid"), ("Bearer alpha-token-1x", "invalid"),
-                                          ("Bearer ALPHA-TOKEN-1", "invalid")])
+@pytest.mark.parametrize(
+    "header, word",
+    [
+        (None, "missing"),
+        ("", "missing"),
+        ("Basic abc", "malformed"),
+        ("Bearer", "malformed"),
+        ("Bearer  ", "malformed"),
+        ("Bearer alpha-token-2", "invalid"),
+        ("Bearer alpha-token-1x", "invalid"),
+        ("Bearer ALPHA-TOKEN-1", "invalid"),
+    ],
+)
 def test_refusals(header, word):
     with pytest.raises(Unauthenticated, match=word) as ei:
         TokenTable.parse(TEXT).authorize(header, "digits")
@@ -123,15 +132,18 @@ async def test_open_paths(path):
     assert await _call(path) == (True, None)
 
 
-@pytest.mark.parametrize("path, header, result", [
-    ("/v2/models/digits/infer", None, (False, 401)),
-    ("/v2/models/digits/infer", "Bearer alpha-token-1", (True, None)),
-    ("/v2/models/other/infer", "Bearer alpha-token-1", (False, 403)),
-    ("/v2/models/other", "Bearer beta-token-22", (True, None)),
-    ("/v2/health/live/", None, (False, 401)),
-    ("/v2/repository/index", None, (False, 401)),
-    ("/v2/models//infer", "Bearer alpha-token-1", (True, None)),
-])
+@pytest.mark.parametrize(
+    "path, header, result",
+    [
+        ("/v2/models/digits/infer", None, (False, 401)),
+        ("/v2/models/digits/infer", "Bearer alpha-token-1", (True, None)),
+        ("/v2/models/other/infer", "Bearer alpha-token-1", (False, 403)),
+        ("/v2/models/other", "Bearer beta-token-22", (True, None)),
+        ("/v2/health/live/", None, (False, 401)),
+        ("/v2/repository/index", None, (False, 401)),
+        ("/v2/models//infer", "Bearer alpha-token-1", (True, None)),
+    ],
+)
 async def test_protected_paths(path, header, result):
     assert await _call(path, header) == result
 

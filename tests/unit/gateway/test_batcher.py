@@ -50,8 +50,14 @@ async def test_full_batches_dispatch_without_waiting_and_outputs_are_split():
     clock = FakeClock()
     runner = Runner()
     runner.gate = asyncio.Event()
-    b = Batcher("m", make_policy("timeout", max_batch_size=4, max_wait_ms=1e6, default_variant="v"),
-                runner, ["v"], max_batch_size=4, clock=clock)
+    b = Batcher(
+        "m",
+        make_policy("timeout", max_batch_size=4, max_wait_ms=1e6, default_variant="v"),
+        runner,
+        ["v"],
+        max_batch_size=4,
+        clock=clock,
+    )
     b.start()
     # The first request dispatches alone only after max_wait (never, on a fake clock), so it waits
     # for three more: a full batch of 4 goes at once.
@@ -68,8 +74,14 @@ async def test_full_batches_dispatch_without_waiting_and_outputs_are_split():
 
 async def test_multi_row_requests_keep_their_rows():
     runner = Runner()
-    b = Batcher("m", make_policy("timeout", max_batch_size=5, max_wait_ms=1e6, default_variant="v"),
-                runner, ["v"], max_batch_size=5, clock=FakeClock())
+    b = Batcher(
+        "m",
+        make_policy("timeout", max_batch_size=5, max_wait_ms=1e6, default_variant="v"),
+        runner,
+        ["v"],
+        max_batch_size=5,
+        clock=FakeClock(),
+    )
     b.start()
     outs = await asyncio.gather(b.submit(x(1, 2), 2, 1.0, ("v",)), b.submit(x(3, 3), 3, 1.0, ("v",)))
     assert outs[0].outputs["y"].shape == (2, 2) and outs[1].outputs["y"].shape == (3, 2)
@@ -78,8 +90,15 @@ async def test_multi_row_requests_keep_their_rows():
 
 
 async def test_queue_bound_is_a_429():
-    b = Batcher("m", make_policy("timeout", max_batch_size=64, max_wait_ms=1e6, default_variant="v"),
-                Runner(), ["v"], max_batch_size=64, max_queue_rows=2, clock=FakeClock())
+    b = Batcher(
+        "m",
+        make_policy("timeout", max_batch_size=64, max_wait_ms=1e6, default_variant="v"),
+        Runner(),
+        ["v"],
+        max_batch_size=64,
+        max_queue_rows=2,
+        clock=FakeClock(),
+    )
     b.start()
     t = [asyncio.create_task(b.submit(x(0), 1, 1.0, ("v",))) for _ in range(2)]
     await asyncio.sleep(0)
@@ -93,8 +112,14 @@ async def test_queue_bound_is_a_429():
 
 
 async def test_replica_failure_fails_every_request_explicitly():
-    b = Batcher("m", make_policy("timeout", max_batch_size=2, max_wait_ms=1e6, default_variant="v"),
-                Runner(fail=True), ["v"], max_batch_size=2, clock=FakeClock())
+    b = Batcher(
+        "m",
+        make_policy("timeout", max_batch_size=2, max_wait_ms=1e6, default_variant="v"),
+        Runner(fail=True),
+        ["v"],
+        max_batch_size=2,
+        clock=FakeClock(),
+    )
     b.start()
     res = await asyncio.gather(*(b.submit(x(0), 1, 1.0, ("v",)) for _ in range(2)), return_exceptions=True)
     assert all(isinstance(r, InternalError) and "replica crashed" in r.message for r in res)
@@ -116,8 +141,9 @@ class ShedOldest(PolicyBase):
 async def test_shed_answers_503_with_how_late():
     b = Batcher("m", ShedOldest(), Runner(), ["v"], max_batch_size=4, clock=FakeClock())
     b.start()
-    bad, good = await asyncio.gather(b.submit(x(0), 1, 0.02, ("v",), priority=-1),
-                                     b.submit(x(1), 1, 0.02, ("v",)), return_exceptions=True)
+    bad, good = await asyncio.gather(
+        b.submit(x(0), 1, 0.02, ("v",), priority=-1), b.submit(x(1), 1, 0.02, ("v",)), return_exceptions=True
+    )
     assert isinstance(bad, Unavailable) and "late by 5.0 ms" in bad.message and bad.retry_after_s
     assert good.outputs["y"][0, 0] == 2
     await b.close()
@@ -159,11 +185,13 @@ class ShedTiny(ShedOldest):
 
 async def test_error_texts_keep_sub_tenth_millisecond_figures():
     from batching.batcher import _ms
+
     assert (_ms(0.005), _ms(0.00001), _ms(0.02)) == ("5.0", "0.010", "20.0")  # not "0.0 ms" for a 10 us miss
     b = Batcher("m", ShedTiny(), Runner(), ["v"], max_batch_size=4, clock=FakeClock())
     b.start()
-    bad, _ = await asyncio.gather(b.submit(x(0), 1, 0.02, ("v",), priority=-1), b.submit(x(1), 1, 0.02, ("v",)),
-                                  return_exceptions=True)
+    bad, _ = await asyncio.gather(
+        b.submit(x(0), 1, 0.02, ("v",), priority=-1), b.submit(x(1), 1, 0.02, ("v",)), return_exceptions=True
+    )
     assert isinstance(bad, Unavailable) and "late by 0.010 ms" in bad.message and "20.0 ms deadline" in bad.message
     await b.close()
 
@@ -207,8 +235,16 @@ class DiesOnce(Runner):
 
 def one_shot(clock, runner, **kw):
     events = []
-    b = Batcher("m", make_policy("timeout", max_batch_size=1, max_wait_ms=0, default_variant="v"), runner, ["v"],
-                max_batch_size=1, clock=clock, on_event=lambda k, r: events.append(k), **kw)
+    b = Batcher(
+        "m",
+        make_policy("timeout", max_batch_size=1, max_wait_ms=0, default_variant="v"),
+        runner,
+        ["v"],
+        max_batch_size=1,
+        clock=clock,
+        on_event=lambda k, r: events.append(k),
+        **kw,
+    )
     return b, events
 
 

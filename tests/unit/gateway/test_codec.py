@@ -7,10 +7,10 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.transports.codec import decode_rest, encode_rest
 from gateway.errors import InvalidArgument
-from gateway.types import InferResponse, RequestedOutput
+from gateway.transports.codec import decode_rest, encode_rest
 from gateway.transports.status import http_status
+from gateway.types import InferResponse, RequestedOutput
 
 
 def body(inputs, **extra):
@@ -18,8 +18,12 @@ def body(inputs, **extra):
 
 
 def test_flat_and_nested_json_agree():
-    flat = decode_rest(body([{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6]}]), None, "m", None)
-    nested = decode_rest(body([{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [[1, 2, 3], [4, 5, 6]]}]), None, "m", None)
+    flat = decode_rest(
+        body([{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6]}]), None, "m", None
+    )
+    nested = decode_rest(
+        body([{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [[1, 2, 3], [4, 5, 6]]}]), None, "m", None
+    )
     a, b = flat.inputs["x"][1], nested.inputs["x"][1]
     assert a.dtype == np.float32 and a.shape == (2, 3)
     np.testing.assert_array_equal(a, b)
@@ -28,10 +32,15 @@ def test_flat_and_nested_json_agree():
 def test_binary_extension_roundtrip():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     y = np.array([7, 8], dtype=np.int64)
-    head = json.dumps({"inputs": [
-        {"name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}},
-        {"name": "y", "shape": [2], "datatype": "INT64", "data": [7, 8]},
-    ], "parameters": {"binary_data_output": True, "slo_ms": 15, "priority": 2}}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}},
+                {"name": "y", "shape": [2], "datatype": "INT64", "data": [7, 8]},
+            ],
+            "parameters": {"binary_data_output": True, "slo_ms": 15, "priority": 2},
+        }
+    ).encode()
     req = decode_rest(head + x.tobytes(), len(head), "m", "1")
     np.testing.assert_array_equal(req.inputs["x"][1], x)
     np.testing.assert_array_equal(req.inputs["y"][1], y)
@@ -40,35 +49,48 @@ def test_binary_extension_roundtrip():
 
 def test_bytes_binary():
     raw = b"".join(struct.pack("<I", len(s)) + s for s in (b"ab", b""))
-    head = json.dumps({"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES",
-                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    head = json.dumps(
+        {"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}]}
+    ).encode()
     req = decode_rest(head + raw, len(head), "m", None)
     assert list(req.inputs["s"][1]) == [b"ab", b""]
 
 
-@pytest.mark.parametrize("raw, needle", [
-    (b"{not json", "malformed JSON"),
-    (b"[]", "JSON object"),
-    (b'{"inputs": []}', "non-empty 'inputs'"),
-    (body([{"name": "x", "shape": [2], "datatype": "FP32", "data": [1]}]), "needs 2 elements"),
-    (body([{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]), "unknown datatype"),
-    (body([{"name": "x", "shape": [2], "datatype": ["FP32"], "data": [1, 2]}]), "unknown datatype"),  # fuzz find
-    (body([{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]), "non-negative"),
-    (body([{"name": "x", "shape": "2", "datatype": "FP32", "data": [1]}]), "'shape' must be a list"),
-    (body([{"name": "x", "shape": [2], "datatype": "FP32", "data": ["a", "b"]}]), "string values"),
-    (body([{"name": "x", "shape": [2], "datatype": "INT8", "data": [1, 300]}]), "out of range"),
-    (body([{"name": "x", "shape": [2], "datatype": "INT32", "data": [1.5, 2]}]), "floating-point values"),
-    (body([{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3]]}]), "ragged"),
-    (body([{"name": "x", "shape": [1 << 20, 1 << 20], "datatype": "FP32", "data": [1]}]), "elements"),
-    (body([{"name": "x", "shape": [1], "datatype": "FP32"}]), "neither 'data'"),
-    (body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}] * 2), "twice"),
-    (body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], parameters={"slo_ms": -1}), "slo_ms"),
-    (body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], parameters={"min_accuracy": 2}), "min_accuracy"),
-    (body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], parameters={"priority": "hi"}), "priority"),
-    (body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], parameters={"variant": 3}), "variant"),
-    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [99999999999999999999999]}]}', "datatype is INT64"),
-    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [NaN]}]}', "malformed JSON"),
-])
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        (b"{not json", "malformed JSON"),
+        (b"[]", "JSON object"),
+        (b'{"inputs": []}', "non-empty 'inputs'"),
+        (body([{"name": "x", "shape": [2], "datatype": "FP32", "data": [1]}]), "needs 2 elements"),
+        (body([{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]), "unknown datatype"),
+        (body([{"name": "x", "shape": [2], "datatype": ["FP32"], "data": [1, 2]}]), "unknown datatype"),  # fuzz find
+        (body([{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]), "non-negative"),
+        (body([{"name": "x", "shape": "2", "datatype": "FP32", "data": [1]}]), "'shape' must be a list"),
+        (body([{"name": "x", "shape": [2], "datatype": "FP32", "data": ["a", "b"]}]), "string values"),
+        (body([{"name": "x", "shape": [2], "datatype": "INT8", "data": [1, 300]}]), "out of range"),
+        (body([{"name": "x", "shape": [2], "datatype": "INT32", "data": [1.5, 2]}]), "floating-point values"),
+        (body([{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3]]}]), "ragged"),
+        (body([{"name": "x", "shape": [1 << 20, 1 << 20], "datatype": "FP32", "data": [1]}]), "elements"),
+        (body([{"name": "x", "shape": [1], "datatype": "FP32"}]), "neither 'data'"),
+        (body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}] * 2), "twice"),
+        (body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], parameters={"slo_ms": -1}), "slo_ms"),
+        (
+            body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], parameters={"min_accuracy": 2}),
+            "min_accuracy",
+        ),
+        (
+            body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], parameters={"priority": "hi"}),
+            "priority",
+        ),
+        (body([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], parameters={"variant": 3}), "variant"),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [99999999999999999999999]}]}',
+            "datatype is INT64",
+        ),
+        (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [NaN]}]}', "malformed JSON"),
+    ],
+)
 def test_client_mistakes_are_400_with_a_reason(raw, needle):
     with pytest.raises(InvalidArgument) as e:
         decode_rest(raw, None, "m", None)
@@ -76,8 +98,9 @@ def test_client_mistakes_are_400_with_a_reason(raw, needle):
 
 
 def test_binary_size_mismatch_and_header_length():
-    head = json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": 4}}]}).encode()
+    head = json.dumps(
+        {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]}
+    ).encode()
     with pytest.raises(InvalidArgument, match="needs 8"):
         decode_rest(head + b"\0" * 4, len(head), "m", None)
     with pytest.raises(InvalidArgument, match="runs past"):
@@ -85,13 +108,20 @@ def test_binary_size_mismatch_and_header_length():
     with pytest.raises(InvalidArgument, match="Inference-Header-Content-Length"):
         decode_rest(head, len(head) + 10, "m", None)
     with pytest.raises(InvalidArgument, match="unused"):
-        good = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
-                                       "parameters": {"binary_data_size": 4}}]}).encode()
+        good = json.dumps(
+            {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]}
+        ).encode()
         decode_rest(good + b"\0" * 8, len(good), "m", None)
 
 
 def test_deep_nesting_is_a_400_not_a_crash():
-    deep = b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}]}"
+    deep = (
+        b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": '
+        + b"[" * 5000
+        + b"1"
+        + b"]" * 5000
+        + b"}]}"
+    )
     with pytest.raises(InvalidArgument):
         decode_rest(deep, None, "m", None)
 

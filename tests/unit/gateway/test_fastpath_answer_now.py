@@ -46,12 +46,20 @@ def cycle(transport):
     """A real uvicorn httptools request cycle (the one `make run` serves with)."""
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "http_version": "1.1",
-             "headers": []}
-    return RequestResponseCycle(scope=scope, transport=transport, flow=FlowControl(transport), logger=None,
-                                access_logger=None, access_log=False, default_headers=[],
-                                message_event=asyncio.Event(), expect_100_continue=False, keep_alive=True,
-                                on_response=lambda: None)
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "http_version": "1.1", "headers": []}
+    return RequestResponseCycle(
+        scope=scope,
+        transport=transport,
+        flow=FlowControl(transport),
+        logger=None,
+        access_logger=None,
+        access_log=False,
+        default_headers=[],
+        message_event=asyncio.Event(),
+        expect_100_continue=False,
+        keep_alive=True,
+        on_response=lambda: None,
+    )
 
 
 async def test_writes_the_503_synchronously_with_retry_after():

@@ -28,7 +28,9 @@ def test_gpu_host_with_the_cuda_provider_profiles_as_its_gpu(monkeypatch):
 
     monkeypatch.setattr(runtime, "gpu_present", lambda: True)
     monkeypatch.setattr(runtime, "_preload_cuda_libraries", lambda: None)
-    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(
+        runtime.ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
     monkeypatch.setattr(runtime.subprocess, "run", lambda *a, **k: Done())
     assert runtime.device_type("auto") == "nvidia-h100-80gb-hbm3"
     assert runtime.device_type("cpu").startswith("cpu-")
@@ -44,7 +46,9 @@ class _FakeSession:
 
 def test_a_cuda_provider_that_does_not_load_is_an_error_when_cuda_was_asked_for(monkeypatch):
     monkeypatch.setattr(runtime, "_preload_cuda_libraries", lambda: None)
-    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(
+        runtime.ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
     monkeypatch.setattr(runtime.ort, "InferenceSession", _FakeSession)
     with pytest.raises(RuntimeError, match="could not start its CUDA provider"):
         runtime.make_session("m.onnx", runtime.RuntimeOptions(device="cuda"))

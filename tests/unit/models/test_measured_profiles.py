@@ -12,8 +12,15 @@ from sim.profiles import default_profiles, measured_curves, service_for
 
 
 def _profile(device: str, p50: list[float]) -> dict:
-    return {"model": "heavy", "variant": "large", "device_type": device, "batch_sizes": [1, 64],
-            "p50_ms": p50, "p99_ms": [x * 1.2 for x in p50], "throughput_rps": [1.0, 1.0]}
+    return {
+        "model": "heavy",
+        "variant": "large",
+        "device_type": device,
+        "batch_sizes": [1, 64],
+        "p50_ms": p50,
+        "p99_ms": [x * 1.2 for x in p50],
+        "throughput_rps": [1.0, 1.0],
+    }
 
 
 def test_build_copies_measured_profiles_without_overwriting_a_local_one(tmp_path):
@@ -51,8 +58,10 @@ def test_shipped_h100_profiles_cover_every_demo_variant():
 
 
 def test_sim_loads_measured_curves_under_their_alias(tmp_path):
-    doc = {"alias": "gpu-x", "models": {"resnet50": {"batch_sizes": [1, 8], "p50_ms": [2.0, 3.0],
-                                                     "p99_ms": [2.5, 3.5]}}}
+    doc = {
+        "alias": "gpu-x",
+        "models": {"resnet50": {"batch_sizes": [1, 8], "p50_ms": [2.0, 3.0], "p99_ms": [2.5, 3.5]}},
+    }
     (tmp_path / "gpu-x.json").write_text(json.dumps(doc))
     assert set(measured_curves(tmp_path)) == {("resnet50", "default", "gpu-x")}
     table = default_profiles(tmp_path)
@@ -74,8 +83,10 @@ def test_shipped_h100_curves_are_in_the_default_table():
 
 
 def test_a_host_without_its_own_profile_falls_back_to_one_of_the_same_kind():
-    pts = {("heavy", "large", "cpu-other"): ([1, 64], [1.5, 11.5], [2.0, 13.0]),
-           ("heavy", "large", "nvidia-h100-80gb-hbm3"): ([1, 64], [0.19, 0.23], [0.2, 0.3])}
+    pts = {
+        ("heavy", "large", "cpu-other"): ([1, 64], [1.5, 11.5], [2.0, 13.0]),
+        ("heavy", "large", "nvidia-h100-80gb-hbm3"): ([1, 64], [0.19, 0.23], [0.2, 0.3]),
+    }
     t = ProfileTable.from_points(pts)
     assert t.latency_s("heavy", "large", "cpu-this-host", 64, "p50") == pytest.approx(0.0115)
     assert t.latency_s("heavy", "large", "nvidia-a100", 64, "p50") == pytest.approx(0.00023)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.placement.policy import apply_decision, decide, get_policy, static_partition
 from autoscaler.placement.cost import preemption_cost
+from autoscaler.placement.policy import apply_decision, decide, get_policy, static_partition
 from autoscaler.placement.types import (
     Gpu,
     PlacementConfig,
@@ -34,8 +34,9 @@ def test_any_type_goes_to_best_throughput_per_cost():
 
 
 def test_exhausted_type_is_substituted_throughput_equivalent():
-    snap = PlacementSnapshot(gpus(t4=1, a100=2), targets=(ReplicaTarget("m", "v", "T4", 4, 4096),),
-                             replica_throughput_rps=THR)
+    snap = PlacementSnapshot(
+        gpus(t4=1, a100=2), targets=(ReplicaTarget("m", "v", "T4", 4, 4096),), replica_throughput_rps=THR
+    )
     d, _ = decide("cost-aware", snap, CFG, PlacementState(), 0.0)
     # one T4, then 3 missing T4 replicas = 300 rps = one A100 replica
     assert sorted(s.gpu_id for s in d.start_replicas) == ["a0", "t0"]
@@ -46,8 +47,11 @@ def test_exhausted_type_is_substituted_throughput_equivalent():
 
 
 def test_small_replica_packed_beside_training_instead_of_preempting():
-    snap = PlacementSnapshot(gpus(t4=1, a100=0), targets=(ReplicaTarget("m", "v", "T4", 1, 1024),),
-                             jobs=(job("j", ["t0"], memory_mib=8192, done=55),))
+    snap = PlacementSnapshot(
+        gpus(t4=1, a100=0),
+        targets=(ReplicaTarget("m", "v", "T4", 1, 1024),),
+        jobs=(job("j", ["t0"], memory_mib=8192, done=55),),
+    )
     d, _ = decide("cost-aware", snap, CFG, PlacementState(), 0.0)
     assert d.preempt == () and d.start_replicas[0].beside_job == "j"
     big = PlacementSnapshot(snap.gpus, targets=(ReplicaTarget("m", "v", "T4", 1, 8192),), jobs=snap.jobs)
@@ -86,13 +90,17 @@ def test_cost_blind_preempts_most_recent_regardless_of_cost():
     d, _ = decide("cost-aware", snap, CFG, PlacementState(), 0.0)
     assert [p.job_id for p in d.preempt] == ["cheap"]
     rnd = CFG.model_copy(update={"blind_choice": "random"})
-    assert decide("cost-blind", snap, rnd, PlacementState(round=1), 0.0) == \
-        decide("cost-blind", snap, rnd, PlacementState(round=1), 0.0)
+    assert decide("cost-blind", snap, rnd, PlacementState(round=1), 0.0) == decide(
+        "cost-blind", snap, rnd, PlacementState(round=1), 0.0
+    )
 
 
 def test_preemption_in_flight_is_not_repeated_and_its_gpu_is_reused():
-    snap = PlacementSnapshot(gpus(t4=2, a100=0), targets=(ReplicaTarget("m", "v", "T4", 1, 8192),),
-                             jobs=(job("a", ["t0"], memory_mib=12288), job("b", ["t1"], memory_mib=12288)))
+    snap = PlacementSnapshot(
+        gpus(t4=2, a100=0),
+        targets=(ReplicaTarget("m", "v", "T4", 1, 8192),),
+        jobs=(job("a", ["t0"], memory_mib=12288), job("b", ["t1"], memory_mib=12288)),
+    )
     d1, s1 = decide("cost-aware", snap, CFG, PlacementState(), 5.0)
     assert len(d1.preempt) == 1 and dict(s1.preempt_requested_s) == {d1.preempt[0].job_id: 5.0}
     # next round: the job still holds its GPU (grace period), the replica is not yet reported running
@@ -105,8 +113,11 @@ def test_preemption_in_flight_is_not_repeated_and_its_gpu_is_reused():
 
 
 def test_training_las_order_best_fit_and_resume():
-    queued = (job("big", (), num_gpus=2, attained_gpu_s=100.0), job("small", (), num_gpus=1, attained_gpu_s=0.0),
-              job("back", (), num_gpus=1, attained_gpu_s=50.0, checkpoint_iteration=40))
+    queued = (
+        job("big", (), num_gpus=2, attained_gpu_s=100.0),
+        job("small", (), num_gpus=1, attained_gpu_s=0.0),
+        job("back", (), num_gpus=1, attained_gpu_s=50.0, checkpoint_iteration=40),
+    )
     snap = PlacementSnapshot(gpus(t4=2, a100=1), jobs=queued)
     d, _ = decide("cost-aware", snap, CFG, PlacementState(), 0.0)
     got = {s.job_id: s for s in d.start_training}
@@ -116,8 +127,9 @@ def test_training_las_order_best_fit_and_resume():
 
 
 def test_static_partition_keeps_training_off_inference_gpus():
-    snap = PlacementSnapshot(gpus(t4=4, a100=0), targets=(ReplicaTarget("m", "v", "T4", 3, 4096),),
-                             jobs=(job("q", (), num_gpus=1),))
+    snap = PlacementSnapshot(
+        gpus(t4=4, a100=0), targets=(ReplicaTarget("m", "v", "T4", 3, 4096),), jobs=(job("q", (), num_gpus=1),)
+    )
     inf, train = static_partition(snap, CFG)
     assert inf == {"t0", "t1"} and train == {"t2", "t3"}
     d, _ = decide("static", snap, CFG, PlacementState(), 0.0)
@@ -127,10 +139,16 @@ def test_static_partition_keeps_training_off_inference_gpus():
 
 
 def test_scale_in_stops_replicas_and_frees_gpus_for_training():
-    snap = PlacementSnapshot(gpus(t4=2, a100=0), targets=(ReplicaTarget("m", "v", "T4", 1, 4096),),
-                             replicas=(Replica("r0", "m", "v", "t0", 4096), Replica("r1", "m", "v", "t1", 4096),
-                                       Replica("x", "gone", "v", "t1", 4096)),
-                             jobs=(job("q", (), num_gpus=1, memory_mib=8192),))
+    snap = PlacementSnapshot(
+        gpus(t4=2, a100=0),
+        targets=(ReplicaTarget("m", "v", "T4", 1, 4096),),
+        replicas=(
+            Replica("r0", "m", "v", "t0", 4096),
+            Replica("r1", "m", "v", "t1", 4096),
+            Replica("x", "gone", "v", "t1", 4096),
+        ),
+        jobs=(job("q", (), num_gpus=1, memory_mib=8192),),
+    )
     cfg = CFG.model_copy(update={"max_replicas_per_gpu": 2})
     d, _ = decide("cost-aware", snap, cfg, PlacementState(), 0.0)
     assert {(s.replica_id, s.reason) for s in d.stop_replicas} == {("r1", "scale-in"), ("x", "no-target")}

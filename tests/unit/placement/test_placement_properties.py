@@ -7,8 +7,8 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.placement.policy import POLICIES, apply_decision, check_capacity, get_policy
 from autoscaler.placement.cost import lost_work_gpu_s, preemption_cost
+from autoscaler.placement.policy import POLICIES, apply_decision, check_capacity, get_policy
 from autoscaler.placement.types import (
     Gpu,
     PlacementConfig,
@@ -57,17 +57,38 @@ def test_static_never_shares_nor_preempts(snap):
 
 
 @FAST
-@given(st.lists(st.tuples(st.integers(0, 400), st.integers(1, 40), st.sampled_from([0.05, 0.5, 2.0]),
-                          st.one_of(st.none(), st.integers(1, 5000)), st.floats(0, 1e5), st.integers(1, 2)),
-                min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 400),
+            st.integers(1, 40),
+            st.sampled_from([0.05, 0.5, 2.0]),
+            st.one_of(st.none(), st.integers(1, 5000)),
+            st.floats(0, 1e5),
+            st.integers(1, 2),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_preempted_job_is_least_cost(specs):
     gpus, jobs, k = [], [], 0
     for i, (done, interval, it, extra, attained, n) in enumerate(specs):
         ids = [f"g{k + x}" for x in range(n)]
         k += n
         gpus += [Gpu(g, "T4", 16384) for g in ids]
-        jobs.append(job(f"j{i}", ids, memory_mib=12288, iteration_time_s=it, done=done, interval=interval,
-                        total_iterations=None if extra is None else done + extra, attained_gpu_s=attained))
+        jobs.append(
+            job(
+                f"j{i}",
+                ids,
+                memory_mib=12288,
+                iteration_time_s=it,
+                done=done,
+                interval=interval,
+                total_iterations=None if extra is None else done + extra,
+                attained_gpu_s=attained,
+            )
+        )
     snap = PlacementSnapshot(gpus=tuple(gpus), targets=(ReplicaTarget("m", "v", "T4", 1, 8192),), jobs=tuple(jobs))
     d, _ = get_policy("cost-aware")(snap, CFG, PlacementState(), 0.0)
     assert len(d.preempt) == 1 and len(d.start_replicas) == 1
@@ -85,8 +106,9 @@ def test_preemption_loses_at_most_one_checkpoint_interval(snap, name):
         before = next(j for j in snap.jobs if j.job_id == p.job_id)
         lost = before.iterations_done - after[p.job_id].iterations_done
         assert 0 <= lost <= before.checkpoint_interval_iterations
-        bound = before.num_gpus * (before.checkpoint_interval_iterations * before.iteration_time_s
-                                   + CFG.preempt_grace_s)
+        bound = before.num_gpus * (
+            before.checkpoint_interval_iterations * before.iteration_time_s + CFG.preempt_grace_s
+        )
         assert lost_work_gpu_s(before, CFG) <= bound + 1e-9
 
 

@@ -7,17 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.training.job import (
-    PreemptSignal,
-    TrainingRunner,
-    TrainingSpec,
-    preempt_then_kill,
-)
 from autoscaler.training.checkpoint import (
     clean_temp,
     list_checkpoints,
     load_latest,
     write_checkpoint,
+)
+from autoscaler.training.job import (
+    PreemptSignal,
+    TrainingRunner,
+    TrainingSpec,
+    preempt_then_kill,
 )
 
 SPEC = dict(dataset="synthetic", hidden=16, batch_size=32)
@@ -91,8 +91,14 @@ def test_keeps_newest_two(tmp_path):
 
 def test_preempt_then_kill_kills_only_after_grace():
     calls = []
-    assert preempt_then_kill(lambda: calls.append("req"), lambda t: True, lambda: calls.append("kill"), 1.0) \
+    assert (
+        preempt_then_kill(lambda: calls.append("req"), lambda t: True, lambda: calls.append("kill"), 1.0)
         == "checkpointed"
-    assert preempt_then_kill(lambda: calls.append("req"), lambda t: calls.append(t) or False,
-                             lambda: calls.append("kill"), 0.5) == "killed"
+    )
+    assert (
+        preempt_then_kill(
+            lambda: calls.append("req"), lambda t: calls.append(t) or False, lambda: calls.append("kill"), 0.5
+        )
+        == "killed"
+    )
     assert calls == ["req", "req", 0.5, "kill"]

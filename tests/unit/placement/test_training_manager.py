@@ -6,13 +6,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from autoscaler.placement.policy import decide
 from autoscaler.placement.metrics import gpu_usage
 from autoscaler.placement.types import (
     Gpu,
-    PlacementConfig,
     PlacementSnapshot,
-    PlacementState,
     Replica,
     ReplicaTarget,
 )
@@ -23,8 +20,9 @@ from tests.unit.placement.factories import job
 
 
 def _spec(job_id="j", **kw):
-    return TrainingSpec(job_id=job_id, dataset="synthetic", hidden=8, **{"total_iterations": 30,
-                                                                         "checkpoint_every": 10, **kw})
+    return TrainingSpec(
+        job_id=job_id, dataset="synthetic", hidden=8, **{"total_iterations": 30, "checkpoint_every": 10, **kw}
+    )
 
 
 def test_submit_run_list_and_resume_after_preempt(tmp_path):
@@ -71,9 +69,11 @@ def test_http_router(tmp_path):
 
 
 def test_gpu_usage():
-    snap = PlacementSnapshot(gpus=(Gpu("a", "T4", 16384), Gpu("b", "T4", 16384), Gpu("c", "A100", 40960)),
-                             targets=(ReplicaTarget("m", "v", "T4", 2, 8192),),
-                             replicas=(Replica("r", "m", "v", "a", 1024),),
-                             jobs=(job("j", ["a"], memory_mib=4096), job("k", ["b"], memory_mib=12288)))
+    snap = PlacementSnapshot(
+        gpus=(Gpu("a", "T4", 16384), Gpu("b", "T4", 16384), Gpu("c", "A100", 40960)),
+        targets=(ReplicaTarget("m", "v", "T4", 2, 8192),),
+        replicas=(Replica("r", "m", "v", "a", 1024),),
+        jobs=(job("j", ["a"], memory_mib=4096), job("k", ["b"], memory_mib=12288)),
+    )
     usage = gpu_usage(snap)
     assert usage[("T4", "shared")] == 1 and usage[("T4", "training")] == 1 and usage[("A100", "idle")] == 1

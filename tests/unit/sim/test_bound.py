@@ -59,16 +59,19 @@ def test_when_nothing_meets_the_sla_the_closest_run_is_kept():
     assert row["met"] is False and 0.0 < row["minutes_sla_met_fraction"] < 0.99 and row["margin"] in (0.0, 0.1)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--lookbacks-s", "abc"], "give positive seconds"),
-    (["--lookbacks-s", "0,60"], "every look-back must be > 0 s"),
-    (["--seasonal-period-s", "5"], "must exceed start-up"),
-    (["--peak-replicas", "0"], "must be >= 1"),
-    (["--startup-s", "-1"], "must be >= 0"),
-    (["--column", "nope"], "no column 'nope'"),
-    (["--device", "h999"], "no profile for gpt2-gen on h999"),
-    (["--trace", "/nonexistent.csv"], "No such file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lookbacks-s", "abc"], "give positive seconds"),
+        (["--lookbacks-s", "0,60"], "every look-back must be > 0 s"),
+        (["--seasonal-period-s", "5"], "must exceed start-up"),
+        (["--peak-replicas", "0"], "must be >= 1"),
+        (["--startup-s", "-1"], "must be >= 0"),
+        (["--column", "nope"], "no column 'nope'"),
+        (["--device", "h999"], "no profile for gpt2-gen on h999"),
+        (["--trace", "/nonexistent.csv"], "No such file"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors_before_any_run(tmp_path, capsys, args, message):
     from sim.bound import main
 

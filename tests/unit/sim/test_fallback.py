@@ -21,8 +21,17 @@ WITH_FB = service_for(TABLE, "gpt2-gen", "t4", slo_ms=1000, fallback="distilgpt2
 def _step(svc, mult: float, seg_s: float = 20.0) -> list[ModelSpec]:
     """Four fixed replicas: 0.8x their SLO capacity, then ``mult``x for ``seg_s``, then 0.8x again."""
     cap = capacity_rps(PRIMARY, 4)
-    return [ModelSpec("m", Arrivals(seg_s, np.array([0.8, mult, 0.8]) * cap), svc, "t4",
-                      min_replicas=4, max_replicas=4, initial_replicas=4)]
+    return [
+        ModelSpec(
+            "m",
+            Arrivals(seg_s, np.array([0.8, mult, 0.8]) * cap),
+            svc,
+            "t4",
+            min_replicas=4,
+            max_replicas=4,
+            initial_replicas=4,
+        )
+    ]
 
 
 def _late(res) -> np.ndarray:
@@ -52,8 +61,9 @@ def test_request_level_the_real_batcher_serves_a_step_with_the_fallback_and_lets
 
 def test_request_level_the_fallback_stays_idle_below_capacity():
     cap = capacity_rps(PRIMARY, 4)
-    spec = ModelSpec("m", Arrivals(60.0, np.array([0.7 * cap])), WITH_FB, "t4", min_replicas=4, max_replicas=4,
-                     initial_replicas=4)
+    spec = ModelSpec(
+        "m", Arrivals(60.0, np.array([0.7 * cap])), WITH_FB, "t4", min_replicas=4, max_replicas=4, initial_replicas=4
+    )
     res = simulate_requests([spec], "oracle", SimConfig(seed=2))
     assert res["summary"]["slo_attainment"] == 1.0
     assert res["records"][0].fallback < 0.005 * res["records"][0].minute_total.sum()
@@ -114,8 +124,20 @@ def test_cli_pairs_fallback_classes_with_model_classes(tmp_path, capsys):
 
     trace = tmp_path / "t.csv"
     trace.write_text("minute,a\n0,60\n1,60\n")
-    base = ["sim", "--trace", str(trace), "--column", "a", "--mode", "fluid", "--autoscaler", "oracle",
-            "--no-progress", "--out", str(tmp_path / "o")]
+    base = [
+        "sim",
+        "--trace",
+        str(trace),
+        "--column",
+        "a",
+        "--mode",
+        "fluid",
+        "--autoscaler",
+        "oracle",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "o"),
+    ]
     with pytest.raises(SystemExit, match="one per model class"):
         main(base + ["--model-class", "gpt2-gen,bert-base", "--fallback-class", "distilgpt2-gen"])
     with pytest.raises(SystemExit, match="not faster"):

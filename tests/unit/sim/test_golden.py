@@ -14,10 +14,38 @@ from gateway.cli import main
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden.json"
-ARGS = ["sim", "--trace", str(HERE / "golden_trace.csv"), "--column", "requests", "--kind", "counts",
-        "--interval-s", "60", "--peak-replicas", "2", "--slo-ms", "1000", "--model-class", "gpt2-gen",
-        "--device", "t4", "--autoscaler", "swayam,ray-default,kpa,oracle", "--mode", "request",
-        "--batching", "timeout", "--startup-s", "10", "--tick-s", "5", "--seed", "7", "--no-progress"]
+ARGS = [
+    "sim",
+    "--trace",
+    str(HERE / "golden_trace.csv"),
+    "--column",
+    "requests",
+    "--kind",
+    "counts",
+    "--interval-s",
+    "60",
+    "--peak-replicas",
+    "2",
+    "--slo-ms",
+    "1000",
+    "--model-class",
+    "gpt2-gen",
+    "--device",
+    "t4",
+    "--autoscaler",
+    "swayam,ray-default,kpa,oracle",
+    "--mode",
+    "request",
+    "--batching",
+    "timeout",
+    "--startup-s",
+    "10",
+    "--tick-s",
+    "5",
+    "--seed",
+    "7",
+    "--no-progress",
+]
 KEYS = ("requests", "slo_attainment", "minutes_sla_met_fraction", "replica_seconds", "goodput_rps", "scale_events")
 
 
@@ -37,5 +65,3 @@ def test_golden(tmp_path):
     for policy, vals in want.items():
         for k, v in vals.items():
             assert got[policy][k] == pytest.approx(v, rel=1e-9, abs=1e-9), (policy, k)
-
-

@@ -12,22 +12,29 @@ from autoscaler.placement.types import PlacementConfig
 from sim.harvest import HarvestConfig, HarvestPlacement
 from sim.training_trace import JobSpec, load_training_jobs
 
-PCFG = PlacementConfig(pack_small_replicas=False, substitute_types=False, preempt_grace_s=1.0,
-                       restart_overhead_s=30.0)
+PCFG = PlacementConfig(pack_small_replicas=False, substitute_types=False, preempt_grace_s=1.0, restart_overhead_s=30.0)
 TYPES = {"m0": "t4", "m1": "t4", "m2": "a100"}
 GPUS = {"t4": 10, "a100": 6}
 
 
 def _jobs(seed: int, n: int = 40) -> list[JobSpec]:
     rng = np.random.default_rng(seed)
-    return [JobSpec(f"j{i}", float(rng.uniform(0, 2500)), float(rng.choice([60, 300, 900, 2000, 7200])),
-                    int(rng.choice([1, 1, 1, 2, 4]))) for i in range(n)]
+    return [
+        JobSpec(
+            f"j{i}",
+            float(rng.uniform(0, 2500)),
+            float(rng.choice([60, 300, 900, 2000, 7200])),
+            int(rng.choice([1, 1, 1, 2, 4])),
+        )
+        for i in range(n)
+    ]
 
 
 def _drive(policy: str, seed: int, rounds: int = 100, tick_s: float = 30.0, checks=None) -> HarvestPlacement:
     rng = np.random.default_rng(seed + 100)
-    hcfg = HarvestConfig(gpus=GPUS, iteration_time_s=(0.5, 3.0), checkpoint_every_s=300.0, checkpoint_write_s=5.0,
-                         seed=seed)
+    hcfg = HarvestConfig(
+        gpus=GPUS, iteration_time_s=(0.5, 3.0), checkpoint_every_s=300.0, checkpoint_write_s=5.0, seed=seed
+    )
     h = HarvestPlacement(policy, _jobs(seed), TYPES, hcfg, PCFG)
     holding = {m: 0 for m in TYPES}
     for k in range(rounds):
@@ -98,10 +105,10 @@ def test_golden_two_jobs_one_preemption():
     t=1000  m wants 1: two replicas stop; j1 resumes from 600 s (+30 s restart): done at
             1030 + 4 x 610 + 600 = 4070; j2 started at 760 is done at 760 + 5 x 610 + 600 = 4410.
     """
-    hcfg = HarvestConfig(gpus={"t4": 4}, iteration_time_s=(1.0, 1.0), checkpoint_every_s=600.0,
-                         checkpoint_write_s=10.0)
-    h = HarvestPlacement("cost-aware", [JobSpec("j1", 0.0, 3600.0, 2), JobSpec("j2", 0.0, 3600.0, 1)],
-                         {"m": "t4"}, hcfg, PCFG)
+    hcfg = HarvestConfig(gpus={"t4": 4}, iteration_time_s=(1.0, 1.0), checkpoint_every_s=600.0, checkpoint_write_s=10.0)
+    h = HarvestPlacement(
+        "cost-aware", [JobSpec("j1", 0.0, 3600.0, 2), JobSpec("j2", 0.0, 3600.0, 1)], {"m": "t4"}, hcfg, PCFG
+    )
     assert h.allocate({"m": 2}, {"m": 0}, 0.0) == {"m": 2}
     assert [j.spec.job_id for j in h.jobs.values() if j.gpu_ids] == ["j1"]
     assert h.allocate({"m": 3}, {"m": 2}, 700.0) == {"m": 3}
@@ -126,12 +133,17 @@ def test_golden_two_jobs_one_preemption():
 def test_training_trace_slice_and_backlog(tmp_path):
     p = tmp_path / "jobs.csv"
     p.write_text("s,d,g\n0,100,1\n50,500,2\n200,10,1\n400,5,8\n")
-    jobs = load_training_jobs(str(p), start_s=100, window_s=400, submit_col="s", duration_col="d", gpus_col="g",
-                              time_scale=0.5, max_gpus=4)
+    jobs = load_training_jobs(
+        str(p), start_s=100, window_s=400, submit_col="s", duration_col="d", gpus_col="g", time_scale=0.5, max_gpus=4
+    )
     assert [(j.job_id, j.submit_s, j.work_s, j.num_gpus) for j in jobs] == [
-        ("b1", 0.0, 450.0, 2), ("j2", 50.0, 10.0, 1), ("j3", 150.0, 5.0, 4)]
-    assert not load_training_jobs(str(p), start_s=100, window_s=400, submit_col="s", duration_col="d",
-                                  gpus_col="g", backlog=False)[0].job_id.startswith("b")
+        ("b1", 0.0, 450.0, 2),
+        ("j2", 50.0, 10.0, 1),
+        ("j3", 150.0, 5.0, 4),
+    ]
+    assert not load_training_jobs(
+        str(p), start_s=100, window_s=400, submit_col="s", duration_col="d", gpus_col="g", backlog=False
+    )[0].job_id.startswith("b")
     with pytest.raises(ValueError):
         load_training_jobs(str(p))
 
@@ -142,17 +154,59 @@ def test_cli_harvest_writes_the_goal_metrics(tmp_path):
     trace = tmp_path / "jobs.csv"
     trace.write_text("submit,dur,gpus\n" + "".join(f"{i * 20},{600 + 37 * i},{1 + i % 2}\n" for i in range(30)))
     out = tmp_path / "out"
-    rc = main(["sim", "--synthetic", "diurnal", "--rate", "40", "--duration-s", "900", "--model-class", "resnet50",
-               "--device", "t4", "--slo-ms", "100", "--autoscaler", "swayam", "--mode", "fluid", "--tick-s", "30",
-               "--training-trace", str(trace), "--training-submit-col", "submit", "--training-duration-col", "dur",
-               "--training-gpus-col", "gpus", "--placement", "static,cost-aware", "--gpu-mix", "t4:8",
-               "--checkpoint-every-s", "120", "--out", str(out), "--no-progress"])
+    rc = main(
+        [
+            "sim",
+            "--synthetic",
+            "diurnal",
+            "--rate",
+            "40",
+            "--duration-s",
+            "900",
+            "--model-class",
+            "resnet50",
+            "--device",
+            "t4",
+            "--slo-ms",
+            "100",
+            "--autoscaler",
+            "swayam",
+            "--mode",
+            "fluid",
+            "--tick-s",
+            "30",
+            "--training-trace",
+            str(trace),
+            "--training-submit-col",
+            "submit",
+            "--training-duration-col",
+            "dur",
+            "--training-gpus-col",
+            "gpus",
+            "--placement",
+            "static,cost-aware",
+            "--gpu-mix",
+            "t4:8",
+            "--checkpoint-every-s",
+            "120",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     doc = json.loads((out / "result.json").read_text())
     assert set(doc["policies"]) == {"swayam/none", "swayam/static", "swayam/cost-aware"}
     for name, s in doc["policies"].items():
-        for k in ("training_gpu_hours", "idle_gpu_hours", "preemptions", "lost_work_gpu_hours",
-                  "inference_slo_attainment", "jct_mean_s", "jobs_finished"):
+        for k in (
+            "training_gpu_hours",
+            "idle_gpu_hours",
+            "preemptions",
+            "lost_work_gpu_hours",
+            "inference_slo_attainment",
+            "jct_mean_s",
+            "jobs_finished",
+        ):
             assert k in s, (name, k)
         assert math.isclose(s["inference_gpu_hours"] + s["idle_gpu_hours"], 8 * 900 / 3600, rel_tol=1e-6)
     assert doc["policies"]["swayam/none"]["training_gpu_hours"] == 0

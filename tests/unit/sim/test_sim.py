@@ -105,5 +105,3 @@ def _step_specs():
 
 def _cfg(**swayam):
     return SimConfig(seed=2, autoscaler_kwargs={"swayam": {"season_periods_s": (), **swayam}})
-
-
