@@ -14,7 +14,7 @@ import numpy as np
 
 from batching.batcher import Batcher, ShedHook
 from batching.clock import Clock, MonotonicClock
-from batching.policies.slo import SLOSettings
+from batching.policies.slo_settings import SLOSettings
 from batching.policy import POLICIES, make_policy, policy_settings
 from batching.profile import ProfileTable
 from gateway.backends.base import Backend, ModelLoadError

@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from batching.latency import LatencyModel
 from batching.policies._admission import predict_finish
 from batching.policies._edf import DeadlineOrder
 from batching.policies._levels import ArrivalRate, LatenessMonitor, LevelController
+from batching.policies._pool import Pool, pipelined_pool
+from batching.policies.slo_settings import SLOSettings
 from batching.policy import PolicyBase, register_policy
 from batching.profile import ProfileTable
 from batching.types import (
@@ -57,76 +57,6 @@ from batching.types import (
 _INF = math.inf
 EPS_S = 1e-9
 _MAX_PASS = 64  # heads passed over per decision (bounds the cost of a plan)
-
-
-class _Pool:
-    __slots__ = ("begin_s", "free_s", "idle", "replicas", "start_s")
-
-    def __init__(self, idle: int, replicas: int, start_s: float, free_s: list[float], begin_s: float | None = None):
-        self.idle = idle  # slots free now (replicas, times the backend's pipeline depth)
-        self.replicas = replicas
-        self.start_s = start_s  # earliest a new batch could start (for shedding: never speculative)
-        self.free_s = free_s  # when each replica frees (for capacity estimates)
-        # when a batch dispatched now would start computing: later than now only in a pipelined
-        # slot, behind the replica's running batch (QueueView.depth > 1)
-        self.begin_s = start_s if begin_s is None else begin_s
-
-
-class SLOSettings(BaseModel):
-    """The ``slo`` policy's knobs (docs/batching.md explains each rule they tune)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    calibrate: bool = Field(default=True, description="Correct the profile online from observed batches.")
-    min_gain: float = Field(
-        default=0.05, ge=0, description="Wait for a larger batch only if it raises throughput by at least this share."
-    )
-    max_wait_ms: float | None = Field(
-        default=None,
-        ge=0,
-        description="Longest the oldest request is held to grow a batch (None: up to its latest feasible start).",
-    )
-    min_wait_ms: float = Field(default=0.1, ge=0, description="Shorter waits are not worth a timer.")
-    safety_ms: float = Field(default=0.0, ge=0, description="Slack kept between a planned dispatch and a deadline.")
-    spill_derate: float = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description="Share of a variant's profiled throughput it "
-        "is trusted with before a cheaper variant takes the overflow.",
-    )
-    restore_headroom: float = Field(
-        default=0.25,
-        ge=0,
-        lt=1,
-        description="Headroom the arrival rate must leave before a better variant is restored.",
-    )
-    restore_hold_ms: float = Field(default=500.0, ge=0, description="How long that headroom must hold.")
-    rate_window_ms: float = Field(default=1000.0, gt=0, description="Window of the arrival-rate estimate.")
-    predict_busy: bool = Field(
-        default=False,
-        description="Trust the policy's own predicted finishes of busy "
-        "replicas when shedding (the live driver does not report them).",
-    )
-    wait_load: float = Field(
-        default=0.5,
-        ge=0,
-        description="Wait to grow a batch only above this share of what the "
-        "current batch size sustains on one replica.",
-    )
-    shed_quantile: Literal["p50", "p99"] = Field(default="p50", description="Latency quantile shedding uses.")
-    size_quantile: Literal["p50", "p99"] = Field(default="p99", description="Latency quantile batches are sized with.")
-    late_target: float = Field(
-        default=0.01, ge=0, le=1, description="Share of rows answered late that triggers a cheaper variant."
-    )
-    late_window_ms: float = Field(default=1000.0, gt=0, description="Window of the lateness count.")
-    late_min_rows: int = Field(default=32, ge=1, description="Rows in the window before lateness counts.")
-    overload_memory_ms: float = Field(
-        default=10000.0, ge=0, description="How long the rate a variant failed at is remembered (0: not at all)."
-    )
-    calibration_recent: int = Field(
-        default=8, ge=0, description="Recent batches that floor the calibrated latency (0: no floor)."
-    )
 
 
 @register_policy("slo")
@@ -214,7 +144,7 @@ class SLOPolicy(PolicyBase):
         return self.levels.level
 
     # ---- pools ------------------------------------------------------------------------------
-    def _pools(self, view: QueueView, now: float) -> dict[str, _Pool]:
+    def _pools(self, view: QueueView, now: float) -> dict[str, Pool]:
         pools = {}
         busy_all = view.busy_until_s
         self._shared = view.shared
@@ -235,28 +165,12 @@ class SLOPolicy(PolicyBase):
                 busy = [max(now, t) for t in pred]
                 known = self.predict_busy
             if view.depth > 1:
-                pools[v] = self._pipelined_pool(idle, busy, view.depth, now, known)
+                pools[v] = pipelined_pool(idle, busy, view.depth, now, known)
                 continue
             n = max(1, idle + len(busy))  # a variant the driver lists has a replica, maybe busy
             start = now if idle > 0 or not busy or not known else min(busy)
-            pools[v] = _Pool(idle, n, start, [now] * idle + busy)
+            pools[v] = Pool(idle, n, start, [now] * idle + busy)
         return pools
-
-    @staticmethod
-    def _pipelined_pool(idle: int, busy: list[float], depth: int, now: float, known: bool = False) -> _Pool:
-        """Replicas that each queue up to ``depth`` batches; ``busy``: this policy's predicted
-        finishes of the batches in flight (chained: a queued batch ends its latency after the one
-        before it). The backend spreads batches evenly, so a replica with nothing in flight is free
-        now and the others free at their last batch's finish: the latest ``replicas`` finishes."""
-        replicas = max(1, -(-(idle + len(busy)) // depth))
-        empty = max(0, replicas - len(busy))
-        if replicas > empty:
-            free = [now] * empty + sorted(busy)[len(busy) - (replicas - empty) :]
-        else:
-            free = [now] * replicas
-        # shedding: as if the slot computed at once unless the busy times are known, as at depth 1
-        start = now if idle > 0 or not busy or not known else min(busy)
-        return _Pool(idle, replicas, start, free, begin_s=min(free) if idle > 0 else start)
 
     # ---- plan -------------------------------------------------------------------------------
     def _sync(self, view: QueueView) -> DeadlineOrder:
@@ -451,7 +365,7 @@ class SLOPolicy(PolicyBase):
         return 1
 
     def _plan_pool(
-        self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int, pool: _Pool, overloaded
+        self, v: str, rank: int, spill: bool, ents, reserved: set[int], now: float, B: int, pool: Pool, overloaded
     ):
         """Dispatch for variant ``v`` (its ``pool``), or the time it wants to be asked again, or None.
 
@@ -478,7 +392,7 @@ class SLOPolicy(PolicyBase):
         reserved: set[int],
         now: float,
         B: int,
-        pool: _Pool,
+        pool: Pool,
         overloaded,
         begin: float,
     ):

@@ -1,4 +1,4 @@
-"""Pure helpers of `sloserve bench slo` (loadtests/bench/slo.py): step length and server-side counts."""
+"""Pure helpers of `sloserve bench slo` (loadtests/bench/slo*.py, arrivals.py, scrape.py): step length and server-side counts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from loadtests.bench.slo import schedule, server_on_time, slo_counts, step_duration
+from loadtests.bench.arrivals import schedule, step_duration
+from loadtests.bench.scrape import server_on_time, slo_counts
 
 
 def _args(**kw):
@@ -59,7 +60,7 @@ def test_bad_arguments_stop_before_anything_starts():
 
 
 def test_step_metrics_count_late_answers_per_variant():
-    from loadtests.bench.slo import metrics
+    from loadtests.bench.slo_report import metrics
 
     a = _args(slo_ms=20.0, _variants=["small", "medium", "large"])
     recs = [
@@ -81,7 +82,8 @@ def test_sloserve_batching_settings_are_merged_and_checked(monkeypatch):
     import pytest
 
     from loadtests.bench import slo
-    from loadtests.bench.slo import add_arguments, main_args, policy_batching
+    from loadtests.bench.slo import add_arguments, main_args
+    from loadtests.bench.slo_systems import policy_batching
 
     def must_not_run(_args):
         raise AssertionError("refused arguments reached the run")
@@ -113,7 +115,7 @@ def test_batch_stats_per_variant_from_two_scrapes():
     from prometheus_client import generate_latest
 
     from gateway.metrics import Metrics
-    from loadtests.bench.slo import batch_stats
+    from loadtests.bench.scrape import batch_stats
 
     m = Metrics()
     hook, _ = m.batcher_hook("heavy")
@@ -131,7 +133,7 @@ def test_batch_stats_per_variant_from_two_scrapes():
 
 
 def test_timeline_bins_requests_by_scheduled_send_time():
-    from loadtests.bench.slo import timeline
+    from loadtests.bench.slo_report import timeline
 
     recs = [
         (0.1, 0.1, 0.105, 200, 0),
@@ -180,12 +182,13 @@ def test_gil_probe_runs_and_reports_both_timings(model_repo, capsys):
 
 
 def test_the_bench_module_examples_hold():
-    """The doctests of loadtests/bench/slo.py (generator headers, sheds by reason from two scrapes)."""
+    """The doctests of the open-loop bench (generator headers, sheds by reason from two scrapes, ...)."""
     import doctest
 
-    import loadtests.bench.slo as slo
+    from loadtests.bench import scrape, slo, slo_report, slo_systems
 
-    assert doctest.testmod(slo).failed == 0
+    results = [doctest.testmod(m) for m in (slo, scrape, slo_report, slo_systems)]
+    assert sum(r.failed for r in results) == 0 and sum(r.attempted for r in results) >= 3
 
 
 def test_a_system_runs_from_another_tree(tmp_path):
