@@ -182,8 +182,12 @@ class Batcher:
         priority: int = 0,
         arrival_s: float | None = None,
         on_shed: ShedHook | None = None,
+        best_effort: bool = False,
     ) -> Outcome:
         """Queue one request and wait for its outcome (raises :class:`ServingError`).
+
+        ``best_effort`` (the client named no deadline): never refused at admission; ``deadline_s``
+        is only how long it may wait behind deadline traffic.
 
         ``on_shed``, when given, is called with the error the moment the policy sheds this request,
         so the caller can answer it before the event loop gets back to the waiting coroutine (on a
@@ -198,8 +202,8 @@ class Batcher:
             )
         now = self.clock.now()
         arrival = now if arrival_s is None else arrival_s
-        item = QueuedItem(next(self._ids), arrival, deadline_s, rows, priority, variants)
-        refused = self.policy.admit(self._view(), item, now)
+        item = QueuedItem(next(self._ids), arrival, deadline_s, rows, priority, variants, best_effort)
+        refused = None if best_effort else self.policy.admit(self._view(), item, now)
         if refused is not None:
             late = refused.late_by_s[0] if refused.late_by_s else 0.0
             self.on_event("shed", (refused, 1))
@@ -297,13 +301,23 @@ class Batcher:
         lates = d.late_by_s or (0.0,) * len(entries)
         for e, late in zip(entries, lates, strict=False):
             if not e.future.done():
-                err = DeadlineUnreachable(
-                    f"shed: model '{self.model}' cannot meet this request's "
-                    f"{_ms(e.item.deadline_s - e.item.arrival_s)} ms deadline (predicted late by {_ms(late)} ms at "
-                    f"the current load); retry later or "
-                    f"raise slo_ms / lower min_accuracy",
-                    retry_after_s=max(0.05, late),
-                )
+                waited = e.item.deadline_s - e.item.arrival_s
+                if e.item.best_effort:
+                    err = DeadlineUnreachable(
+                        f"model '{self.model}' is busy with deadline traffic: this request names no slo_ms and "
+                        f"waited {waited:.3g} s (best_effort_wait_s) without a free replica; retry later, "
+                        f"or name an slo_ms to be served by its deadline",
+                        retry_after_s=1.0,
+                        reason="best_effort",
+                    )
+                else:
+                    err = DeadlineUnreachable(
+                        f"shed: model '{self.model}' cannot meet this request's "
+                        f"{_ms(waited)} ms deadline (predicted late by {_ms(late)} ms at "
+                        f"the current load); retry later or "
+                        f"raise slo_ms / lower min_accuracy",
+                        retry_after_s=max(0.05, late),
+                    )
                 if e.on_shed is not None:
                     try:
                         e.on_shed(err)

@@ -23,6 +23,9 @@ class QueuedItem:
     ``size`` is the number of batch rows the request carries (its leading dimension).
     ``variants`` lists the variants allowed to serve it, most accurate first: the variant the
     client pinned, or every variant with accuracy >= its ``min_accuracy``.
+    ``best_effort``: the client named no deadline. Its ``deadline_s`` is then only how long it may
+    wait (``best_effort_wait_s``), far behind every deadline: it is never refused at admission and
+    sorts behind deadline traffic, which it must not hold up.
     """
 
     id: int
@@ -31,6 +34,7 @@ class QueuedItem:
     size: int = 1
     priority: int = 0
     variants: tuple[str, ...] = ()
+    best_effort: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,6 +152,13 @@ class Settings(BaseSettings):
         "replicas' nodes.",
     )
     batch_timeout_s: float = Field(default=30.0, gt=0, description="A batch not back by then fails (504).")
+    best_effort_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A request that names no slo_ms is served best-effort: never refused at admission, queued "
+        "behind requests with deadlines, and refused (503 + Retry-After) only if it waits this long for a "
+        "replica, or when the queue is full (429). A request that names slo_ms is served by its deadline.",
+    )
     late_grace_s: float | None = Field(
         default=1.0,
         ge=0,

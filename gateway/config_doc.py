@@ -27,7 +27,7 @@ Per-request SLO parameters (V2 `parameters`, or headers `x-slo-ms`, `x-min-accur
 
 | parameter | type | meaning |
 |---|---|---|
-| `slo_ms` | number > 0 | this request's latency budget from arrival at the gateway (default: the model's `slo_ms`) |
+| `slo_ms` | number > 0 | this request's latency budget from arrival at the gateway. Without it the request is best-effort: never refused for a deadline, served behind requests that name one, counted against the model's `slo_ms` in the SLO metrics |
 | `min_accuracy` | 0..1 | lowest acceptable variant accuracy; the batcher may degrade down to it under load |
 | `priority` | integer | higher first among equal deadlines |
 | `variant` | string | pin a variant; the batcher will not switch it |

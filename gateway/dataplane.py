@@ -362,10 +362,15 @@ class DataPlane:
                 raise Unavailable("the server is starting; retry shortly", retry_after_s=1.0)
             arrays, rows = self.validate(m, req)
             variants = self.allowed_variants(m, req)
-            slo_ms = req.params.slo_ms if req.params.slo_ms is not None else m.config.slo_ms
-            deadline = arrival + slo_ms / 1000.0
+            best_effort = req.params.slo_ms is None
+            # the SLO the request is counted against: its own, or the model's (the service objective)
+            target = arrival + (m.config.slo_ms if best_effort else req.params.slo_ms) / 1000.0
+            # no deadline asked for: served behind deadline traffic, never refused for the model's
+            deadline = arrival + self.settings.best_effort_wait_s if best_effort else target
             self.backend.note_arrival(m.config.name, rows)
-            out = await m.batcher.submit(arrays, rows, deadline, variants, req.params.priority, arrival, on_shed)
+            out = await m.batcher.submit(
+                arrays, rows, deadline, variants, req.params.priority, arrival, on_shed, best_effort=best_effort
+            )
         except ServingError as e:
             self.metrics.observe_request(
                 req.model if m else "unknown",
@@ -377,7 +382,7 @@ class DataPlane:
             raise
         done = self.clock.now()
         latency = done - arrival
-        self.metrics.observe_request(m.config.name, out.variant, "ok", latency, done <= deadline)
+        self.metrics.observe_request(m.config.name, out.variant, "ok", latency, done <= target)
         outputs = out.outputs
         if req.outputs is not None:
             outputs = {o.name: outputs[o.name] for o in req.outputs}

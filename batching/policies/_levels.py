@@ -45,6 +45,8 @@ class ArrivalRate:
                 self._first_s = it.arrival_s
             ev.append((it.arrival_s, it.size))
             self._rows += it.size
+            if it.best_effort:  # its deadline is only a bound on its wait, not a budget
+                continue
             budget = it.deadline_s - it.arrival_s
             self.slo_s = budget if self.slo_s == 0.0 else 0.95 * self.slo_s + 0.05 * budget
 

@@ -25,6 +25,7 @@ class Runner:
         self.fail = fail
         self.gate = None
         self.timeouts = []
+        self.order = []  # the first value of each batch, in the order batches ran
 
     def slots(self, model, variant):
         return self._slots
@@ -34,6 +35,7 @@ class Runner:
 
     async def run(self, model, variant, inputs, timeout_s=None):
         self.batches.append((variant, inputs["x"].shape[0]))
+        self.order.append(float(inputs["x"][0, 0]))
         self.timeouts.append(timeout_s)
         if self.gate is not None:
             await self.gate.wait()
@@ -324,3 +326,36 @@ def test_shared_replicas_setting_is_refused_with_worker_processes():
         assert load_settings(backend=ok, models={"m": {"shared_replicas": True}}).models["m"].shared_replicas
     with pytest.raises(ConfigError, match="models.m.shared_replicas does not work with replica_processes"):
         load_settings(models={"m": {"shared_replicas": True}}, backend="inprocess", replica_processes=True)
+
+
+async def test_best_effort_requests_are_never_refused_for_a_deadline_and_wait_behind_deadline_traffic():
+    """A request that names no deadline is not refused at admission where one with a tight deadline
+    is, and a request with a deadline that arrives after it is served before it."""
+    from gateway.errors import DeadlineUnreachable
+
+    clock = FakeClock()
+    runner = Runner()
+    runner.gate = asyncio.Event()
+    lat = 0.010  # every batch takes 10 ms
+    b = Batcher(
+        "m",
+        make_policy("slo", max_batch_size=1, latency_fn=lambda v, n: lat, calibrate=False, default_variant="v"),
+        runner,
+        ["v"],
+        max_batch_size=1,
+        clock=clock,
+    )
+    b.start()
+    first = asyncio.create_task(b.submit(x(0), 1, clock.now() + 1.0, ("v",)))  # takes the only replica
+    await asyncio.sleep(0)
+    with pytest.raises(DeadlineUnreachable, match="refused at admission"):  # a tight deadline behind it
+        await b.submit(x(1), 1, clock.now() + 0.005, ("v",))
+    best_effort = asyncio.create_task(b.submit(x(2), 1, clock.now() + 30.0, ("v",), best_effort=True))
+    await asyncio.sleep(0)
+    deadline = asyncio.create_task(b.submit(x(3), 1, clock.now() + 0.5, ("v",)))
+    await asyncio.sleep(0)
+    runner.gate.set()
+    outs = await asyncio.gather(first, best_effort, deadline)
+    assert [float(o.outputs["y"][0, 0]) for o in outs] == [0.0, 4.0, 6.0]
+    assert runner.order == [0.0, 3.0, 2.0]  # the first, then the deadline request, then the best-effort one
+    await b.close()
