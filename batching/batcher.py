@@ -120,6 +120,7 @@ class Batcher:
         clock: Clock | None = None,
         on_event: EventHook | None = None,
         late_grace_s: float | None = None,
+        no_replica_wait_s: float = 2.0,
     ):
         self.model = model
         self.policy = policy
@@ -131,6 +132,10 @@ class Batcher:
         self.on_event = on_event or (lambda kind, rec: None)
         # A dispatched batch is awaited at most until its latest deadline + late_grace_s (None: no bound).
         self.late_grace_s = late_grace_s
+        # A request whose every allowed variant has had no replica for this long fails (503), queued or new.
+        self.no_replica_wait_s = no_replica_wait_s
+        self._no_slots_since: dict[str, float] = {}
+        self._starve_timer: asyncio.TimerHandle | None = None
         self.round_trip_latency = runner.round_trip_latency
         # A runner that reports pure compute tells the policy how it pipelines (QueueView.depth).
         self._depth = 1 if self.round_trip_latency else max(1, runner.pipeline_depth)
@@ -201,6 +206,9 @@ class Batcher:
                 retry_after_s=1.0,
             )
         now = self.clock.now()
+        gone = self._starved(now)
+        if gone and all(v in gone for v in (variants or self.variants)):
+            raise self._no_replica_error(variants or tuple(self.variants))
         arrival = now if arrival_s is None else arrival_s
         item = QueuedItem(next(self._ids), arrival, deadline_s, rows, priority, variants, best_effort)
         refused = None if best_effort else self.policy.admit(self._view(), item, now)
@@ -238,6 +246,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while not self._closed:
             self._wake.clear()
+            if self._items and self._fail_starved(loop):
+                continue
             if self._items and self._should_plan():
                 self._freed = False
                 now = self.clock.now()
@@ -257,6 +267,47 @@ class Batcher:
                     continue
                 self._arm(loop, decision.until_s, now)
             await self._wake.wait()
+
+    # ---- variants without a replica ------------------------------------------------------------
+    def _starved(self, now: float) -> set[str]:
+        """Variants that have had no replica (no slot at all) for ``no_replica_wait_s``: Ray lost, or
+        every replica of the variant gone and none back yet."""
+        gone: set[str] = set()
+        for v in self.variants:
+            if self.runner.slots(self.model, v) > 0:
+                self._no_slots_since.pop(v, None)
+            elif now - self._no_slots_since.setdefault(v, now) >= self.no_replica_wait_s:
+                gone.add(v)
+        return gone
+
+    def _no_replica_error(self, variants: tuple[str, ...]) -> Unavailable:
+        return Unavailable(
+            f"model '{self.model}' has no running replica for {'/'.join(variants)} (none for "
+            f"{self.no_replica_wait_s:g} s: the backend lost them or is replacing them); retry after Retry-After",
+            retry_after_s=self.no_replica_wait_s,
+        )
+
+    def _fail_starved(self, loop) -> bool:
+        """Fail the queued requests that no replica can take (every variant they allow starved); arm a
+        wake-up for when a variant without replicas now would starve. True when any failed."""
+        now = self.clock.now()
+        gone = self._starved(now)
+        if self._starve_timer is not None:
+            self._starve_timer.cancel()
+            self._starve_timer = None
+        pending = [t for v, t in self._no_slots_since.items() if v not in gone]
+        if pending:
+            due = min(pending) + self.no_replica_wait_s
+            self._starve_timer = loop.call_later(max(due - now, 1e-3), self._wake.set)
+        if not gone:
+            return False
+        dead = tuple(it.id for it in self._items if all(v in gone for v in (it.variants or self.variants)))
+        if not dead:
+            return False
+        for e in self._pop(dead):
+            if not e.future.done():
+                e.future.set_exception(self._no_replica_error(e.item.variants or tuple(self.variants)))
+        return True
 
     def _should_plan(self) -> bool:
         """Plan when something can be dispatched or a decision is due: a replica is idle or just
@@ -336,6 +387,18 @@ class Batcher:
         task.add_done_callback(self._batches.discard)
 
     async def _run(self, entries: list[_Entry], d: Dispatch, started: float) -> None:
+        """Run a dispatched batch on one slot of ``d.variant``. Requests whose tensors cannot share a
+        batch (a model with a variable dimension, asked at different sizes) run as consecutive
+        batches on the same slot, so one request's shape never fails another's."""
+        try:
+            for group in _compatible_groups(entries):
+                await self._run_group(group, d, started if group is entries else self.clock.now())
+        finally:
+            self._busy[d.variant] -= 1
+            self._freed = True
+            self._wake.set()
+
+    async def _run_group(self, entries: list[_Entry], d: Dispatch, started: float) -> None:
         variant = d.variant
         try:
             if len(entries) == 1:
@@ -397,12 +460,25 @@ class Batcher:
                         Outcome(sl, variant, rows, started - e.item.arrival_s, res.compute_s, res.device_type)
                     )
                 off += n
-        except Exception as e:  # e.g. inputs that would not concatenate
+        except Exception as e:  # a bug: every request of the batch gets an explicit error, none hangs
             log.exception("batch on %s/%s failed before reaching a replica", self.model, variant)
             for ent in entries:
                 if not ent.future.done():
                     ent.future.set_exception(InternalError(f"batch assembly failed: {e}"))
-        finally:
-            self._busy[variant] -= 1
-            self._freed = True
-            self._wake.set()
+
+
+def _shape_key(e: _Entry) -> tuple:
+    return tuple((n, a.shape[1:], a.dtype.str) for n, a in e.inputs.items())
+
+
+def _compatible_groups(entries: list[_Entry]) -> list[list[_Entry]]:
+    """``entries`` itself when every request's tensors share their per-row shapes and dtypes (the
+    common case, and the only one for a model without variable dimensions); else one group per
+    shape, in order of first appearance."""
+    first = _shape_key(entries[0])
+    if all(_shape_key(e) == first for e in entries[1:]):
+        return [entries]
+    groups: dict[tuple, list[_Entry]] = {}
+    for e in entries:
+        groups.setdefault(_shape_key(e), []).append(e)
+    return list(groups.values())

@@ -152,6 +152,13 @@ class Settings(BaseSettings):
         "replicas' nodes.",
     )
     batch_timeout_s: float = Field(default=30.0, gt=0, description="A batch not back by then fails (504).")
+    no_replica_wait_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="A request whose every allowed variant has had no running replica for this long (the "
+        "backend lost Ray, or a variant's last replica died and none is back) fails at once with 503 + "
+        "Retry-After, queued or new; meanwhile the model reports not ready.",
+    )
     best_effort_wait_s: float = Field(
         default=30.0,
         gt=0,

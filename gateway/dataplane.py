@@ -90,6 +90,7 @@ class ModelState:
             clock=clock,
             on_event=hook,
             late_grace_s=settings.late_grace_s,
+            no_replica_wait_s=settings.no_replica_wait_s,
         )
         depth.set_function(lambda: self.batcher.queued_rows)
 
@@ -262,7 +263,11 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        return self._started and self.backend.ready()
+        """Serving: started, the backend up (connected to Ray), and every model ready."""
+        return self._started and self.backend.ready() and all(self._has_replicas(m) for m in self.models.values())
+
+    def _has_replicas(self, m: ModelState) -> bool:
+        return all(self.backend.replica_count(m.config.name, v) > 0 for v in m.by_accuracy)
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
@@ -276,8 +281,9 @@ class DataPlane:
         return m
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
-        self.model(name, version)
-        return self.ready()
+        """The model can answer: the server started, the backend up, a running replica for each variant."""
+        m = self.model(name, version)
+        return self._started and self.backend.ready() and self._has_replicas(m)
 
     # ---- inference ------------------------------------------------------------------------
     def validate(self, m: ModelState, req: InferRequest) -> tuple[dict[str, np.ndarray], int]:

@@ -93,6 +93,7 @@ class RayServeBackend(BackendBase):
         self.pipeline_depth = settings.pipeline_depth
         self._started_ray = False
         self._ready = False
+        self._connected = True  # the poller says otherwise once the Serve controller stops answering
         self._poller: asyncio.Task | None = None
         self._deploying: asyncio.Future | None = None
         self._cancel_deploy = False
@@ -432,14 +433,26 @@ class RayServeBackend(BackendBase):
     async def _poll_replicas(self) -> None:
         """Once a second: the rates go out, and the replica counts (and channels) follow Serve's view.
         A replica that dies in between is handled per batch (retried once, or failed explicitly); with
-        the direct transport its slots are also gone the moment its socket closes."""
+        the direct transport its slots are also gone the moment its socket closes. Three reads in a row
+        that fail (Ray or its Serve controller gone) make the backend not ready until one succeeds."""
+        failures = 0
         while True:
             await asyncio.sleep(1.0)
             try:
                 self._push_rates()
                 await self._refresh()
-            except Exception:  # the controller may be restarting; keep the last view
+                if self._details is None:
+                    raise RuntimeError("no Serve controller")
+            except Exception:  # the controller may be restarting: keep the last view a moment
+                failures += 1
                 log.debug("reading the replicas from the Serve controller failed", exc_info=True)
+                if failures == 3:
+                    log.warning("lost the Ray cluster's Serve controller: not ready until it answers again")
+                    self._connected = False
+                continue
+            if not self._connected:
+                log.warning("the Serve controller answers again: ready")
+            failures, self._connected = 0, True
 
     async def stop(self) -> None:
         self._ready = False
@@ -480,7 +493,8 @@ class RayServeBackend(BackendBase):
                 reap(ours)
 
     def ready(self) -> bool:
-        return self._ready
+        """Deployed, and the Serve controller answered within the last few seconds."""
+        return self._ready and self._connected
 
     def applications(self) -> dict[tuple[str, str], str]:
         """(model, variant) -> the Serve application serving it; a shared deployment (every variant on

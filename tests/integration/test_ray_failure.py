@@ -183,3 +183,36 @@ def test_sigkill_mid_batch_past_deadline_fails_explicitly_then_recovers(chaos_se
     ) in ((503, True), (504, True)), body
     assert metric(s, "sloserve_batch_failures_total", 'action="failed"') == 1
     wait_recovered(s, "small")
+
+
+def test_a_variant_without_replicas_is_not_ready_and_answers_503_promptly(chaos_server):
+    """The only replica of digits/small dies: the model reports not ready at once (the server too),
+    and a request pinned to it gets a 503 with Retry-After within ``no_replica_wait_s`` (2 s) instead
+    of waiting for the replacement; once Serve has replaced it, the model is ready and serves again."""
+    s = chaos_server
+
+    def ready(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://{s.http_url}{path}", timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert ready("/v2/models/digits/ready") == 200
+    os.kill(replica_pid(s, "small"), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while ready("/v2/models/digits/ready") != 503:
+        assert time.monotonic() < deadline, "the model stayed ready with no replica of digits/small"
+        time.sleep(0.1)
+    assert ready("/v2/health/ready") == 503
+    t0 = time.monotonic()
+    code, body = post(s, {"variant": "small", "slo_ms": 60000}, timeout=30)
+    took = time.monotonic() - t0
+    if code != 200:  # (200 only if Serve replaced the replica within the wait)
+        assert code == 503 and "no running replica" in body["error"], (code, body)
+        assert took < 2.0 + FAULT_DELAY_MS / 1e3, took
+    wait_recovered(s, "small")
+    deadline = time.monotonic() + 30
+    while ready("/v2/models/digits/ready") != 200:
+        assert time.monotonic() < deadline, "the model did not report ready after its replica came back"
+        time.sleep(0.2)

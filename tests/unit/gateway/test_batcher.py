@@ -359,3 +359,58 @@ async def test_best_effort_requests_are_never_refused_for_a_deadline_and_wait_be
     assert [float(o.outputs["y"][0, 0]) for o in outs] == [0.0, 4.0, 6.0]
     assert runner.order == [0.0, 3.0, 2.0]  # the first, then the deadline request, then the best-effort one
     await b.close()
+
+
+async def test_requests_of_different_shapes_never_share_a_batch():
+    """A model with a variable dimension: requests asked at two sizes land in one dispatch; they run
+    as two batches on the slot, and every one is answered (one concatenated batch failed them all)."""
+    runner = Runner()
+    b = Batcher(
+        "m",
+        make_policy("timeout", max_batch_size=4, max_wait_ms=1e6, default_variant="v"),
+        runner,
+        ["v"],
+        max_batch_size=4,
+        clock=FakeClock(),
+    )
+    b.start()
+    shapes = [2, 3, 2, 3]
+    outs = await asyncio.gather(
+        *(b.submit({"x": np.full((1, w), i, np.float32)}, 1, 1.0, ("v",)) for i, w in enumerate(shapes))
+    )
+    assert runner.batches == [("v", 2), ("v", 2)]
+    for i, (o, w) in enumerate(zip(outs, shapes, strict=True)):
+        np.testing.assert_array_equal(o.outputs["y"], np.full((1, w), 2 * i))
+    await b.close()
+
+
+async def test_a_variant_without_replicas_fails_its_requests_promptly_never_hangs():
+    """Every replica gone (Ray lost, the last one died): the ``timeout`` policy would wait forever for a
+    slot. After ``no_replica_wait_s`` the queued request fails with 503 + Retry-After, and a new one
+    at once; when a replica is back, requests are served again."""
+    clock = FakeClock()
+    runner = Runner(slots=0)
+    b = Batcher(
+        "m",
+        make_policy("timeout", max_batch_size=4, max_wait_ms=0.0, default_variant="v"),
+        runner,
+        ["v"],
+        max_batch_size=4,
+        clock=clock,
+        no_replica_wait_s=2.0,
+    )
+    b.start()
+    queued = asyncio.create_task(b.submit(x(1), 1, 100.0, ("v",)))
+    await asyncio.sleep(0)
+    assert not queued.done()  # within the wait a replica may come back
+    clock.advance(2.5)
+    with pytest.raises(Unavailable, match="no running replica") as new:
+        await b.submit(x(2), 1, 100.0, ("v",))
+    assert http_status(new.value) == 503 and new.value.retry_after_s == 2.0
+    b._wake.set()  # the loop's own timer would, in real time
+    with pytest.raises(Unavailable, match="no running replica"):
+        await queued
+    runner._slots = 1  # a replica is back
+    out = await b.submit(x(3), 1, clock.now() + 100.0, ("v",))
+    assert float(out.outputs["y"][0, 0]) == 6.0
+    await b.close()
