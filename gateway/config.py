@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
 from autoscaler.swayam import SwayamConfig
 
@@ -152,6 +152,12 @@ class Settings(BaseSettings):
         "replicas' nodes.",
     )
     batch_timeout_s: float = Field(default=30.0, gt=0, description="A batch not back by then fails (504).")
+    shutdown_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="On SIGTERM the gateway reports not ready, refuses new requests (503) and gives the ones in "
+        "flight this long to finish, over HTTP and gRPC alike (a rolling update loses none).",
+    )
     no_replica_wait_s: float = Field(
         default=2.0,
         gt=0,
@@ -327,7 +333,14 @@ def _read_file(path: Path) -> dict[str, Any]:
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Resolve settings from file, environment and explicit overrides (None values are ignored)."""
     merged: dict[str, Any] = _read_file(Path(config_file)) if config_file else {}
-    merged.update(EnvSettingsSource(Settings)())
+    try:
+        env = EnvSettingsSource(Settings)()
+    except SettingsError as e:  # e.g. SLOSERVE_MODELS set to something that is not JSON
+        raise ConfigError(
+            f"invalid settings in the environment: {e}; SLOSERVE_<SETTING> variables are read as settings "
+            f"(a map such as `models` as JSON, or one key at a time as SLOSERVE_MODELS__<model>__<key>)"
+        ) from None
+    _deep_merge(merged, env)  # SLOSERVE_MODELS__DIGITS__SLO_MS changes that key, not the file's whole map
     merged.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return Settings.model_validate(merged)
@@ -340,3 +353,17 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
             else:  # a check across settings: its message names the keys (the input is all of them)
                 lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
         raise ConfigError("invalid settings:\n" + "\n".join(lines)) from None
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` into ``base`` (in place): maps merge key by key, anything else replaces.
+
+    >>> _deep_merge({"models": {"a": {"slo_ms": 5, "x": 1}}, "b": 1}, {"models": {"a": {"slo_ms": 9}}})
+    {'models': {'a': {'slo_ms': 9, 'x': 1}}, 'b': 1}
+    """
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_merge(base[k], v)
+        else:
+            base[k] = v
+    return base

@@ -201,6 +201,7 @@ class DataPlane:
         self.inflight = InflightBytes(settings.max_inflight_bytes, self._refused_bytes)
         _inflight_gauge(self.metrics, self.inflight)
         self._started = False
+        self._draining = False
         # the event loop's lag (gateway/looplag.py): a metric, and optionally counted against deadlines
         self.loop_lag = LoopLag() if isinstance(self.clock, MonotonicClock) else None
         self._lag_shed_s = door_ms(settings) / 1e3 if self.loop_lag is not None else 0.0
@@ -250,7 +251,13 @@ class DataPlane:
             m.batcher.start()
         self._started = True
 
+    def drain(self) -> None:
+        """The server is stopping: not ready from now on, and new requests are refused (503); the
+        ones already queued or in a batch are still answered."""
+        self._draining = True
+
     async def stop(self) -> None:
+        self._draining = True
         self._started = False
         if self.loop_lag is not None:
             self.loop_lag.stop()
@@ -264,7 +271,12 @@ class DataPlane:
 
     def ready(self) -> bool:
         """Serving: started, the backend up (connected to Ray), and every model ready."""
-        return self._started and self.backend.ready() and all(self._has_replicas(m) for m in self.models.values())
+        return (
+            self._started
+            and not self._draining
+            and self.backend.ready()
+            and all(self._has_replicas(m) for m in self.models.values())
+        )
 
     def _has_replicas(self, m: ModelState) -> bool:
         return all(self.backend.replica_count(m.config.name, v) > 0 for v in m.by_accuracy)
@@ -283,7 +295,7 @@ class DataPlane:
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """The model can answer: the server started, the backend up, a running replica for each variant."""
         m = self.model(name, version)
-        return self._started and self.backend.ready() and self._has_replicas(m)
+        return self._started and not self._draining and self.backend.ready() and self._has_replicas(m)
 
     # ---- inference ------------------------------------------------------------------------
     def validate(self, m: ModelState, req: InferRequest) -> tuple[dict[str, np.ndarray], int]:
@@ -364,8 +376,9 @@ class DataPlane:
         m = None
         try:
             m = self.model(req.model, req.version)
-            if not self._started:
-                raise Unavailable("the server is starting; retry shortly", retry_after_s=1.0)
+            if not self._started or self._draining:
+                why = "shutting down: retry on another replica" if self._draining else "starting; retry shortly"
+                raise Unavailable(f"the server is {why}", retry_after_s=1.0)
             arrays, rows = self.validate(m, req)
             variants = self.allowed_variants(m, req)
             best_effort = req.params.slo_ms is None

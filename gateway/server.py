@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import signal
 import sys
 
@@ -128,7 +129,7 @@ class Gateway:
             lifespan="off",
             loop="none",
             http="httptools",
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=int(math.ceil(s.shutdown_grace_s)),
             **uvicorn_tls_kwargs(s),
         )
         self._uvicorn = _Uvicorn(cfg)
@@ -160,13 +161,18 @@ class Gateway:
         )
 
     async def stop(self) -> None:
+        """Drain, then stop: not ready and new requests refused at once, the ones in flight given
+        ``shutdown_grace_s`` to finish on both transports."""
+        grace = self.settings.shutdown_grace_s
+        self.dataplane.drain()
         if self._uvicorn is not None:
+            self._uvicorn.config.timeout_graceful_shutdown = int(math.ceil(grace))
             self._uvicorn.should_exit = True
         if self._grpc is not None:
-            await self._grpc.stop(grace=2.0)
+            await self._grpc.stop(grace=grace)
         if self._uv_task is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._uv_task, timeout=8)
+                await asyncio.wait_for(self._uv_task, timeout=grace + 3)
         if self.harvest is not None:  # checkpoint running jobs before Ray goes away
             await asyncio.get_running_loop().run_in_executor(None, self.harvest.stop)
         await self.dataplane.stop()

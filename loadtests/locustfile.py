@@ -15,7 +15,7 @@ all requests) and the error rate (failed / all) are checked against ``--min-atta
 ``--max-error-rate``; when either misses, the process exits with code 3. A run within both exits 0
 even with a few failed requests; exceptions raised in user code keep Locust's own codes (1, or 2
 for unhandled greenlet exceptions). Options take environment variables too
-(``SLOSERVE_SLO_MS`` ...); ``--results-json`` writes the summary and a per-second timeline.
+(``SLOSERVE_LOCUST_SLO_MS`` ...: a prefix of their own, so that nothing the gateway reads is set by accident); ``--results-json`` writes the summary and a per-second timeline.
 """
 
 from __future__ import annotations
@@ -44,53 +44,53 @@ def _options(parser) -> None:
     g = parser.add_argument_group("sloserve")
     g.add_argument(
         "--models",
-        env_var="SLOSERVE_MODELS",
+        env_var="SLOSERVE_LOCUST_MODELS",
         default="digits",
         help="models and weights, e.g. 'digits' or 'digits:3,heavy:1'",
     )
     g.add_argument(
         "--slo-ms",
-        env_var="SLOSERVE_SLO_MS",
+        env_var="SLOSERVE_LOCUST_SLO_MS",
         type=float,
         default=50.0,
         help="per-request latency budget sent as parameters.slo_ms (ms)",
     )
     g.add_argument(
         "--min-attainment",
-        env_var="SLOSERVE_MIN_ATTAINMENT",
+        env_var="SLOSERVE_LOCUST_MIN_ATTAINMENT",
         type=float,
         default=0.95,
         help="fail the run when fewer requests than this fraction attain their SLO",
     )
     g.add_argument(
         "--max-error-rate",
-        env_var="SLOSERVE_MAX_ERROR_RATE",
+        env_var="SLOSERVE_LOCUST_MAX_ERROR_RATE",
         type=float,
         default=0.01,
         help="fail the run when more requests than this fraction fail",
     )
     g.add_argument(
         "--rps-per-user",
-        env_var="SLOSERVE_RPS_PER_USER",
+        env_var="SLOSERVE_LOCUST_RPS_PER_USER",
         type=float,
         default=20.0,
         help="requests per second each user paces itself to (0: back to back)",
     )
     g.add_argument(
         "--grpc-host",
-        env_var="SLOSERVE_GRPC_HOST",
+        env_var="SLOSERVE_LOCUST_GRPC_HOST",
         default="",
         help="host:port of the gRPC endpoint (default: the HTTP host, port 8001)",
     )
     g.add_argument(
         "--results-json",
-        env_var="SLOSERVE_RESULTS_JSON",
+        env_var="SLOSERVE_LOCUST_RESULTS_JSON",
         default="",
         help="write the SLO summary and a per-second timeline to this file",
     )
     g.add_argument(
         "--exit-code-file",
-        env_var="SLOSERVE_EXIT_CODE_FILE",
+        env_var="SLOSERVE_LOCUST_EXIT_CODE_FILE",
         default="",
         help="write the process's exit code here once the run's stats are out (sloserve "
         "loadtest uses it to end a process that then hangs on its way out)",
@@ -98,23 +98,23 @@ def _options(parser) -> None:
     # Trace shape (loadtests/trace_shape.py): see that module.
     g.add_argument(
         "--trace-file",
-        env_var="SLOSERVE_TRACE_FILE",
+        env_var="SLOSERVE_LOCUST_TRACE_FILE",
         default="",
         help="per-minute arrival trace CSV (default ../shared/traces/azure_functions_2019_...)",
     )
-    g.add_argument("--trace-column", env_var="SLOSERVE_TRACE_COLUMN", default="aggregate_1350fn")
-    g.add_argument("--trace-start-minute", env_var="SLOSERVE_TRACE_START_MINUTE", type=int, default=540)
-    g.add_argument("--trace-minutes", env_var="SLOSERVE_TRACE_MINUTES", type=int, default=15)
+    g.add_argument("--trace-column", env_var="SLOSERVE_LOCUST_TRACE_COLUMN", default="aggregate_1350fn")
+    g.add_argument("--trace-start-minute", env_var="SLOSERVE_LOCUST_TRACE_START_MINUTE", type=int, default=540)
+    g.add_argument("--trace-minutes", env_var="SLOSERVE_LOCUST_TRACE_MINUTES", type=int, default=15)
     g.add_argument(
         "--seconds-per-minute",
-        env_var="SLOSERVE_SECONDS_PER_MINUTE",
+        env_var="SLOSERVE_LOCUST_SECONDS_PER_MINUTE",
         type=float,
         default=1.0,
         help="time compression: test seconds per trace minute",
     )
     g.add_argument(
         "--peak-rps",
-        env_var="SLOSERVE_PEAK_RPS",
+        env_var="SLOSERVE_LOCUST_PEAK_RPS",
         type=float,
         default=150.0,
         help="the trace's busiest minute maps to this request rate",

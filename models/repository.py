@@ -17,9 +17,10 @@ import re
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from models.datatypes import V2_TO_NUMPY
+from models.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -61,7 +62,7 @@ class VariantConfig(BaseModel):
 
 
 class ModelConfig(BaseModel):
-    """One model: its tensors, batching limits, default SLO and accuracy variants."""
+    """One model: its tensors, batching limits, SLO and accuracy variants."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -71,7 +72,12 @@ class ModelConfig(BaseModel):
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int = Field(default=64, ge=1, le=4096)
-    slo_ms: float = Field(default=50.0, gt=0, description="Default per-request latency budget.")
+    slo_ms: float = Field(
+        default=50.0,
+        gt=0,
+        description="The model's latency objective: what the autoscaler sizes for and what requests that name "
+        "no slo_ms are counted against (they are served best-effort).",
+    )
     variants: tuple[VariantConfig, ...] = Field(min_length=1)
     default_variant: str | None = Field(
         default=None, description="Variant used when a request asks for none (default: most accurate)."
@@ -151,14 +157,17 @@ class ModelRepository:
                     raise ValueError(f"{path} is outside the repository {self.root}")
                 if not path.is_file():
                     raise FileNotFoundError(f"{cfg_path}: variant {v.name!r} has no {path}")
-                check_onnx_external_data(path, self.root)
+                graph = check_onnx_external_data(path, self.root)
+                problem = signature_mismatch(cfg, graph)
+                if problem:
+                    raise ValueError(f"{cfg_path}: variant {v.name!r} ({path}): {problem}")
             self.models[cfg.name] = model
         if not self.models:
             raise FileNotFoundError(f"model repository {self.root} holds no <model>/config.json")
         return self
 
 
-def check_onnx_external_data(path: Path, root: Path) -> None:
+def check_onnx_external_data(path: Path, root: Path):
     """Refuse an ONNX file whose tensors point at external data outside its own directory.
 
     ONNX Runtime reads ``external_data`` locations relative to the model file; an absolute or
@@ -180,6 +189,47 @@ def check_onnx_external_data(path: Path, root: Path) -> None:
                 f"{path}: tensor {tensor.name!r} reads external data from {loc!r}, "
                 f"outside the model's directory; refused"
             )
+    return model
+
+
+def signature_mismatch(cfg: ModelConfig, model) -> str | None:
+    """What in ``cfg`` (config.json) disagrees with the ONNX ``model``'s graph, naming the field to
+    fix; None when they agree. Checked: the inputs are exactly the graph's (by name), and every
+    tensor's datatype, rank and fixed dimensions; the first dimension is the batch."""
+    from onnx import helper
+
+    init = {t.name for t in model.graph.initializer}
+    graph_in = {t.name: t for t in model.graph.input if t.name not in init}
+    graph_out = {t.name: t for t in model.graph.output}
+    names = [t.name for t in cfg.inputs]
+    if set(names) != set(graph_in):
+        return f"inputs {names} in config.json, but the ONNX graph takes {sorted(graph_in)} (fix 'inputs')"
+    for kind, specs, graph in (("inputs", cfg.inputs, graph_in), ("outputs", cfg.outputs, graph_out)):
+        for i, spec in enumerate(specs):
+            t = graph.get(spec.name)
+            where = f"'{kind}[{i}]' ({spec.name!r})"
+            if t is None:
+                return f"{where} is not an output of the ONNX graph; it has {sorted(graph)} (fix '{kind}')"
+            tt = t.type.tensor_type
+            try:
+                onnx_dt = NUMPY_TO_V2.get(np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), "BYTES")
+            except (KeyError, TypeError, ValueError):
+                onnx_dt = "an unknown type"
+            if onnx_dt != spec.datatype:
+                return f"{where} is {spec.datatype} in config.json, {onnx_dt} in the ONNX graph (fix its 'datatype')"
+            if not tt.HasField("shape"):
+                continue
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+            want = [-1, *spec.shape]
+            if len(dims) != len(want):
+                return (
+                    f"{where} has shape {want} in config.json (batch first), rank {len(dims)} in the ONNX "
+                    f"graph {dims} (fix its 'shape')"
+                )
+            bad = [k for k in range(1, len(dims)) if dims[k] > 0 and want[k] != -1 and dims[k] != want[k]]
+            if bad:
+                return f"{where} has shape {want} in config.json, {dims} in the ONNX graph (fix its 'shape')"
+    return None
 
 
 def write_config(root: Path, cfg: ModelConfig) -> Path:

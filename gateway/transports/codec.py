@@ -296,7 +296,7 @@ def encode_rest(resp: InferResponse) -> tuple[bytes, int | None]:
         binary = wanted[name] if wanted is not None else resp.binary_output
         doc: dict[str, Any] = {"name": name, "datatype": NUMPY_TO_V2.get(arr.dtype, "BYTES"), "shape": list(arr.shape)}
         if binary:
-            raw = _raw_bytes(arr)
+            raw = raw_bytes(arr)
             doc["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
@@ -319,8 +319,11 @@ def encode_rest(resp: InferResponse) -> tuple[bytes, int | None]:
     return b"".join([js, *blobs]), len(js)
 
 
-def _raw_bytes(arr: np.ndarray) -> bytes:
-    if arr.dtype == np.object_:
+def raw_bytes(arr: np.ndarray) -> bytes:
+    """A tensor in KServe's binary form (REST's binary extension, gRPC's ``raw_output_contents``):
+    numbers as little-endian raw data; BYTES (object or string arrays) as 4-byte length-prefixed
+    elements, never the array's memory (for an object array, that is pointers)."""
+    if arr.dtype.kind in "OUS":
         parts = []
         for x in arr.ravel():
             b = x if isinstance(x, bytes) else str(x).encode()

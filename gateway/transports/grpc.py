@@ -20,9 +20,9 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, ServingError
 from gateway.transports.auth import GrpcGuard, TokenTable, grpc_server_credentials
-from gateway.transports.codec import MAX_ELEMENTS, InputLimits, array_from_binary, parse_params
+from gateway.transports.codec import MAX_ELEMENTS, InputLimits, array_from_binary, parse_params, raw_bytes
 from gateway.transports.status import grpc_code
-from gateway.types import NUMPY_TO_V2, V2_TO_NUMPY, InferRequest, RequestedOutput
+from gateway.types import NUMPY_TO_V2, V2_TO_NUMPY, InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger("sloserve.grpc")
 
@@ -182,18 +182,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             if ticket is not None:
                 ticket.release()
-        out = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id or "")
-        raws = []
-        for name, arr in resp.outputs.items():
-            t = out.outputs.add()
-            t.name = name
-            t.datatype = NUMPY_TO_V2.get(arr.dtype, "BYTES")
-            t.shape.extend(arr.shape)
-            raws.append(np.ascontiguousarray(arr).tobytes())
-        out.raw_output_contents.extend(raws)
-        for k, v in resp.parameters.items():
-            _set_param(out.parameters[k], v)
-        return out
+        return encode_response(resp)
+
+
+def encode_response(resp: InferResponse) -> pb.ModelInferResponse:
+    """The gRPC answer: every output in ``raw_output_contents`` (the form tritonclient decodes)."""
+    out = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id or "")
+    for name, arr in resp.outputs.items():
+        t = out.outputs.add()
+        t.name = name
+        t.datatype = NUMPY_TO_V2.get(arr.dtype, "BYTES")
+        t.shape.extend(arr.shape)
+    out.raw_output_contents.extend(raw_bytes(arr) for arr in resp.outputs.values())
+    for k, v in resp.parameters.items():
+        _set_param(out.parameters[k], v)
+    return out
 
 
 def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:

@@ -33,7 +33,7 @@ from loadtests.bench.systems import (
 # (category, substrings of a frame "function (file:line)"); the innermost matching frame decides.
 CATEGORIES = [
     ("ORT compute (session.run)", ("onnxruntime/capi", "models/runtime.py")),
-    ("JSON encode response (encode_rest, orjson.dumps)", ("encode_rest", "_raw_bytes")),
+    ("JSON encode response (encode_rest, orjson.dumps)", ("encode_rest", "raw_bytes")),
     (
         "JSON decode + numpy (decode_rest, array_from_json)",
         ("decode_rest", "array_from_json", "parse_params", "_params_from_headers", "shape_of"),

@@ -149,10 +149,16 @@ def _external_data_model(path, location: str) -> None:
         e = w.external_data.add()
         e.key, e.value = k, v
     graph = helper.make_graph(
-        [helper.make_node("Add", ["input", "w"], ["probs"])],
+        [
+            helper.make_node("Add", ["input", "w"], ["probs"]),
+            helper.make_node("ArgMax", ["probs"], ["label"], axis=1, keepdims=0),
+        ],
         "g",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, 64])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [None, 64])],
+        [
+            helper.make_tensor_value_info("probs", TensorProto.FLOAT, [None, 64]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+        ],
         [w],
     )
     onnx.save(helper.make_model(graph), str(path))
@@ -209,3 +215,32 @@ def test_variant_parameter_is_a_lookup(servers):
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(req, timeout=10)
     assert ei.value.code == 400 and "unknown variant" in json.loads(ei.value.read())["error"]
+
+
+# ---- config.json against the ONNX graph ------------------------------------------------------------
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (
+            lambda c: c["inputs"][0].update(name="x"),
+            r"inputs \['x'\] in config.json, but the ONNX graph takes \['input'\]",
+        ),
+        (lambda c: c["inputs"][0].update(datatype="INT64"), r"'inputs\[0\]' \('input'\) is INT64 in config.json, FP32"),
+        (
+            lambda c: c["inputs"][0].update(shape=[63]),
+            r"'inputs\[0\]' \('input'\) has shape \[-1, 63\].*fix its 'shape'",
+        ),
+        (lambda c: c["inputs"][0].update(shape=[8, 8]), r"rank 2 in the ONNX graph"),
+        (lambda c: c["outputs"][1].update(name="labels"), r"'outputs\[1\]' \('labels'\) is not an output"),
+        (lambda c: c["outputs"][0].update(datatype="FP16"), r"'outputs\[0\]' \('probs'\) is FP16 in config.json, FP32"),
+    ],
+)
+def test_a_config_that_disagrees_with_its_onnx_graph_is_a_load_error_naming_the_field(repo, edit, needle):
+    """A config.json that does not match its ONNX graph stops loading with the field to fix (it
+    used to load, and every request failed with a 500)."""
+    path = repo / "digits" / "config.json"
+    cfg = json.loads(path.read_text())
+    edit(cfg)
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=needle):
+        ModelRepository(repo).load()

@@ -127,3 +127,54 @@ def test_sigterm_while_ray_itself_starts_exits_cleanly(model_repo, after_s):
     assert s.stop() == rc
     assert rc == 0 and not left, (rc, left, out)
     assert "stop requested during start-up" in out or "shutting down" in out, out
+
+
+def test_sigterm_drains_requests_in_flight_on_both_transports(model_repo, tmp_path):
+    """A rolling update: SIGTERM while an HTTP and a gRPC request are inside a 1.5 s batch. Both are
+    answered (the gRPC one used to be reset after 2 s of grace against a 30 s batch timeout), the
+    server reports not ready at once, and it exits cleanly."""
+    import json
+    import threading
+    import time
+    import urllib.request
+
+    import tritonclient.grpc as grpcclient
+
+    cfg = tmp_path / "slow.json"
+    cfg.write_text(json.dumps({"models": {"digits": {"fault_delay_ms": 1500}}}))
+    s = ServerProcess(model_repo, "inprocess", ["--config", str(cfg)]).wait_ready()
+    x = np.zeros((1, 64), np.float32)
+    results: dict[str, object] = {}
+
+    def over_http():
+        c = httpclient.InferenceServerClient(s.http_url, network_timeout=30)
+        i = httpclient.InferInput("input", [1, 64], "FP32")
+        i.set_data_from_numpy(x)
+        results["http"] = c.infer("digits", [i], parameters={"variant": "small"}).as_numpy("label").shape
+
+    def over_grpc():
+        c = grpcclient.InferenceServerClient(s.grpc_url)
+        i = grpcclient.InferInput("input", [1, 64], "FP32")
+        i.set_data_from_numpy(x)
+        results["grpc"] = c.infer("digits", [i], parameters={"variant": "small"}, client_timeout=30).as_numpy(
+            "label"
+        ).shape
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (over_http, over_grpc)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # both inside the batch
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    try:
+        with urllib.request.urlopen(f"http://{s.http_url}/v2/health/ready", timeout=5) as r:
+            ready = r.status
+    except urllib.error.HTTPError as e:
+        ready = e.code
+    except OSError:
+        ready = None  # already closed to new connections: also not ready
+    assert ready in (503, None), ready
+    for t in threads:
+        t.join(20)
+    assert results == {"http": (1,), "grpc": (1,)}, results
+    assert s.stop(signal.SIGTERM, timeout=30) == 0, s.output()

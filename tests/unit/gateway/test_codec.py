@@ -160,3 +160,20 @@ def test_uint64_takes_json_booleans_and_integers_without_overflow():
         array_from_json([-1], "UINT64", (1,), "input 'x'")
     with pytest.raises(InvalidArgument, match=r"out of range for INT64"):
         array_from_json([2**63], "INT64", (1,), "input 'x'")
+
+
+def test_grpc_bytes_outputs_are_length_prefixed_elements_not_pointers():
+    """A BYTES output (object or string array) goes into ``raw_output_contents`` as tritonclient
+    decodes it: 4-byte little-endian lengths before each element (before: the array's memory, which
+    for an object array is pointers)."""
+    from tritonclient.grpc import InferResult
+
+    from gateway.transports.grpc import encode_response
+
+    words = np.array([[b"seven"], ["eight"]], dtype=object)
+    resp = InferResponse(model="m", version="1", outputs={"label": words, "p": np.array([[0.5], [0.25]], np.float32)})
+    out = encode_response(resp)
+    assert out.raw_output_contents[0] == struct.pack("<I", 5) + b"seven" + struct.pack("<I", 5) + b"eight"
+    decoded = InferResult(out)
+    assert decoded.as_numpy("label").tolist() == [[b"seven"], [b"eight"]]
+    assert decoded.as_numpy("p").tolist() == [[0.5], [0.25]]
