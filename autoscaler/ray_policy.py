@@ -78,14 +78,12 @@ def state_to_json(s: SwayamState) -> dict[str, Any]:
 def state_from_json(d: dict[str, Any] | None) -> SwayamState:
     if not d:
         return SwayamState()
-    extra = {
-        name: tuple((float(t), int(v) if name == "recent" else float(v)) for t, v in d.get(name, ())) for name in _PAIRS
-    }
     return SwayamState(
         tuple((float(t), float(r)) for t, r in d["history"]),
         tuple((float(t), int(n)) for t, n in d["needs"]),
         int(d.get("gateways_seen", 1)),
-        **extra,
+        season=tuple((float(t), float(v)) for t, v in d.get("season", ())),
+        recent=tuple((float(t), int(v)) for t, v in d.get("recent", ())),
     )
 
 

@@ -408,6 +408,7 @@ class Batcher:
                 inputs = {n: np.concatenate([e.inputs[n] for e in entries]) for n in names}
             rows = sum(e.item.size for e in entries)
             attempt = 0
+            err: ServingError  # what every request of the batch gets when it failed (ok is False)
             while True:
                 try:
                     timeout = None
@@ -435,9 +436,9 @@ class Batcher:
                 break
             finished = self.clock.now()
             if not ok:
-                for e in entries:
-                    if not e.future.done():
-                        e.future.set_exception(err)
+                for ent in entries:
+                    if not ent.future.done():
+                        ent.future.set_exception(err)
                 self.policy.observe(BatchResult(self.model, variant, rows, finished - started, finished, ok=False))
                 self.on_event("batch_failed", (variant, rows))
                 return
@@ -452,12 +453,12 @@ class Batcher:
             )
             self.on_event("batch", (variant, rows, res.compute_s, d.reason))
             off = 0
-            for e in entries:
-                n = e.item.size
-                if not e.future.done():
+            for ent in entries:
+                n = ent.item.size
+                if not ent.future.done():
                     sl = {k: v[off : off + n] for k, v in res.outputs.items()}
-                    e.future.set_result(
-                        Outcome(sl, variant, rows, started - e.item.arrival_s, res.compute_s, res.device_type)
+                    ent.future.set_result(
+                        Outcome(sl, variant, rows, started - ent.item.arrival_s, res.compute_s, res.device_type)
                     )
                 off += n
         except Exception as e:  # a bug: every request of the batch gets an explicit error, none hangs

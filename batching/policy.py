@@ -96,6 +96,9 @@ class PolicyBase:
         self.context = PolicyContext(**context)
         self.settings = settings_from(self.name, self.Settings, kwargs)
 
+    def plan(self, view: QueueView, now: float) -> Decision:
+        raise NotImplementedError(f"batching policy {self.name!r} does not implement plan")
+
     def admit(self, view: QueueView, item: QueuedItem, now: float) -> Shed | None:
         return None
 

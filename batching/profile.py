@@ -41,7 +41,7 @@ class Curve:
         if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
             raise ValueError("batch sizes must be increasing positive integers")
 
-    def at(self, rows: int, quantile: str = "p99") -> float:
+    def at(self, rows: float, quantile: str = "p99") -> float:
         ys = self.p99_s if quantile == "p99" else self.p50_s
         xs = self.batch_sizes
         if rows <= xs[0]:

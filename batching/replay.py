@@ -101,7 +101,8 @@ class ReplayResult:
     def effective_accuracy(self, accuracy: Mapping[str, float]) -> float:
         """Sum of the accuracy of on-time responses / all requests (the Model-Switching metric)."""
         n = len(self.outcomes)
-        return sum(accuracy[o.variant] for o in self.outcomes if o.on_time) / n if n else 0.0
+        # an on-time request was served, so its variant is set
+        return sum(accuracy[o.variant] for o in self.outcomes if o.on_time and o.variant is not None) / n if n else 0.0
 
 
 class PolicyError(RuntimeError):
@@ -190,15 +191,14 @@ class VirtualQueue:
             if plans > self.max_plans_per_instant:
                 raise PolicyError(f"policy made {plans} decisions at t={now} without waiting")
             d = self.policy.plan(self.view(slots, now), now)
-            kind = type(d)
-            if kind is Wait:
+            if type(d) is Wait:
                 return d.until_s
             if not d.ids or any(x not in self.queued for x in d.ids):
                 if self.strict:
                     raise PolicyError(f"decision names no or unknown queued ids: {d!r}")
                 if not d.ids:
                     return None
-            if kind is Shed:
+            if type(d) is Shed:
                 items = self.remove(d.ids)
                 slots.shed(d, items, now)
                 if not items:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import final
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,7 @@ class QueueView:
         return sum(item.size for item in self.items)
 
 
+@final  # drivers match decisions by exact type (`type(d) is Wait`)
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     """Run the requests ``ids`` (queue ids) as one batch on a replica of ``variant``."""
@@ -75,6 +77,7 @@ class Dispatch:
     reason: str = "full"
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Do nothing until ``until_s`` (None: until the queue or a replica changes)."""
@@ -83,6 +86,7 @@ class Wait:
     reason: str = "idle"
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Shed:
     """Fail ``ids`` now; ``late_by_s`` says by how much each would have missed its deadline."""

@@ -291,7 +291,7 @@ class Settings(BaseSettings):
             if f is not None and not f.is_file():
                 raise ValueError(f"{f} is not a readable file")
         if self.auth_tokens_file is not None or self.auth_tokens is not None:
-            from gateway.transports.auth import TokenTable
+            from gateway.tokens import TokenTable
 
             TokenTable.from_settings(self)  # a bad entry stops start-up here, naming it
         if self.training.enabled and self.backend != "ray":

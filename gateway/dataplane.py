@@ -155,12 +155,14 @@ class Ticket:
     happened.
     """
 
-    __slots__ = ("arrival_s", "dp", "held", "model")
+    __slots__ = ("arrival_s", "dp", "held", "model", "open")
 
     def __init__(self, dp: DataPlane, model: str, declared_bytes: int):
-        self.dp, self.model, self.held = dp, model, 0
+        self.dp, self.model, self.held, self.open = dp, model, 0, False
         self.arrival_s = dp.arrival_now()
         self.held = dp.inflight.take(declared_bytes, model)
+        self.open = True
+        dp.open_requests += 1
 
     def read(self, n_bytes: int) -> None:
         self.dp.door(self.model)
@@ -170,6 +172,9 @@ class Ticket:
     def release(self) -> None:
         self.dp.inflight.give(self.held)
         self.held = 0
+        if self.open:
+            self.open = False
+            self.dp.open_requests -= 1
 
     def __enter__(self) -> Ticket:
         return self
@@ -199,6 +204,7 @@ class DataPlane:
         }
         self.metrics.watch_policies({name: m.policy for name, m in self.models.items()})
         self.inflight = InflightBytes(settings.max_inflight_bytes, self._refused_bytes)
+        self.open_requests = 0  # requests past the door and not yet answered (tickets not released)
         _inflight_gauge(self.metrics, self.inflight)
         self._started = False
         self._draining = False
@@ -207,7 +213,7 @@ class DataPlane:
         self._lag_shed_s = door_ms(settings) / 1e3 if self.loop_lag is not None else 0.0
         self._door_rng = random.Random(0)
         if self.loop_lag is not None:
-            self.metrics.loop_lag.set_function(lambda: self.loop_lag.estimate_s)
+            self.metrics.loop_lag.set_function(lambda: self.loop_lag.estimate_s if self.loop_lag is not None else 0.0)
         gauge = self.metrics.replicas
         backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
 
@@ -228,9 +234,9 @@ class DataPlane:
         them between ``t`` and ``2t``, every one above. Raises :class:`DeadlineUnreachable` (reason
         ``overload``); a no-op when the setting is 0 and for a model that does not exist (its 404)."""
         t = self._lag_shed_s
-        if not t or model not in self.models:  # (an unknown model adds no series)
+        ll = self.loop_lag  # (t is 0 without it)
+        if not t or ll is None or model not in self.models:  # (an unknown model adds no series)
             return
-        ll = self.loop_lag
         lag = ll.estimate_s if ll.last_s > t else 0.0  # a stall that is over lets the door go
         if lag <= t or (lag < 2 * t and self._door_rng.random() >= (lag - t) / t):
             return
@@ -381,9 +387,10 @@ class DataPlane:
                 raise Unavailable(f"the server is {why}", retry_after_s=1.0)
             arrays, rows = self.validate(m, req)
             variants = self.allowed_variants(m, req)
-            best_effort = req.params.slo_ms is None
+            slo_ms = req.params.slo_ms
+            best_effort = slo_ms is None
             # the SLO the request is counted against: its own, or the model's (the service objective)
-            target = arrival + (m.config.slo_ms if best_effort else req.params.slo_ms) / 1000.0
+            target = arrival + (m.config.slo_ms if slo_ms is None else slo_ms) / 1000.0
             # no deadline asked for: served behind deadline traffic, never refused for the model's
             deadline = arrival + self.settings.best_effort_wait_s if best_effort else target
             self.backend.note_arrival(m.config.name, rows)

@@ -59,6 +59,7 @@ class LoopLag:
         return self.estimate_s
 
     def _arm(self) -> None:
+        assert self._loop is not None, "armed only while bound to a loop (touch and _tick check)"
         self._due = self.clock() + self.period_s
         self._timer = self._loop.call_later(self.period_s, self._tick)
 

@@ -6,6 +6,7 @@ Label children are cached per (model, variant, outcome) so the hot path does one
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -160,8 +161,8 @@ class Metrics:
         )
         self._policies: dict[str, object] = {}
         r.register(_DriftCollector(self._policies))
-        self._req: dict[tuple, object] = {}
-        self._lat: dict[tuple, object] = {}
+        self._req: dict[tuple[str, str, str], Counter] = {}
+        self._lat: dict[tuple[str, str], Histogram] = {}
 
     def shed_answered(self, model: str, e) -> None:
         """Called by a transport right after writing a shed request's answer."""
@@ -189,12 +190,18 @@ class Metrics:
 
     def batcher_hook(self, model: str):
         depth = self.queue_depth.labels(model)
-        sizes: dict[str, object] = {}
-        computes: dict[str, object] = {}
+        sizes: dict[str, Histogram] = {}
+        computes: dict[str, Histogram] = {}
 
-        def hook(kind: str, rec: object) -> None:
+        # ``rec`` is the batcher's record for ``kind`` (batching.batcher.EventHook): a tuple
+        # ("batch": variant, rows, compute_s, reason; "retry"/"batch_failed": variant, rows;
+        # "shed": the decision, rows), unpacked here rather than checked on the hot path.
+        def hook(kind: str, rec: Any) -> None:
+            variant: str
             if kind == "batch":
-                variant, rows, compute_s, _reason = rec  # type: ignore[misc]
+                rows: int
+                compute_s: float
+                variant, rows, compute_s, _reason = rec
                 h = sizes.get(variant)
                 if h is None:
                     h = sizes[variant] = self.batch_size.labels(model, variant)
@@ -202,10 +209,10 @@ class Metrics:
                 h.observe(rows)
                 computes[variant].observe(compute_s)
             elif kind in ("retry", "batch_failed"):
-                variant = rec[0]  # type: ignore[index]
+                variant = rec[0]
                 self.batch_failures.labels(model, variant, "retried" if kind == "retry" else "failed").inc()
             elif kind == "shed":
-                decision, n = rec  # type: ignore[misc]
+                decision, n = rec
                 self.shed.labels(model, decision.reason).inc(n)
 
         return hook, depth

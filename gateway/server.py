@@ -14,6 +14,7 @@ import math
 import signal
 import sys
 
+import grpc
 import uvicorn
 
 from gateway.backends.base import Backend, ModelLoadError, find_bad_onnx
@@ -90,7 +91,7 @@ class Gateway:
         self.grpc_port: int | None = None
         self._uvicorn: _Uvicorn | None = None
         self._uv_task: asyncio.Task | None = None
-        self._grpc = None
+        self._grpc: grpc.aio.Server | None = None
         self._prepared = False
         self.harvest = None
         if settings.training.enabled:  # preemptible training on idle GPUs (autoscaler/placement/controller.py)
@@ -168,14 +169,28 @@ class Gateway:
         if self._uvicorn is not None:
             self._uvicorn.config.timeout_graceful_shutdown = int(math.ceil(grace))
             self._uvicorn.should_exit = True
+        idle = asyncio.ensure_future(self._close_idle_connections(grace))
         if self._grpc is not None:
             await self._grpc.stop(grace=grace)
         if self._uv_task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._uv_task, timeout=grace + 3)
+        idle.cancel()
         if self.harvest is not None:  # checkpoint running jobs before Ray goes away
             await asyncio.get_running_loop().run_in_executor(None, self.harvest.stop)
         await self.dataplane.stop()
+
+    async def _close_idle_connections(self, grace: float) -> None:
+        """Once every request in flight is answered, stop waiting for idle keep-alive connections:
+        uvicorn waits for each to close, and a TLS one whose client never answers the close alert
+        holds the shutdown for the whole grace period."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace
+        while self.dataplane.open_requests > 0 and loop.time() < end:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # the last answers' bytes leave the socket
+        if self._uvicorn is not None:
+            self._uvicorn.force_exit = True
 
 
 async def serve(settings: Settings) -> None:

@@ -13,7 +13,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from ray import serve
 
 from models.repository import ModelRepository, check_name
 from models.runtime import Replica, RuntimeOptions, device_type
+
+if TYPE_CHECKING:
+    from models.channel import ChannelListener
 
 STAMP_TTL_S = 5.0
 SHARED = "shared"  # the deployment name's variant part for a replica that holds every variant
@@ -73,7 +76,7 @@ class OnnxReplica:
         self.model, self.variant = model, variant
         self.fault_delay_s = fault_delay_s
         self._stamps: dict[str, tuple[float, float, float]] = {}
-        self._listener = None
+        self._listener: ChannelListener | None = None
         self._kv_key: str | None = None
         if channel_host is not None:
             self._open_channel(channel_host)
@@ -116,7 +119,8 @@ class OnnxReplica:
         try:
             from ray.experimental import internal_kv
 
-            internal_kv._internal_kv_del(self._kv_key, namespace=KV_NAMESPACE)
+            if self._kv_key is not None:  # None: the listener opened but was never published
+                internal_kv._internal_kv_del(self._kv_key, namespace=KV_NAMESPACE)
         except Exception:
             pass
         self._server.drain(DRAIN_S)
@@ -191,7 +195,8 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     replicas: dict[str, Any] = {"num_replicas": int(args.get("num_replicas", 1))}
     if autoscaling:
         replicas = {"num_replicas": "auto", "autoscaling_config": autoscaling}
-    dep = serve.deployment(OnnxReplica).options(
+    # serve.deployment()(cls) is serve.deployment(cls); ray types only this form as giving a Deployment
+    dep = serve.deployment()(OnnxReplica).options(
         name=deployment_name(args["model"], SHARED if variants else args["variant"], device),
         **replicas,
         max_ongoing_requests=int(args.get("pipeline_depth", 2)),

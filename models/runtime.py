@@ -144,7 +144,7 @@ class Replica:
     def warm_up(self, rows: int = 1) -> None:
         """Run one batch of zeros, so the first request does not pay the session's first run (its
         allocations and kernel choices: tens of milliseconds, past a tight SLO)."""
-        feeds = {}
+        feeds: dict[str, np.ndarray] = {}
         for i in self.session.get_inputs():
             dtype = _ORT_TYPES.get(i.type)
             if dtype is None:  # an input type this warm-up does not know: the first request warms it

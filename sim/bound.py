@@ -116,9 +116,9 @@ def bound(
     oracle = simulate_fluid([spec], "oracle", cfg)["summary"]
     horizon = cfg.startup_s + cfg.tick_s
     rates, interval = spec.arrivals.rates, spec.arrivals.interval_s
-    rows = []
+    rows: list[dict[str, Any]] = []
     for k in lookbacks_s:
-        row = None
+        row: dict[str, Any] | None = None
         for m in margins:
 
             def peak_at(now: float, k: float = k, m: float = m) -> float:
@@ -138,6 +138,8 @@ def bound(
                 }
             if met:
                 break
+        if row is None:
+            raise ValueError("the hindsight bound needs at least one margin")
         rows.append(row)  # the smallest margin that met the SLA minutes, else the margin that came closest
     met_rows = [r for r in rows if r["met"]]
     best = min(met_rows, key=lambda r: r["vs_oracle"]) if met_rows else None

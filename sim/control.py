@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from autoscaler.registry import Autoscaler
 from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from sim.arrivals import Arrivals
 from sim.placement import PlacementHook
 
 
@@ -14,7 +15,7 @@ class ModelSpec:
     """One simulated model: its arrivals, its replicas' service model and bounds."""
 
     name: str
-    arrivals: object  # sim.arrivals.Arrivals
+    arrivals: Arrivals
     service: ServiceModel
     device_type: str = "a100"
     min_replicas: int = 1
@@ -46,8 +47,8 @@ class Controller:
         base = autoscaler.config.model_dump()
         self.configs = [
             autoscaler.config
-            if not (s.autoscaler_kwargs or {}).get(autoscaler.name)
-            else autoscaler.spec.config_type.model_validate({**base, **s.autoscaler_kwargs[autoscaler.name]})
+            if not (kw := (s.autoscaler_kwargs or {}).get(autoscaler.name))
+            else autoscaler.spec.config_type.model_validate({**base, **kw})
             for s in specs
         ]
 

@@ -211,6 +211,7 @@ class _RequestSim:
         heapq.heappush(self.heap, (t, self.seq, kind, mi, payload))
 
     def pump(self, m: _Model, mi: int, now: float) -> None:
+        assert m.slots is not None  # set for every model in __init__
         until = m.vq.run(m.slots, now)
         if until is not None and until > now and (m.wake_at is None or until < m.wake_at):
             m.wake_at = until

@@ -79,6 +79,8 @@ def _with_fallback(
     runs at the SLO's edge (``1 - slo_percentile`` late); when even ``x = 1`` does not fit, the
     fallback's own late share applies."""
     fb = service.fallback
+    if fb is None:
+        raise ValueError("_with_fallback needs a service with a fallback variant")
     edge = 1.0 - service.slo_percentile
     over = late > edge
     if not over.any():
@@ -257,7 +259,7 @@ class _FluidRun:
                 ready[j] += cnt
                 changed = True
             ii = int(tt // self.interval)
-            if changed or self.late_key != ii or self.cap_step is None:
+            if changed or self.late_key != ii or self.cap_step is None or self.hold_cap is None:
                 lam = rates[ii]
                 for tab, idx, sv in self.tables:
                     late[idx] = tab.lookup(ready[idx], lam[idx])

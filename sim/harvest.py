@@ -119,6 +119,8 @@ class _Job:
         return min(done, self.spec.work_s), min(self.base_s + k * w, self.spec.work_s)
 
     def finish_time(self) -> float:
+        if self.s0 is None:
+            raise RuntimeError(f"job {self.spec.job_id} is not running: no finish time")
         left = self.spec.work_s - self.base_s
         w = self.interval_s
         full = max(math.ceil(left / w - 1e-9) - 1, 0)
@@ -153,7 +155,7 @@ class HarvestPlacement:
         rng = np.random.default_rng(self.cfg.seed)
         lo, hi = self.cfg.iteration_time_s
         specs = [] if policy == "none" else list(jobs)
-        iters = np.exp(rng.uniform(math.log(lo), math.log(hi), len(specs))) if specs else []
+        iters = np.exp(rng.uniform(math.log(lo), math.log(hi), len(specs))) if specs else np.empty(0)
         self.arrivals = [
             _Job(
                 s,
@@ -216,8 +218,8 @@ class HarvestPlacement:
         )
         decision, self.state = self.policy(snap, self.pcfg, self.state, now_s)
         self.rounds += 1
-        for s in decision.stop_replicas:
-            del self.replicas[s.replica_id]
+        for stop in decision.stop_replicas:
+            del self.replicas[stop.replica_id]
         for p in decision.preempt:
             self._preempt(self.jobs[p.job_id], now_s)
         for s in decision.start_replicas:
@@ -228,8 +230,8 @@ class HarvestPlacement:
                 rel = self.jobs[s.after_preempt].release_s
                 delay = max((rel or now_s) - now_s, 0.0)
                 self.start_delay_s[s.model] = max(self.start_delay_s.get(s.model, 0.0), delay)
-        for s in decision.start_training:
-            self._start(self.jobs[s.job_id], s.gpu_ids, now_s)
+        for st in decision.start_training:
+            self._start(self.jobs[st.job_id], st.gpu_ids, now_s)
         self._usage = self._count()
         for ty, n in self._inference_by_type().items():
             self.peak_inference_gpus[ty] = max(self.peak_inference_gpus[ty], n)
@@ -279,6 +281,8 @@ class HarvestPlacement:
         heapq.heappush(self._events, (j.release_s, 0, j.spec.job_id, j.run))
 
     def _stop_run(self, j: _Job, t: float) -> None:
+        if j.s0 is None:
+            raise RuntimeError(f"job {j.spec.job_id} is not running: nothing to stop")
         j.attained_gpu_s += (t - j.s0) * j.spec.num_gpus
         j.gpu_ids, j.s0, j.release_s = (), None, None
 
@@ -361,7 +365,7 @@ class HarvestPlacement:
             for j in self.jobs.values()
         )
         window = [j for j in self.done if j.spec.job_id.startswith("j")]
-        jct = np.array([j.finished_s - j.spec.submit_s for j in window])
+        jct = np.array([j.finished_s - j.spec.submit_s for j in window if j.finished_s is not None])  # all done
         li = np.array(self.lost_intervals)
         return {
             "placement": self.name,
@@ -404,9 +408,9 @@ class HarvestPlacement:
             per_gpu[r.gpu_id] = per_gpu.get(r.gpu_id, 0) + 1
             if self.gpu_type[r.gpu_id] != self.model_types[r.model]:
                 errs.append(f"{r.replica_id} of {r.model} on a {self.gpu_type[r.gpu_id]}")
-            j = self.jobs.get(owner.get(r.gpu_id, ""))
-            if j is not None and j.release_s is None:
-                errs.append(f"replica {r.replica_id} on {r.gpu_id} beside running job {j.spec.job_id}")
+            holder = self.jobs.get(owner.get(r.gpu_id, ""))
+            if holder is not None and holder.release_s is None:
+                errs.append(f"replica {r.replica_id} on {r.gpu_id} beside running job {holder.spec.job_id}")
         errs += [f"{g}: {n} replicas" for g, n in per_gpu.items() if n > self.pcfg.max_replicas_per_gpu]
         return errs
 

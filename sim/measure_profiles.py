@@ -26,6 +26,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,8 @@ def _export(name: str, path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """Export one network to ``path``; returns its inputs as name -> (shape without batch, numpy dtype)."""
     import torch
 
+    args: tuple[Any, ...]
+    inputs: dict[str, tuple[tuple[int, ...], str]]
     if name in ("resnet50", "efficientnet-b0"):
         import torchvision
 
@@ -118,7 +121,7 @@ def measure(
             )
             sess = make_session(path, RuntimeOptions(intra_op_threads=0 if device == "cpu" else 1, device=device))
             providers = sess.get_providers()
-            doc = {"batch_sizes": [], "p50_ms": [], "p99_ms": [], "throughput_rps": []}
+            doc: dict[str, list[float]] = {"batch_sizes": [], "p50_ms": [], "p99_ms": [], "throughput_rps": []}
             for b in batch_sizes:
                 # several input sets, rotated, so repeated runs do not measure a cache of one buffer
                 sets = [_feeds(inputs, b, rng) for _ in range(4)]

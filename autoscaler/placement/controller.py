@@ -98,7 +98,8 @@ class HarvestJobs:
     controller places it; a job preempted by hand stays held until resumed by hand."""
 
     def __init__(self, manager: TrainingManager, on_change=None):
-        self.m, self.held, self._on_change = manager, set(), on_change or (lambda: None)
+        self.m, self._on_change = manager, on_change or (lambda: None)
+        self.held: set[str] = set()
 
     def submit(self, spec: TrainingSpec) -> JobInfo:
         info = self.m.submit(spec, start=False)
@@ -382,7 +383,7 @@ class HarvestController:
                 s.variant if s else None,
                 now,
                 iteration_at_request=mem.iteration,
-                waited_s=now - self._pending_since.get(key, now),
+                waited_s=now - self._pending_since.get(key, now) if key is not None else 0.0,
                 _baseline_running=serve_view.get(key, (None, 0, 0))[2] if s else 0,
                 _baseline_holders=holders.get(key, 0) if s else 0,
             )
@@ -396,14 +397,14 @@ class HarvestController:
         import ray
 
         free_gpus = ray.available_resources().get("GPU", 0.0)
-        for s in decision.start_training:
-            job = self._jobs[s.job_id]
-            if s.job_id in self._starting or free_gpus + 1e-6 < job.spec.num_gpus:
+        for st in decision.start_training:
+            job = self._jobs[st.job_id]
+            if st.job_id in self._starting or free_gpus + 1e-6 < job.spec.num_gpus:
                 continue  # the GPU is still held (a replica stopping): next round
             free_gpus -= job.spec.num_gpus
-            job.gpu_ids, job.started_s = s.gpu_ids, now
-            self._starting.add(s.job_id)
-            self._pool.submit(self._start, s.job_id)
+            job.gpu_ids, job.started_s = st.gpu_ids, now
+            self._starting.add(st.job_id)
+            self._pool.submit(self._start, st.job_id)
 
     def _start(self, job_id: str) -> None:
         try:

@@ -14,6 +14,7 @@ from autoscaler.placement.types import (
     PlacementConfig,
     PlacementSnapshot,
     Preempt,
+    PreemptReason,
     StartReplica,
     TrainingJob,
 )
@@ -167,11 +168,11 @@ class Cluster:
         return None
 
     def _victims(self, gpu_type: str, mem: int) -> list[TrainingJob]:
-        ids = {
-            self.slots[g].job
-            for g in self.of_type(gpu_type)
-            if self.slots[g].job is not None and self._fits_without_job(g, mem)
-        }
+        ids: set[str] = set()
+        for g in self.of_type(gpu_type):
+            j = self.slots[g].job
+            if j is not None and self._fits_without_job(g, mem):
+                ids.add(j)
         return [self.jobs[j] for j in sorted(ids)]
 
     def _fits_without_job(self, gid: str, mem: int) -> bool:
@@ -181,7 +182,7 @@ class Cluster:
         used = sum(m for _, _, m in s.replicas)
         return len(s.replicas) < self.cfg.max_replicas_per_gpu and used + mem <= self.gpus[gid].memory_mib
 
-    def preempt(self, job: TrainingJob, reason: str = "reclaim-for-inference") -> None:
+    def preempt(self, job: TrainingJob, reason: PreemptReason = "reclaim-for-inference") -> None:
         from autoscaler.placement.cost import preemption_cost
 
         for g in job.gpu_ids:

@@ -44,6 +44,7 @@ from autoscaler.placement.types import (
     PlacementSnapshot,
     PlacementState,
     Replica,
+    ReplicaTarget,
     StartTraining,
     StopReplica,
     TrainingJob,
@@ -71,22 +72,24 @@ def _run(
     claimed, vacated = _claim(c, snap, explicit)
 
     unplaced: list[Unplaced] = []
-    deficits: list[tuple[object, int]] = []
+    deficits: list[tuple[ReplicaTarget, str, int]] = []  # (target, its gpu type, replicas missing)
     # 2. explicit targets on their own type
     for t in explicit:
+        gpu_type = t.gpu_type
+        assert gpu_type is not None  # explicit targets name their type (filtered above)
         have = sum(
             1
             for r in snap.replicas
             if r.replica_id in claimed
             and (r.model, r.variant) == (t.model, t.variant)
-            and c.gpus[r.gpu_id].gpu_type == t.gpu_type
+            and c.gpus[r.gpu_id].gpu_type == gpu_type
         )
         missing = 0
         for _ in range(t.count - have):
-            if c.place_replica(t.model, t.variant, t.memory_mib, [t.gpu_type]) is None:
+            if c.place_replica(t.model, t.variant, t.memory_mib, [gpu_type]) is None:
                 missing += 1
         if missing:
-            deficits.append((t, missing))
+            deficits.append((t, gpu_type, missing))
 
     def reclaim(model: str, variant: str, mem: int, gpu_type: str) -> bool:
         return _reclaim(c, vacated, model, variant, mem, gpu_type)
@@ -104,13 +107,13 @@ def _run(
             unplaced.append(Unplaced(t.model, t.variant, None, left, "capacity"))
 
     # 4. substitution: what a type could not host goes to other types, throughput-equivalent
-    for t, missing in deficits:
-        others = [ty for ty in rank_types(snap, cfg, t.model, t.variant, types) if ty != t.gpu_type]
+    for t, gpu_type, missing in deficits:
+        others = [ty for ty in rank_types(snap, cfg, t.model, t.variant, types) if ty != gpu_type]
         need = float(missing)  # in replicas of the requested type
         if cfg.substitute_types:
             for ty in others:
                 ratio = snap.throughput(t.model, t.variant, ty) / max(
-                    snap.throughput(t.model, t.variant, t.gpu_type), 1e-12
+                    snap.throughput(t.model, t.variant, gpu_type), 1e-12
                 )
                 if ratio <= 0:
                     continue
@@ -120,7 +123,7 @@ def _run(
                 ):
                     need -= ratio
         if need > 1e-9:
-            unplaced.append(Unplaced(t.model, t.variant, t.gpu_type, math.ceil(need - 1e-9), "capacity"))
+            unplaced.append(Unplaced(t.model, t.variant, gpu_type, math.ceil(need - 1e-9), "capacity"))
 
     wanted = {(t.model, t.variant) for t in snap.targets if t.count > 0}
     stops = tuple(
@@ -144,7 +147,7 @@ def _run(
     return decision, PlacementState(round=state.round + 1, preempt_requested_s=requested)
 
 
-def _claim(c: Cluster, snap: PlacementSnapshot, explicit: list) -> tuple[set[str], list[Replica]]:
+def _claim(c: Cluster, snap: PlacementSnapshot, explicit: list[ReplicaTarget]) -> tuple[set[str], list[Replica]]:
     """The replicas explicit targets keep on their own type (fewest beside training first), and the
     rest, taken off their GPUs provisionally."""
     vacated: list[Replica] = []
@@ -304,14 +307,14 @@ def apply_decision(
 
 def check_capacity(snapshot: PlacementSnapshot, config: PlacementConfig) -> list[str]:
     """Violations of GPU and memory capacity in a snapshot (empty when it is valid)."""
-    errors = []
-    on: dict[str, list] = {g.gpu_id: [] for g in snapshot.gpus}
+    errors: list[str] = []
+    on: dict[str, list[Replica]] = {g.gpu_id: [] for g in snapshot.gpus}
     jobs_on: dict[str, list[TrainingJob]] = {g.gpu_id: [] for g in snapshot.gpus}
     for r in snapshot.replicas:
         on.setdefault(r.gpu_id, []).append(r)
     for j in snapshot.jobs:
-        for g in j.gpu_ids:
-            jobs_on.setdefault(g, []).append(j)
+        for gid in j.gpu_ids:
+            jobs_on.setdefault(gid, []).append(j)
     for g in snapshot.gpus:
         rs, js = on[g.gpu_id], jobs_on[g.gpu_id]
         mem = sum(r.memory_mib for r in rs) + sum(j.memory_mib for j in js)

@@ -98,7 +98,8 @@ class RayLauncher:
 
         cls = ray.remote(TrainingActor)
         actor = cls.options(**ray_options(spec, self.real_gpus)).remote(spec.model_dump_json(), str(job_dir))
-        return RayJobHandle(actor, actor.run.remote())
+        # ray types actor methods as plain methods unless decorated with @ray.method (ray is not imported here)
+        return RayJobHandle(actor, actor.run.remote())  # type: ignore[attr-defined]
 
     def attach(self, record: dict) -> None:
         return None  # actors are owned by the manager that started them

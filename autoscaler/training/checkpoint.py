@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,10 @@ def _fsync_dir(path: Path) -> None:
 def encode(iteration: int, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object]) -> tuple[bytes, bytes]:
     """(prefix: magic + length + header, payload)."""
     buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    # Any: numpy's stubs (>= 2.1) would match a name against savez's own ``allow_pickle`` keyword,
+    # which numpy 1.26 (supported) does not have; every key here names an array.
+    named: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items()}
+    np.savez(buf, **named)
     payload = buf.getvalue()
     header = json.dumps(
         {

@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from autoscaler.training.checkpoint import write_json_atomic
 from autoscaler.training.job import (
@@ -45,6 +45,13 @@ class JobHandle(Protocol):
     def alive(self) -> bool: ...
 
     def preempt(self, grace_s: float) -> PreemptOutcome: ...
+
+
+@runtime_checkable
+class _Joinable(Protocol):
+    """A handle that can block until its job ends (an in-process thread)."""
+
+    def join(self, timeout_s: float) -> None: ...
 
 
 class Launcher(Protocol):
@@ -155,9 +162,11 @@ class _ThreadHandle:
 
     def preempt(self, grace_s: float) -> PreemptOutcome:
         # a thread cannot be killed: past the grace period it is abandoned and stops at its next boundary
-        return preempt_then_kill(
-            self.runner.signal.request, lambda t: (self.thread.join(t), not self.alive())[1], lambda: None, grace_s
-        )
+        def stopped_within(t: float) -> bool:
+            self.thread.join(t)
+            return not self.alive()
+
+        return preempt_then_kill(self.runner.signal.request, stopped_within, lambda: None, grace_s)
 
 
 class ThreadLauncher:
@@ -253,12 +262,13 @@ class TrainingManager:
         rec = self._record(job_id)
         d = self._job_dir(job_id)
         spec = json.loads((d / "spec.json").read_text())
-        st = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
+        st: dict[str, Any] = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
         state = rec.get("state", "queued")
         if state == "running":
             h = self._handle(job_id, rec)
             if h is None or not h.alive():  # it ended on its own: finished, failed, or died
-                state = {"finished": "finished", "preempted": "preempted"}.get(st.get("status"), "failed")
+                status = st.get("status")
+                state = status if status in ("finished", "preempted") else "failed"
         return JobInfo(
             job_id,
             state,
@@ -285,7 +295,7 @@ class TrainingManager:
     def wait(self, job_id: str, timeout_s: float) -> JobInfo:
         """Block until the job is no longer running (or the timeout passes)."""
         h = self._handles.get(job_id)
-        if hasattr(h, "join"):
+        if isinstance(h, _Joinable):
             h.join(timeout_s)
         deadline = time.monotonic() + timeout_s
         while (info := self.get(job_id)).state == "running" and time.monotonic() < deadline:

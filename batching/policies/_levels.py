@@ -96,25 +96,26 @@ class LevelController:
         target = min(max(lvl, need_level), max_level)
         while target < max_level and overloaded(target):
             target += 1
-        remember = rate is not None and rate > 0.0 and self.memory_s > 0
+        # The rate to remember when a level proves too little (None: nothing to remember).
+        remember = rate if rate is not None and rate > 0.0 and self.memory_s > 0 else None
         if target > lvl:
-            if remember:
+            if remember is not None:
                 failed = need_level if failed_level is None else failed_level
                 for k in range(lvl, target):
                     if k < failed or overloaded(k):
-                        self._ceiling[k] = (rate, now)
+                        self._ceiling[k] = (remember, now)
             self._set(target)
             self._calm_since_s = None
             return target
-        if remember:
+        if remember is not None:
             # The rate a level rose at is read from a window that, at the onset of a burst, still
             # holds mostly the load before it: while degraded, what is remembered follows the rate
             # up, so that the level returns once the burst is over, not memory_s after its onset.
             # The time stays that of the failure: after memory_s the level is tried again.
             for k in range(lvl):
                 c = self._ceiling.get(k)
-                if c is not None and rate > c[0]:
-                    self._ceiling[k] = (rate, c[1])
+                if c is not None and remember > c[0]:
+                    self._ceiling[k] = (remember, c[1])
         if lvl > 0 and self.under_ceiling(lvl - 1, now, rate) and comfortable(lvl - 1):
             if self._calm_since_s is None:
                 self._calm_since_s = now

@@ -39,6 +39,7 @@ class AIMDSettings(BaseModel):
 class AIMDPolicy(PolicyBase):
     name = "aimd"
     Settings = AIMDSettings
+    settings: AIMDSettings  # what PolicyBase.__init__ validated with Settings
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -34,6 +34,7 @@ class FixedSettings(BaseModel):
 class FixedPolicy(PolicyBase):
     name = "fixed"
     Settings = FixedSettings
+    settings: FixedSettings  # what PolicyBase.__init__ validated with Settings
 
     def plan(self, view: QueueView, now: float) -> Decision:
         items = view.items

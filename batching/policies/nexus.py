@@ -36,6 +36,7 @@ class NexusSettings(BaseModel):
 class NexusPolicy(PolicyBase):
     name = "nexus"
     Settings = NexusSettings
+    settings: NexusSettings  # what PolicyBase.__init__ validated with Settings
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -72,6 +72,7 @@ class SLOPolicy(PolicyBase):
 
     name = "slo"
     Settings = SLOSettings
+    settings: SLOSettings  # what PolicyBase.__init__ validated with Settings
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)

@@ -62,6 +62,7 @@ class TimeoutSettings(BaseModel):
 class TimeoutPolicy(PolicyBase):
     name = "timeout"
     Settings = TimeoutSettings
+    settings: TimeoutSettings  # what PolicyBase.__init__ validated with Settings
 
     def plan(self, view: QueueView, now: float) -> Decision:
         return fill_or_wait(

@@ -156,6 +156,7 @@ class ProcessReplica:
         self._close(kill=True)
         if not self._stopping:
             log.error("replica %s's worker process exited (code %s); starting it again", self.label, self._returncode())
+            assert self._loop is not None  # set by start(), which made the channel
             self._restarting = self._loop.create_task(self._restart())
 
     async def _restart(self) -> None:

@@ -140,7 +140,7 @@ class RayServeBackend(BackendBase):
         for (model, variant), handle in self._handles.items():
             if self._autoscaled.get(model) and (variant == self._top[model] or not self.shared(model)):
                 stamp = self._stamp(model, variant)  # (a shared deployment: once)
-                if self.direct:  # every replica keeps the latest stamp of every gateway
+                if self.channels is not None:  # direct: every replica keeps the latest stamp of every gateway
                     for chan in self.channels.channels(self._apps[(model, variant)]):
                         chan.stamp(stamp)
                 else:
@@ -149,9 +149,9 @@ class RayServeBackend(BackendBase):
     def autoscaling_config(self, model: str, variant: str) -> dict[str, Any] | None:
         """Ray Serve autoscaling config running the swayam policy on this variant's profile."""
         over = self.settings.models.get(model)
-        a = over.autoscaling if over else None
-        if a is None:
+        if over is None or over.autoscaling is None:
             return None
+        a = over.autoscaling
         cfg = self.repo.models[model].config
         table = ProfileTable.load(self.repo.root)
 
@@ -378,11 +378,12 @@ class RayServeBackend(BackendBase):
         ones listen), then update the replica counts and the channels."""
         loop = asyncio.get_running_loop()
         apps = set(self._apps.values())
-        known = {app: self.channels.known(app) for app in apps} if self.direct else {}
+        channels = self.channels  # (the direct transport)
+        known = {app: channels.known(app) for app in apps} if channels is not None else {}
         endpoints = await loop.run_in_executor(None, self._read_details, apps, known)
-        if self.direct:
+        if channels is not None:
             for app, running in endpoints.items():
-                self.channels.sync(app, running)
+                channels.sync(app, running)
         self._count_replicas()
 
     def _read_details(self, apps: set[str], known: dict[str, set[str]]) -> dict[str, dict]:
@@ -418,7 +419,7 @@ class RayServeBackend(BackendBase):
         """Replicas that take batches: RUNNING in Serve's view, and with the direct transport, connected."""
         for key, app in self._apps.items():
             states = self.replica_states(app)
-            self._replicas[key] = self.channels.count(app) if self.direct else states.get("RUNNING", 0)
+            self._replicas[key] = self.channels.count(app) if self.channels is not None else states.get("RUNNING", 0)
             if not self.shared(key[0]) or key[1] == self._top[key[0]]:
                 device = self.device_of(key[0]).lower()
                 for state in ("STARTING", "RUNNING", "STOPPING"):
@@ -426,9 +427,10 @@ class RayServeBackend(BackendBase):
 
     def _channels_changed(self, app: str) -> None:
         """A channel opened or closed: the slots follow at once (a dead replica's are gone now)."""
+        channels = self._direct_channels()
         for key, a in self._apps.items():
             if a == app:
-                self._replicas[key] = self.channels.count(app)
+                self._replicas[key] = channels.count(app)
 
     async def _poll_replicas(self) -> None:
         """Once a second: the rates go out, and the replica counts (and channels) follow Serve's view.
@@ -511,6 +513,12 @@ class RayServeBackend(BackendBase):
     def handle(self, model: str, variant: str):
         return self._handles[(model, variant)]
 
+    def _direct_channels(self) -> ReplicaChannels:
+        """The replicas' channels, which only the direct transport has."""
+        if self.channels is None:
+            raise RuntimeError("the replica channels exist only with ray_transport 'direct'")
+        return self.channels
+
     async def _run_direct(
         self, model: str, variant: str, inputs: dict[str, np.ndarray], limit: float, timeout_s: float | None
     ) -> RunResult:
@@ -518,7 +526,7 @@ class RayServeBackend(BackendBase):
         none connected (the only one died and Serve is replacing it), it waits for one while ``limit``
         allows, as Serve's own router would."""
         t0 = time.monotonic()
-        chan = await self.channels.wait_for(self._apps[(model, variant)], limit)
+        chan = await self._direct_channels().wait_for(self._apps[(model, variant)], limit)
         if chan is None:
             raise ReplicaFailed(
                 f"no replica of '{model}/{variant}' is connected (Serve is starting or replacing it); retry shortly",

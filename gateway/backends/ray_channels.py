@@ -147,7 +147,11 @@ class ReplicaChannels:
                 continue
             task = asyncio.get_running_loop().create_task(self._connect(app, ep))
             self._connecting[key] = task
-            task.add_done_callback(lambda _t, k=key: self._connecting.pop(k, None))
+
+            def forget(_t: asyncio.Task, k: str = key) -> None:
+                self._connecting.pop(k, None)
+
+            task.add_done_callback(forget)
 
     async def _connect(self, app: str, ep: Endpoint) -> None:
         from models.channel import client_handshake

@@ -7,6 +7,7 @@ import asyncio
 import queue
 import threading
 import time
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -220,7 +221,8 @@ class InProcessBackend(BackendBase):
     def replica_count(self, model: str, variant: str) -> int:
         """Replicas (ORT sessions or worker processes), not batch slots."""
         key = (model, variant)
-        return len(self._workers.get(key) or self._replicas.get(key, ()))
+        workers = self._workers.get(key)
+        return len(workers) if workers else len(self._replicas.get(key, []))
 
     def slots(self, model: str, variant: str) -> int:
         return self.replica_count(model, variant) * self.pipeline_depth
@@ -238,11 +240,12 @@ class InProcessBackend(BackendBase):
         t0 = time.perf_counter()
         delay = self.fault_delay_s.get(model)
         if self._fast[key] and not delay:  # tiny: on the loop (ORT sessions may run concurrently)
-            outputs = self._replicas[key][0].run(inputs)
-            return RunResult(outputs, time.perf_counter() - t0, self.device_type)
+            out = self._replicas[key][0].run(inputs)
+            return RunResult(out, time.perf_counter() - t0, self.device_type)
         limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
         limit = min(limits) if limits else None
         abandoned = threading.Event()
+        pooled: Awaitable[tuple[dict[str, np.ndarray] | None, float]]
         try:
             if self.processes:
                 pooled = self._run_on_worker(key, inputs, limit)

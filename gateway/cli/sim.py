@@ -243,16 +243,17 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
     runs = run_harvest(
         specs, policies, placements, cfg, jobs, hcfg, pcfg, a.mode if a.mode != "auto" else "fluid", not a.no_progress
     )
+    title = f"{a.trace or a.synthetic} + {a.training_trace}"
     meta = {
         "argv": sys.argv[1:],
-        "title": f"{a.trace or a.synthetic} + {a.training_trace}",
+        "title": title,
         "wall_s": round(time.perf_counter() - t, 3),
         "harvest": {**hcfg.model_dump(), **pcfg.model_dump()},
     }
     path = write_outputs(a.out, runs, specs, cfg, meta)
-    plot_harvest(path.parent / "harvest.png", runs, meta["title"])
+    plot_harvest(path.parent / "harvest.png", runs, title)
     if a.harvest_plot:
-        plot_harvest(a.harvest_plot, runs, meta["title"])
+        plot_harvest(a.harvest_plot, runs, title)
     for r in summary_rows(runs):
         d = "" if r["delta_points"] is None else f" ({r['delta_points']:+.3f} pt)"
         print(

@@ -17,24 +17,18 @@ outside its list 403 / PERMISSION_DENIED (the list of served models is never rev
 
 Tokens are compared in constant time (:func:`hmac.compare_digest` over SHA-256 digests, against
 every configured token, no early exit), so timing reveals neither a token nor its length.
-
->>> table = TokenTable.parse("s3cret-token digits\\nroot-token-1 *")
->>> table.authorize("Bearer s3cret-token", "digits").name
-'token#1'
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import grpc
 
-from gateway.errors import PermissionDenied, ServingError, Unauthenticated
+from gateway.errors import ServingError
+from gateway.tokens import TokenTable, bearer_token
 from gateway.transports.status import grpc_code, http_status
 
 OPEN_HTTP_PATHS = frozenset(
@@ -53,104 +47,6 @@ _SERVICE = "/inference.GRPCInferenceService/"
 OPEN_GRPC_METHODS = frozenset(_SERVICE + m for m in ("ServerLive", "ServerReady", "ServerMetadata"))
 
 
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who a token belongs to: a name for logs (never the token) and the models it may use."""
-
-    name: str
-    models: frozenset[str] | None  # None = every model
-
-    def may_use(self, model: str) -> bool:
-        return self.models is None or model in self.models
-
-
-def _digest(token: str | bytes) -> bytes:
-    return hashlib.sha256(token.encode() if isinstance(token, str) else token).digest()
-
-
-class TokenTable:
-    """The configured tokens, kept only as SHA-256 digests."""
-
-    def __init__(self, entries: list[tuple[str, frozenset[str] | None]]):
-        self._entries = [(_digest(tok), Principal(f"token#{i + 1}", models)) for i, (tok, models) in enumerate(entries)]
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @classmethod
-    def parse(cls, text: str, source: str = "auth_tokens") -> TokenTable:
-        return cls(_parse_entries(text, source))
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> TokenTable | None:
-        """The table for ``auth_tokens_file`` + ``auth_tokens``; None when neither is set."""
-        texts = []
-        if settings.auth_tokens_file is not None:
-            texts.append((Path(settings.auth_tokens_file).read_text(), str(settings.auth_tokens_file)))
-        if settings.auth_tokens is not None:
-            texts.append((settings.auth_tokens.get_secret_value(), "auth_tokens"))
-        if not texts:
-            return None
-        entries: list[tuple[str, frozenset[str] | None]] = []
-        for text, source in texts:
-            entries += _parse_entries(text, source)
-        if not entries:
-            raise ValueError(
-                "authentication is configured but no token was found in " + " and ".join(s for _, s in texts)
-            )
-        return cls(entries)
-
-    def lookup(self, token: str | None) -> Principal | None:
-        """The token's principal, or None; the time taken does not depend on which token matched."""
-        if not token:
-            return None
-        d = _digest(token)
-        found = None
-        for digest, principal in self._entries:
-            if hmac.compare_digest(d, digest) and found is None:
-                found = principal
-        return found
-
-    def authorize(self, authorization: str | None, model: str | None) -> Principal:
-        """Check an ``Authorization`` header value (and the model, when there is one)."""
-        token = bearer_token(authorization)
-        principal = self.lookup(token)
-        if principal is None:
-            what = "missing" if not authorization else ("malformed" if token is None else "invalid")
-            raise Unauthenticated(f"{what} bearer token: send `Authorization: Bearer <token>`")
-        if model is not None and not principal.may_use(model):
-            raise PermissionDenied(f"this token may not use model '{model:.128}'")
-        return principal
-
-
-def _parse_entries(text: str, source: str) -> list[tuple[str, frozenset[str] | None]]:
-    entries: list[tuple[str, frozenset[str] | None]] = []
-    for n, line in enumerate(text.replace(";", "\n").splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        if len(parts) > 2:
-            raise ValueError(f"{source} entry {n}: expected `TOKEN [model,model...]`, got {len(parts)} fields")
-        if len(parts[0]) < 8:
-            raise ValueError(f"{source} entry {n}: token shorter than 8 characters")
-        models: frozenset[str] | None = None
-        if len(parts) == 2 and parts[1] != "*":
-            models = frozenset(m for m in parts[1].split(",") if m)
-        entries.append((parts[0], models))
-    return entries
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
-
-
-# ---- REST: a pure ASGI middleware (no per-request cost when auth is off: it is not installed) ----
 class BearerAuthMiddleware:
     """Refuses protected HTTP requests without a valid token; the model comes from the path."""
 
@@ -300,7 +196,14 @@ def grpc_server_credentials(settings: Any) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
-def uvicorn_tls_kwargs(settings: Any) -> dict[str, str]:
+class UvicornTLS(TypedDict, total=False):
+    """The keywords of ``uvicorn.Config`` that turn TLS on (none: plain HTTP)."""
+
+    ssl_certfile: str
+    ssl_keyfile: str
+
+
+def uvicorn_tls_kwargs(settings: Any) -> UvicornTLS:
     if settings.tls_cert_file is None:
         return {}
     return {"ssl_certfile": str(settings.tls_cert_file), "ssl_keyfile": str(settings.tls_key_file)}

@@ -156,9 +156,9 @@ def test_sigterm_drains_requests_in_flight_on_both_transports(model_repo, tmp_pa
         c = grpcclient.InferenceServerClient(s.grpc_url)
         i = grpcclient.InferInput("input", [1, 64], "FP32")
         i.set_data_from_numpy(x)
-        results["grpc"] = c.infer("digits", [i], parameters={"variant": "small"}, client_timeout=30).as_numpy(
-            "label"
-        ).shape
+        results["grpc"] = (
+            c.infer("digits", [i], parameters={"variant": "small"}, client_timeout=30).as_numpy("label").shape
+        )
 
     threads = [threading.Thread(target=f, daemon=True) for f in (over_http, over_grpc)]
     for t in threads:

@@ -8,13 +8,9 @@ import pytest
 
 from gateway import auth
 from gateway.config import Settings
-from gateway.errors import Unauthenticated
-from gateway.transports.auth import (
-    BearerAuthMiddleware,
-    PermissionDenied,
-    TokenTable,
-    bearer_token,
-)
+from gateway.errors import PermissionDenied, Unauthenticated
+from gateway.tokens import TokenTable, bearer_token
+from gateway.transports.auth import BearerAuthMiddleware
 from gateway.transports.status import http_status
 
 TEXT = """

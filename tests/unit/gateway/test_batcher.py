@@ -347,7 +347,8 @@ async def test_best_effort_requests_are_never_refused_for_a_deadline_and_wait_be
     )
     b.start()
     first = asyncio.create_task(b.submit(x(0), 1, clock.now() + 1.0, ("v",)))  # takes the only replica
-    await asyncio.sleep(0)
+    while not runner.batches:
+        await asyncio.sleep(0)
     with pytest.raises(DeadlineUnreachable, match="refused at admission"):  # a tight deadline behind it
         await b.submit(x(1), 1, clock.now() + 0.005, ("v",))
     best_effort = asyncio.create_task(b.submit(x(2), 1, clock.now() + 30.0, ("v",), best_effort=True))

@@ -1,0 +1,119 @@
+"""Bearer tokens: the configured table (kept as SHA-256 digests) and who each token is.
+
+The transports check requests against it (:mod:`gateway.transports.auth`); the settings parse it at
+start-up so that a bad entry stops the server with a message naming it.
+
+>>> table = TokenTable.parse("s3cret-token digits\\nroot-token-1 *")
+>>> table.authorize("Bearer s3cret-token", "digits").name
+'token#1'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import PermissionDenied, Unauthenticated
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a token belongs to: a name for logs (never the token) and the models it may use."""
+
+    name: str
+    models: frozenset[str] | None  # None = every model
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+def _digest(token: str | bytes) -> bytes:
+    return hashlib.sha256(token.encode() if isinstance(token, str) else token).digest()
+
+
+class TokenTable:
+    """The configured tokens, kept only as SHA-256 digests."""
+
+    def __init__(self, entries: list[tuple[str, frozenset[str] | None]]):
+        self._entries = [(_digest(tok), Principal(f"token#{i + 1}", models)) for i, (tok, models) in enumerate(entries)]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @classmethod
+    def parse(cls, text: str, source: str = "auth_tokens") -> TokenTable:
+        return cls(_parse_entries(text, source))
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> TokenTable | None:
+        """The table for ``auth_tokens_file`` + ``auth_tokens``; None when neither is set."""
+        texts = []
+        if settings.auth_tokens_file is not None:
+            texts.append((Path(settings.auth_tokens_file).read_text(), str(settings.auth_tokens_file)))
+        if settings.auth_tokens is not None:
+            texts.append((settings.auth_tokens.get_secret_value(), "auth_tokens"))
+        if not texts:
+            return None
+        entries: list[tuple[str, frozenset[str] | None]] = []
+        for text, source in texts:
+            entries += _parse_entries(text, source)
+        if not entries:
+            raise ValueError(
+                "authentication is configured but no token was found in " + " and ".join(s for _, s in texts)
+            )
+        return cls(entries)
+
+    def lookup(self, token: str | None) -> Principal | None:
+        """The token's principal, or None; the time taken does not depend on which token matched."""
+        if not token:
+            return None
+        d = _digest(token)
+        found = None
+        for digest, principal in self._entries:
+            if hmac.compare_digest(d, digest) and found is None:
+                found = principal
+        return found
+
+    def authorize(self, authorization: str | None, model: str | None) -> Principal:
+        """Check an ``Authorization`` header value (and the model, when there is one)."""
+        token = bearer_token(authorization)
+        principal = self.lookup(token)
+        if principal is None:
+            what = "missing" if not authorization else ("malformed" if token is None else "invalid")
+            raise Unauthenticated(f"{what} bearer token: send `Authorization: Bearer <token>`")
+        if model is not None and not principal.may_use(model):
+            raise PermissionDenied(f"this token may not use model '{model:.128}'")
+        return principal
+
+
+def _parse_entries(text: str, source: str) -> list[tuple[str, frozenset[str] | None]]:
+    entries: list[tuple[str, frozenset[str] | None]] = []
+    for n, line in enumerate(text.replace(";", "\n").splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) > 2:
+            raise ValueError(f"{source} entry {n}: expected `TOKEN [model,model...]`, got {len(parts)} fields")
+        if len(parts[0]) < 8:
+            raise ValueError(f"{source} entry {n}: token shorter than 8 characters")
+        models: frozenset[str] | None = None
+        if len(parts) == 2 and parts[1] != "*":
+            models = frozenset(m for m in parts[1].split(",") if m)
+        entries.append((parts[0], models))
+    return entries
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+# ---- REST: a pure ASGI middleware (no per-request cost when auth is off: it is not installed) ----
