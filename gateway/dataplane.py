@@ -75,7 +75,7 @@ class ModelState:
         }
         try:
             knobs = {**_gateway_defaults(policy_name, settings), **batching}
-            self.policy = make_policy(policy_name, **context, **knobs)
+            self.policy = make_policy(policy_name, **{**context, **knobs})  # a batching key overrides the model's
         except ValueError as e:  # the server refuses to start, saying which setting to fix
             raise ModelLoadError(f"models.{cfg.name}.batching {batching}: {e}") from None
         hook, depth = metrics.batcher_hook(cfg.name)

@@ -80,6 +80,8 @@ def harvest_server(model_repo, tmp_path_factory):
                             "keep_alive_s": 6,
                             "interval_s": 1,
                             "predictor": "last",
+                            "hold_quantile": 0,  # scale in after the keep-alive, not a 10-minute hold
+                            "season_periods_s": [],
                         },
                     }
                 },

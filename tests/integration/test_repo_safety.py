@@ -142,21 +142,21 @@ def test_directory_name_must_match_config_name(repo):
 
 
 def _external_data_model(path, location: str) -> None:
-    w = helper.make_tensor("w", TensorProto.FLOAT, [64], np.zeros(64, np.float32))
+    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 10], np.zeros(640, np.float32))
     w.ClearField("float_data")
     w.data_location = TensorProto.EXTERNAL
-    for k, v in (("location", location), ("offset", "0"), ("length", "256")):
+    for k, v in (("location", location), ("offset", "0"), ("length", "2560")):
         e = w.external_data.add()
         e.key, e.value = k, v
     graph = helper.make_graph(
         [
-            helper.make_node("Add", ["input", "w"], ["probs"]),
+            helper.make_node("MatMul", ["input", "w"], ["probs"]),
             helper.make_node("ArgMax", ["probs"], ["label"], axis=1, keepdims=0),
         ],
         "g",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, 64])],
         [
-            helper.make_tensor_value_info("probs", TensorProto.FLOAT, [None, 64]),
+            helper.make_tensor_value_info("probs", TensorProto.FLOAT, [None, 10]),
             helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
         ],
         [w],
@@ -174,7 +174,7 @@ def test_onnx_external_data_outside_refused(repo, location):
 def test_onnx_external_data_beside_the_model_is_fine(repo):
     d = repo / "digits" / "small"
     _external_data_model(d / "model.onnx", "weights.bin")
-    (d / "weights.bin").write_bytes(b"\0" * 256)
+    (d / "weights.bin").write_bytes(b"\0" * 2560)
     ModelRepository(repo).load()
 
 
