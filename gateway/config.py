@@ -7,6 +7,7 @@ names the key and the value.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import tomllib
 from pathlib import Path
@@ -294,6 +295,12 @@ class Settings(BaseSettings):
             from gateway.tokens import TokenTable
 
             TokenTable.from_settings(self)  # a bad entry stops start-up here, naming it
+        elif not _is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host!r} listens beyond this machine, and no token is configured: set auth_tokens_file "
+                "or auth_tokens (SLOSERVE_AUTH_TOKENS) so that every request must authenticate, or bind 127.0.0.1 "
+                "(docs/reliability.md, 'Authentication, TLS and limits')"
+            )
         if self.training.enabled and self.backend != "ray":
             raise ValueError("training.enabled needs backend ray (jobs run as Ray actors on GPU resources)")
         shared = sorted(m for m, o in self.models.items() if o.shared_replicas)
@@ -367,3 +374,13 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         else:
             base[k] = v
     return base
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is an address of this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False

@@ -164,10 +164,15 @@ class Ticket:
         self.open = True
         dp.open_requests += 1
 
+    def grow(self, n_bytes: int) -> None:
+        """``n_bytes`` of the body are in so far: a chunked body, or one longer than it declared, is
+        counted as it streams (429 the moment it would pass ``max_inflight_bytes``)."""
+        if n_bytes > self.held:
+            self.held += self.dp.inflight.take(n_bytes - self.held, self.model)
+
     def read(self, n_bytes: int) -> None:
         self.dp.door(self.model)
-        if n_bytes > self.held:  # chunked, or longer than declared: counted once read
-            self.held += self.dp.inflight.take(n_bytes - self.held, self.model)
+        self.grow(n_bytes)
 
     def release(self) -> None:
         self.dp.inflight.give(self.held)

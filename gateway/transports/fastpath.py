@@ -74,7 +74,7 @@ class InferFastPath:
                         f"limit (max_request_bytes); send smaller batches"
                     )
             ticket = dp.admit(model, declared)
-            body = await self._read(receive)
+            body = await self._read(receive, ticket)
             ticket.read(len(body))  # (read first: a keep-alive connection must not be left with an unread body)
             payload, json_len = await _infer(dp, self.limits, model, version, ticket.arrival_s, body, headers, early)
         except _Disconnected:
@@ -112,7 +112,7 @@ class InferFastPath:
                 ),
             )
 
-    async def _read(self, receive) -> bytes:
+    async def _read(self, receive, ticket) -> bytes:
         chunks, size = [], 0
         while True:
             msg = await receive()
@@ -123,6 +123,7 @@ class InferFastPath:
                 size += len(chunk)
                 if size > self.max_bytes:
                     raise PayloadTooLarge(f"request body is over the {self.max_bytes}-byte limit (max_request_bytes)")
+                ticket.grow(size)  # counted as it streams, not once it is all in
                 chunks.append(chunk)
             if not msg.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)

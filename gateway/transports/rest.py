@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.dataplane import DataPlane
+from gateway.dataplane import DataPlane, Ticket
 from gateway.errors import InvalidArgument, PayloadTooLarge, ServingError
 from gateway.transports.auth import BearerAuthMiddleware, TokenTable
 from gateway.transports.codec import InputLimits, decode_rest, encode_rest
@@ -75,7 +75,7 @@ def error_response(e: ServingError) -> JSONResponse:
     )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, ticket: Ticket | None = None) -> bytes:
     cl = request.headers.get("content-length")
     if cl is not None:
         try:
@@ -92,6 +92,8 @@ async def read_body(request: Request, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body is over the {limit}-byte limit (max_request_bytes)")
+        if ticket is not None:
+            ticket.grow(size)  # counted as it streams (gateway/dataplane.py's Ticket)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -215,7 +217,7 @@ def _infer_routes(app: FastAPI, dp: DataPlane) -> None:
     async def _infer(request: Request, model: str, version: str | None) -> Response:
         cl = request.headers.get("content-length", "")
         with dp.admit(model, int(cl) if cl.isdigit() and int(cl) <= limit else 0) as ticket:
-            body = await read_body(request, limit)
+            body = await read_body(request, limit, ticket)
             ticket.read(len(body))  # a lagging event loop refuses it here, undecoded (gateway/dataplane.py)
             payload, json_len = await infer_body(dp, limits, model, version, ticket.arrival_s, body, request.headers)
         if json_len is None:

@@ -184,3 +184,36 @@ async def test_inflight_bytes_bound_refuses_with_retry_after(model_repo, tmp_pat
         assert gw.dataplane.inflight.held == 0
     finally:
         await gw.stop()
+
+
+async def test_a_chunked_body_is_counted_as_it_streams(model_repo, tmp_path):
+    """A body without Content-Length holds its bytes against max_inflight_bytes from its first chunk,
+    not once it is all in: while one streams slowly, a request that would pass the bound is refused."""
+    repo = tmp_path / "repo"
+    shutil.copytree(model_repo / "digits", repo / "digits")
+    settings = Settings(repo=repo, backend="inprocess", http_port=0, grpc_port=0, max_inflight_bytes=4096)
+    gw = Gateway(settings)
+    await gw.start()
+    try:
+        body = v2_body("input", [1.0] * 64, {"slo_ms": 5000})
+        gate = asyncio.Event()
+
+        async def slow_chunks():
+            yield b" " * 3000  # leading whitespace is valid JSON
+            await gate.wait()
+            yield body
+
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10) as http:
+            first = asyncio.create_task(http.post("/v2/models/digits/infer", content=slow_chunks()))
+            for _ in range(200):
+                if gw.dataplane.inflight.held >= 3000:
+                    break
+                await asyncio.sleep(0.01)
+            assert gw.dataplane.inflight.held >= 3000, "the first chunk was not counted while the body streamed"
+            second = await http.post("/v2/models/digits/infer", content=b" " * 1200 + body)
+            assert second.status_code == 429 and "max_inflight_bytes" in second.json()["error"], second.text
+            gate.set()
+            assert (await first).status_code == 200
+        assert gw.dataplane.inflight.held == 0
+    finally:
+        await gw.stop()

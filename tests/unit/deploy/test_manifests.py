@@ -263,7 +263,7 @@ def _gateway_container() -> dict:
     return c
 
 
-def _gateway_settings(tmp_path: Path):
+def _gateway_settings(tmp_path: Path, monkeypatch):
     """What `sloserve serve` resolves in the gateway pod: its command line parsed by sloserve's own
     parser, over the ConfigMap's settings file mounted where the command says."""
     from gateway.cli.main import build_parser
@@ -281,6 +281,10 @@ def _gateway_settings(tmp_path: Path):
     rel = Path(args.config).relative_to(mount["mountPath"])
     local = tmp_path / rel
     local.write_text(cm["data"][str(rel)])
+    # The pod's environment from its Secrets (a placeholder token; the manifest must name the Secret).
+    env = {e["name"]: e for e in c["env"]}
+    assert env["SLOSERVE_AUTH_TOKENS"]["valueFrom"]["secretKeyRef"]["name"] == "sloserve-gateway-tokens"
+    monkeypatch.setenv("SLOSERVE_AUTH_TOKENS", "placeholder-token-0123 *")
     # The same overrides gateway/cli/main.py's _serve passes.
     settings = load_settings(
         local,
@@ -298,8 +302,8 @@ def _gateway_settings(tmp_path: Path):
     return args, settings
 
 
-def test_gateway_command_parses_and_its_settings_validate(tmp_path):
-    _, s = _gateway_settings(tmp_path)
+def test_gateway_command_parses_and_its_settings_validate(tmp_path, monkeypatch):
+    _, s = _gateway_settings(tmp_path, monkeypatch)
     assert s.backend == "ray"
     assert s.ray_deploy is False, "gateways attach to the RayService's replicas; they must not deploy them"
     assert s.host == "0.0.0.0"
@@ -316,13 +320,13 @@ def test_gateway_command_parses_and_its_settings_validate(tmp_path):
     assert _kind("Deployment", "sloserve-gateway")["spec"]["replicas"] >= 2  # no single point of failure
 
 
-def test_gateway_finds_exactly_the_applications_the_rayservice_deploys(tmp_path):
+def test_gateway_finds_exactly_the_applications_the_rayservice_deploys(tmp_path, monkeypatch):
     """With ray_deploy false the gateway derives app and deployment names from the repository and its
     models.<m>.device_type; they must be the ones serveConfigV2 deploys, with the same pipeline depth."""
     from gateway.backends.ray import APP_PREFIX, RayServeBackend
     from models.ray_replica import deployment_name
 
-    _, s = _gateway_settings(tmp_path)
+    _, s = _gateway_settings(tmp_path, monkeypatch)
     backend = RayServeBackend(repo=SimpleNamespace(models={}), opts=None, settings=s)
     expected = {
         APP_PREFIX + deployment_name(m, v, backend.device_of(m)) for m, vs in _demo_models().items() for v in vs

@@ -6,9 +6,10 @@ import doctest
 import json
 
 import pytest
+from pydantic import ValidationError
 
 import gateway.config as config
-from gateway.config import ConfigError, load_settings
+from gateway.config import ConfigError, Settings, load_settings
 
 
 def test_an_environment_key_changes_that_key_and_keeps_the_files_map(tmp_path, monkeypatch):
@@ -36,3 +37,15 @@ def test_the_locustfiles_variables_are_not_the_gateways(monkeypatch):
 
 def test_the_config_module_examples_hold():
     assert doctest.testmod(config).failed == 0
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "::", "gateway.example.com"])
+def test_binding_beyond_loopback_needs_tokens(host):
+    with pytest.raises(ValidationError, match="listens beyond this machine"):
+        Settings(host=host)
+    assert Settings(host=host, auth_tokens="a-long-token-1 *").host == host
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_needs_no_tokens(host):
+    assert Settings(host=host).host == host
