@@ -203,6 +203,24 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
     )
+    max_json_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        description="Largest JSON part of a REST request (413 above): decoding JSON numbers takes about 20x "
+        "their text in memory for a moment; send larger tensors in the binary extension or over gRPC.",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Time a client has to send a request's whole body once its headers are in (408 after it, "
+        "and the connection is closed): a client dribbling bytes holds no memory or slot longer.",
+    )
+    max_connections: int = Field(
+        default=4096,
+        ge=16,
+        description="Most HTTP connections and requests at once (503 above, uvicorn's limit_concurrency) and "
+        "gRPC calls at once (RESOURCE_EXHAUSTED above).",
+    )
     max_queue_rows: int = Field(default=4096, ge=1, description="Bound on queued rows per model (429 above).")
     max_inflight_bytes: int = Field(
         default=256 * 1024 * 1024,

@@ -27,6 +27,7 @@ __all__ = [
     "ReplicaFailed",
     "ServingError",
     "TooManyRequests",
+    "RequestTimeout",
     "Unauthenticated",
     "Unavailable",
 ]
@@ -48,6 +49,12 @@ class PayloadTooLarge(ServingError):
     """Body over the configured limit."""
 
     kind = "too_large"
+
+
+class RequestTimeout(ServingError):
+    """The client did not send its whole body within ``body_timeout_s``."""
+
+    kind = "timeout"
 
 
 class Unauthenticated(ServingError):

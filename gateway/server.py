@@ -131,6 +131,7 @@ class Gateway:
             loop="none",
             http="httptools",
             timeout_graceful_shutdown=int(math.ceil(s.shutdown_grace_s)),
+            limit_concurrency=s.max_connections,
             **uvicorn_tls_kwargs(s),
         )
         self._uvicorn = _Uvicorn(cfg)

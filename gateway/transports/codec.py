@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway.errors import InvalidArgument
+from gateway.errors import InvalidArgument, PayloadTooLarge
 from gateway.types import (
     NUMPY_TO_V2,
     V2_TO_NUMPY,
@@ -340,16 +340,32 @@ class InputLimits:
     naming the input, the bound and the setting that moves it.
     """
 
-    __slots__ = ("allow_nonfinite", "max_elements", "max_rows")
+    __slots__ = ("allow_nonfinite", "max_elements", "max_json_bytes", "max_rows")
 
-    def __init__(self, max_elements: int = MAX_ELEMENTS, max_rows: int | None = None, allow_nonfinite: bool = False):
+    def __init__(
+        self,
+        max_elements: int = MAX_ELEMENTS,
+        max_rows: int | None = None,
+        allow_nonfinite: bool = False,
+        max_json_bytes: int | None = None,
+    ):
         self.max_elements = max_elements
         self.max_rows = max_rows
         self.allow_nonfinite = allow_nonfinite
+        self.max_json_bytes = max_json_bytes
 
     @classmethod
     def from_settings(cls, s: Any) -> InputLimits:
-        return cls(s.max_tensor_elements, s.max_batch_rows, s.allow_nonfinite)
+        return cls(s.max_tensor_elements, s.max_batch_rows, s.allow_nonfinite, s.max_json_bytes)
+
+    def check_json(self, n_bytes: int) -> None:
+        """A REST request's JSON part, before it is parsed (413 over ``max_json_bytes``)."""
+        if self.max_json_bytes is not None and n_bytes > self.max_json_bytes:
+            raise PayloadTooLarge(
+                f"the request's JSON is {n_bytes:,} bytes, over the limit of {self.max_json_bytes:,} "
+                "(max_json_bytes): send large tensors in the binary tensor extension "
+                "(tritonclient.http's binary_data=True) or over gRPC"
+            )
 
     def check(self, req: InferRequest) -> None:
         for name, (datatype, arr) in req.inputs.items():

@@ -14,6 +14,7 @@ after the decision (tests/integration/test_shed_answer.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import orjson
@@ -49,6 +50,7 @@ class InferFastPath:
         self.dp = dp
         self.limits = limits
         self.max_bytes = dp.settings.max_request_bytes
+        self.body_timeout_s = dp.settings.body_timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -60,6 +62,7 @@ class InferFastPath:
         dp = self.dp
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         ticket = None
+        body_in = False  # an answer before the whole body is read closes the connection
         early = _AnswerNow.for_send(send, dp, model)
         try:
             cl = headers.get("content-length")
@@ -74,7 +77,14 @@ class InferFastPath:
                         f"limit (max_request_bytes); send smaller batches"
                     )
             ticket = dp.admit(model, declared)
-            body = await self._read(receive, ticket)
+            try:
+                async with asyncio.timeout(self.body_timeout_s):
+                    body = await self._read(receive, ticket)
+            except TimeoutError:
+                from gateway.transports.rest import body_timeout
+
+                raise body_timeout(self.body_timeout_s) from None
+            body_in = True
             ticket.read(len(body))  # (read first: a keep-alive connection must not be left with an unread body)
             payload, json_len = await _infer(dp, self.limits, model, version, ticket.arrival_s, body, headers, early)
         except _Disconnected:
@@ -84,7 +94,10 @@ class InferFastPath:
                 if early.pending is not None:  # the transport paused after the status line
                     await send(early.pending)
                 return
-            await _send(send, *_error_messages(e))
+            start, end = _error_messages(e)
+            if not body_in:  # the rest of the body is still on the wire: never read it as a request
+                start["headers"].append((b"connection", b"close"))
+            await _send(send, start, end)
             dp.metrics.shed_answered(model, e)
             return
         except Exception as e:  # a bug: answer 500, log it, keep serving

@@ -208,6 +208,7 @@ def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:
             ("grpc.so_reuseport", 0),
         ],
         interceptors=[GrpcGuard(TokenTable.from_settings(dp.settings))],
+        maximum_concurrent_rpcs=dp.settings.max_connections,
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dp), server)
     creds = grpc_server_credentials(dp.settings)

@@ -8,6 +8,7 @@ protocol gives it; a client's mistake is never a 500 or a FastAPI 422.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import FastAPI, Request
@@ -17,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.dataplane import DataPlane, Ticket
-from gateway.errors import InvalidArgument, PayloadTooLarge, ServingError
+from gateway.errors import InvalidArgument, PayloadTooLarge, RequestTimeout, ServingError
 from gateway.transports.auth import BearerAuthMiddleware, TokenTable
 from gateway.transports.codec import InputLimits, decode_rest, encode_rest
 from gateway.transports.status import http_status, retry_after_header
@@ -101,6 +102,12 @@ async def read_body(request: Request, limit: int, ticket: Ticket | None = None) 
 SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant")
 
 
+def body_timeout(timeout_s: float) -> RequestTimeout:
+    return RequestTimeout(
+        f"the request body did not arrive within {timeout_s:g} s (body_timeout_s); send it faster, or smaller"
+    )
+
+
 async def infer_body(
     dp: DataPlane,
     limits: InputLimits,
@@ -118,6 +125,7 @@ async def infer_body(
         header_len = int(hl) if hl is not None else None
     except ValueError:
         raise InvalidArgument(f"{HEADER_LEN} {hl!r:.40} is not an integer") from None
+    limits.check_json(len(body) if header_len is None else header_len)
     slo_headers = {k: headers[k] for k in SLO_HEADERS if k in headers} or None
     req = decode_rest(body, header_len, model, version, slo_headers)
     limits.check(req)
@@ -217,7 +225,11 @@ def _infer_routes(app: FastAPI, dp: DataPlane) -> None:
     async def _infer(request: Request, model: str, version: str | None) -> Response:
         cl = request.headers.get("content-length", "")
         with dp.admit(model, int(cl) if cl.isdigit() and int(cl) <= limit else 0) as ticket:
-            body = await read_body(request, limit, ticket)
+            try:
+                async with asyncio.timeout(dp.settings.body_timeout_s):
+                    body = await read_body(request, limit, ticket)
+            except TimeoutError:
+                raise body_timeout(dp.settings.body_timeout_s) from None
             ticket.read(len(body))  # a lagging event loop refuses it here, undecoded (gateway/dataplane.py)
             payload, json_len = await infer_body(dp, limits, model, version, ticket.arrival_s, body, request.headers)
         if json_len is None:
