@@ -313,7 +313,7 @@ class Settings(BaseSettings):
             from gateway.tokens import TokenTable
 
             TokenTable.from_settings(self)  # a bad entry stops start-up here, naming it
-        elif not _is_loopback(self.host):
+        elif not is_loopback(self.host):
             raise ValueError(
                 f"host {self.host!r} listens beyond this machine, and no token is configured: set auth_tokens_file "
                 "or auth_tokens (SLOSERVE_AUTH_TOKENS) so that every request must authenticate, or bind 127.0.0.1 "
@@ -394,7 +394,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     """Whether ``host`` is an address of this machine only (127.0.0.0/8, ::1, localhost)."""
     if host == "localhost":
         return True

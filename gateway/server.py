@@ -19,7 +19,7 @@ import uvicorn
 
 from gateway.backends.base import Backend, ModelLoadError, find_bad_onnx
 from gateway.backends.threads import InProcessBackend
-from gateway.config import Settings
+from gateway.config import Settings, is_loopback
 from gateway.dataplane import DataPlane
 from gateway.metrics import Metrics
 from gateway.transports.auth import uvicorn_tls_kwargs
@@ -233,6 +233,13 @@ async def serve(settings: Settings) -> None:
             f" ({gw.backend.name} backend)",
             flush=True,
         )
+        if not is_loopback(settings.host) and settings.tls_cert_file is None:
+            print(
+                f"sloserve: WARNING: serving {settings.host} without TLS: bearer tokens and tensors cross the "
+                "network in clear text; set tls_cert_file and tls_key_file, or terminate TLS in front of the gateway",
+                file=sys.stderr,
+                flush=True,
+            )
         await stop.wait()
         print("sloserve: shutting down", flush=True)
     except ModelLoadError as e:

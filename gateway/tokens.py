@@ -1,11 +1,18 @@
 """Bearer tokens: the configured table (kept as SHA-256 digests) and who each token is.
 
-The transports check requests against it (:mod:`gateway.transports.auth`); the settings parse it at
-start-up so that a bad entry stops the server with a message naming it.
+One entry a line (or ``;``-separated): ``TOKEN [MODELS] [SCOPES]``. ``MODELS`` is a comma list or
+``*`` (every model, the default); ``SCOPES`` a comma list of ``infer`` (inference and model
+metadata, the default), ``training`` (submit, list and cancel training jobs) and ``metrics``
+(``/metrics``). The transports check requests against the table (:mod:`gateway.transports.auth`);
+the settings parse it at start-up so that a bad entry stops the server with a message naming it.
 
->>> table = TokenTable.parse("s3cret-token digits\\nroot-token-1 *")
+>>> table = TokenTable.parse("s3cret-token digits\\nroot-token-1 * infer,training,metrics")
 >>> table.authorize("Bearer s3cret-token", "digits").name
 'token#1'
+>>> table.authorize("Bearer s3cret-token", None, "training")
+Traceback (most recent call last):
+  ...
+gateway.errors.PermissionDenied: this token lacks the 'training' scope
 """
 
 from __future__ import annotations
@@ -18,16 +25,24 @@ from typing import Any
 
 from gateway.errors import PermissionDenied, Unauthenticated
 
+SCOPES = ("infer", "training", "metrics")
+DEFAULT_SCOPES = frozenset({"infer"})
+
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a token belongs to: a name for logs (never the token) and the models it may use."""
+    """Who a token belongs to: a name for logs (never the token), the models it may use, and what
+    it may do (:data:`SCOPES`)."""
 
     name: str
     models: frozenset[str] | None  # None = every model
+    scopes: frozenset[str] = DEFAULT_SCOPES
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+
+Entry = tuple[str, frozenset[str] | None, frozenset[str]]
 
 
 def _digest(token: str | bytes) -> bytes:
@@ -37,8 +52,11 @@ def _digest(token: str | bytes) -> bytes:
 class TokenTable:
     """The configured tokens, kept only as SHA-256 digests."""
 
-    def __init__(self, entries: list[tuple[str, frozenset[str] | None]]):
-        self._entries = [(_digest(tok), Principal(f"token#{i + 1}", models)) for i, (tok, models) in enumerate(entries)]
+    def __init__(self, entries: list[Entry]):
+        self._entries = [
+            (_digest(tok), Principal(f"token#{i + 1}", models, scopes))
+            for i, (tok, models, scopes) in enumerate(entries)
+        ]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -57,7 +75,7 @@ class TokenTable:
             texts.append((settings.auth_tokens.get_secret_value(), "auth_tokens"))
         if not texts:
             return None
-        entries: list[tuple[str, frozenset[str] | None]] = []
+        entries: list[Entry] = []
         for text, source in texts:
             entries += _parse_entries(text, source)
         if not entries:
@@ -77,33 +95,46 @@ class TokenTable:
                 found = principal
         return found
 
-    def authorize(self, authorization: str | None, model: str | None) -> Principal:
-        """Check an ``Authorization`` header value (and the model, when there is one)."""
+    def authorize(self, authorization: str | None, model: str | None, scope: str = "infer") -> Principal:
+        """Check an ``Authorization`` header value, the scope the request needs, and the model when
+        there is one."""
         token = bearer_token(authorization)
         principal = self.lookup(token)
         if principal is None:
             what = "missing" if not authorization else ("malformed" if token is None else "invalid")
             raise Unauthenticated(f"{what} bearer token: send `Authorization: Bearer <token>`")
+        if scope not in principal.scopes:
+            raise PermissionDenied(f"this token lacks the '{scope}' scope")
         if model is not None and not principal.may_use(model):
             raise PermissionDenied(f"this token may not use model '{model:.128}'")
         return principal
 
 
-def _parse_entries(text: str, source: str) -> list[tuple[str, frozenset[str] | None]]:
-    entries: list[tuple[str, frozenset[str] | None]] = []
+def _parse_entries(text: str, source: str) -> list[Entry]:
+    entries: list[Entry] = []
     for n, line in enumerate(text.replace(";", "\n").splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        if len(parts) > 2:
-            raise ValueError(f"{source} entry {n}: expected `TOKEN [model,model...]`, got {len(parts)} fields")
+        if len(parts) > 3:
+            raise ValueError(
+                f"{source} entry {n}: expected `TOKEN [model,model...|*] [scope,scope...]`, got {len(parts)} fields"
+            )
         if len(parts[0]) < 8:
             raise ValueError(f"{source} entry {n}: token shorter than 8 characters")
         models: frozenset[str] | None = None
-        if len(parts) == 2 and parts[1] != "*":
+        if len(parts) >= 2 and parts[1] != "*":
             models = frozenset(m for m in parts[1].split(",") if m)
-        entries.append((parts[0], models))
+        scopes = DEFAULT_SCOPES
+        if len(parts) == 3:
+            scopes = frozenset(x for x in parts[2].split(",") if x)
+            unknown = sorted(scopes - set(SCOPES))
+            if unknown or not scopes:
+                raise ValueError(
+                    f"{source} entry {n}: unknown scope {unknown or parts[2]!r}; scopes are {', '.join(SCOPES)}"
+                )
+        entries.append((parts[0], models, scopes))
     return entries
 
 

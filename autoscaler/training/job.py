@@ -46,17 +46,21 @@ class TrainingSpec(BaseModel):
     job_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Unique job name.")
     dataset: Literal["digits", "synthetic"] = Field(default="digits", description="Training data.")
     hidden: int = Field(default=64, ge=1, le=4096, description="Hidden units of the MLP.")
-    lr: float = Field(default=0.1, gt=0, description="SGD learning rate.")
-    batch_size: int = Field(default=64, ge=1, description="Rows per minibatch.")
-    total_iterations: int | None = Field(default=2000, ge=1, description="None: run until cancelled.")
-    checkpoint_every: int = Field(default=50, ge=1, description="Checkpoint every this many iterations.")
+    lr: float = Field(default=0.1, gt=0, le=100, description="SGD learning rate.")
+    batch_size: int = Field(default=64, ge=1, le=65536, description="Rows per minibatch.")
+    total_iterations: int | None = Field(default=2000, ge=1, le=10**9, description="None: run until cancelled.")
+    checkpoint_every: int = Field(default=50, ge=1, le=10**7, description="Checkpoint every this many iterations.")
     iteration_delay_s: float = Field(
-        default=0.0, ge=0, description="Extra time per iteration (emulates a heavier model on an emulated GPU)."
+        default=0.0, ge=0, le=60, description="Extra time per iteration (emulates a heavier model on an emulated GPU)."
     )
-    seed: int = Field(default=0, description="Seed of the weights and the minibatch order.")
-    num_gpus: int = Field(default=1, ge=1, description="GPUs the job needs (a gang of one type).")
-    gpu_type: str = Field(default="T4", description="GPU type; Ray resource gpu_<type> when emulated.")
-    memory_mib: int = Field(default=2048, ge=0, description="Device memory per GPU.")
+    seed: int = Field(default=0, ge=0, lt=2**63, description="Seed of the weights and the minibatch order.")
+    num_gpus: int = Field(default=1, ge=1, le=64, description="GPUs the job needs (a gang of one type).")
+    gpu_type: str = Field(
+        default="T4",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$",
+        description="GPU type; Ray resource gpu_<type> when emulated.",
+    )
+    memory_mib: int = Field(default=2048, ge=0, le=1 << 20, description="Device memory per GPU.")
 
 
 def load_data(dataset: str, seed: int) -> tuple[np.ndarray, np.ndarray]:

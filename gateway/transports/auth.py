@@ -1,19 +1,22 @@
-"""Bearer-token authentication and per-token model allow-lists, for REST and gRPC alike.
+"""Bearer-token authentication, per-token model allow-lists and scopes, for REST and gRPC alike.
 
 Tokens come from ``auth_tokens_file`` and/or ``auth_tokens`` (usually the environment variable
-``SLOSERVE_AUTH_TOKENS``), one entry a line (or ``;``-separated)::
+``SLOSERVE_AUTH_TOKENS``), one entry a line (or ``;``-separated; gateway/tokens.py)::
 
-    # token                      models it may use (none or * = every model)
-    3f9c0e...a1                  digits,heavy
-    7be21d...04                  *
+    # token          models it may use (* = every model)   scopes (default: infer)
+    3f9c0e...a1      digits,heavy
+    7be21d...04      *                                     infer,training,metrics
+    91aa0b...5e      *                                     metrics
 
 When no token is configured, nothing is checked and nothing is installed on the hot path.
 When one is, every request needs ``Authorization: Bearer TOKEN`` except the open endpoints:
 liveness and readiness (``/v2/health/*``, gRPC ``ServerLive``/``ServerReady``), server metadata
-(``/v2``, ``ServerMetadata``), ``/metrics`` and the API docs (``/docs``, ``/openapi.json``).
+(``/v2``, ``ServerMetadata``) and the API docs (``/docs``, ``/openapi.json``). ``/metrics`` needs
+the ``metrics`` scope, ``/v2/training/*`` the ``training`` scope, everything else ``infer``.
 Model endpoints (metadata, readiness, inference) also check the model against the token's
 allow-list: a missing or unknown token is 401 / UNAUTHENTICATED, a known token asking for a model
-outside its list 403 / PERMISSION_DENIED (the list of served models is never revealed to it).
+outside its list or without the scope 403 / PERMISSION_DENIED (the list of served models is never
+revealed to it).
 
 Tokens are compared in constant time (:func:`hmac.compare_digest` over SHA-256 digests, against
 every configured token, no early exit), so timing reveals neither a token nor its length.
@@ -36,7 +39,6 @@ OPEN_HTTP_PATHS = frozenset(
         "/v2",
         "/v2/health/live",
         "/v2/health/ready",
-        "/metrics",
         "/docs",
         "/docs/oauth2-redirect",
         "/redoc",
@@ -64,11 +66,20 @@ class BearerAuthMiddleware:
                 auth = v.decode("latin-1")
                 break
         try:
-            self.table.authorize(auth, _model_from_path(scope["path"]))
+            self.table.authorize(auth, _model_from_path(scope["path"]), _scope_of(scope["path"]))
         except ServingError as e:
             await _send_error(send, e)
             return
         await self.app(scope, receive, send)
+
+
+def _scope_of(path: str) -> str:
+    """The scope an HTTP path needs (gateway/tokens.py): metrics, training, else inference."""
+    if path == "/metrics":
+        return "metrics"
+    if path == "/v2/training" or path.startswith("/v2/training/"):
+        return "training"
+    return "infer"
 
 
 def _model_from_path(path: str) -> str | None:

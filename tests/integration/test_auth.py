@@ -71,7 +71,7 @@ def secure(model_repo, tmp_path_factory):
     d = tmp_path_factory.mktemp("auth")
     cert, key = make_cert(d)
     tokens = d / "tokens"
-    tokens.write_text(f"# test tokens\n{ALL} *\n{DIGITS} digits   # digits only\n")
+    tokens.write_text(f"# test tokens\n{ALL} * infer,metrics\n{DIGITS} digits   # digits only\n")
     tokens.chmod(0o600)
     srv = ServerProcess(
         model_repo,
@@ -148,9 +148,17 @@ def grpc_infer(secure, model, token=None, data=None):
 
 
 # ---- REST ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", ["/v2/health/live", "/v2/health/ready", "/v2", "/metrics", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/v2/health/live", "/v2/health/ready", "/v2", "/openapi.json"])
 def test_open_endpoints_need_no_token(secure, path):
     assert _get(secure, path)[0] == 200
+
+
+def test_metrics_need_the_metrics_scope(secure):
+    """/metrics lists models, variants and job ids: only a token with the metrics scope reads it."""
+    assert _get(secure, "/metrics")[0] == 401
+    assert _get(secure, "/metrics", DIGITS)[0] == 403
+    status, body = _get(secure, "/metrics", ALL)[:2]
+    assert status == 200 and b"sloserve_requests_total" in body
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import hmac
 
 import pytest
 
-from gateway import auth
+from gateway import tokens
 from gateway.config import Settings
 from gateway.errors import PermissionDenied, Unauthenticated
 from gateway.tokens import TokenTable, bearer_token
@@ -18,18 +18,22 @@ TEXT = """
 alpha-token-1   digits,heavy
 beta-token-22   *        # every model
 gamma-token-333
+delta-token-4444  *  training,metrics   # an operator's: no inference
 """
 
 
 def test_parse_and_allow_lists():
     t = TokenTable.parse(TEXT)
-    assert len(t) == 3
+    assert len(t) == 4
     assert t.authorize("Bearer alpha-token-1", "heavy").name == "token#1"
     with pytest.raises(PermissionDenied, match="may not use model 'other'"):
         t.authorize("Bearer alpha-token-1", "other")
     assert t.authorize("bearer beta-token-22", "anything").models is None
     assert t.authorize("Bearer gamma-token-333", "x").models is None
     assert t.authorize("Bearer alpha-token-1", None)  # no model: a valid token suffices
+    with pytest.raises(PermissionDenied, match="lacks the 'training' scope"):
+        t.authorize("Bearer beta-token-22", None, "training")
+    assert t.authorize("Bearer delta-token-4444", None, "metrics").scopes == {"training", "metrics"}
 
 
 @pytest.mark.parametrize(
@@ -51,7 +55,10 @@ def test_refusals(header, word):
     assert http_status(ei.value) == 401
 
 
-@pytest.mark.parametrize("text, msg", [("short", "shorter than 8"), ("a-long-token b c", "expected")])
+@pytest.mark.parametrize(
+    "text, msg",
+    [("short", "shorter than 8"), ("a-long-token b c d", "expected"), ("a-long-token * admin", "unknown scope")],
+)
 def test_bad_token_files(text, msg):
     with pytest.raises(ValueError, match=msg):
         TokenTable.parse(text)
@@ -61,12 +68,12 @@ def test_lookup_compares_against_every_token(monkeypatch):
     """Constant time: compare_digest runs once per configured token, wherever the match is."""
     calls = []
     real = hmac.compare_digest
-    monkeypatch.setattr(auth.hmac, "compare_digest", lambda a, b: calls.append(len(a)) or real(a, b))
+    monkeypatch.setattr(tokens.hmac, "compare_digest", lambda a, b: calls.append(len(a)) or real(a, b))
     t = TokenTable.parse(TEXT)
     for token in ("alpha-token-1", "gamma-token-333", "nope-nope-nope", "x" * 5000):
         calls.clear()
         t.lookup(token)
-        assert calls == [32, 32, 32]  # digests: equal lengths whatever the token's length
+        assert calls == [32] * 4  # digests: equal lengths whatever the token's length
 
 
 def test_tokens_kept_only_as_digests():
@@ -123,7 +130,7 @@ async def _call(path: str, authorization: str | None = None):
     return bool(seen), status
 
 
-@pytest.mark.parametrize("path", ["/v2/health/live", "/v2/health/ready", "/v2", "/metrics", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/v2/health/live", "/v2/health/ready", "/v2", "/openapi.json"])
 async def test_open_paths(path):
     assert await _call(path) == (True, None)
 
@@ -138,6 +145,13 @@ async def test_open_paths(path):
         ("/v2/health/live/", None, (False, 401)),
         ("/v2/repository/index", None, (False, 401)),
         ("/v2/models//infer", "Bearer alpha-token-1", (True, None)),
+        # scopes: /metrics and /v2/training/* need their own; inference needs infer
+        ("/metrics", None, (False, 401)),
+        ("/metrics", "Bearer beta-token-22", (False, 403)),
+        ("/metrics", "Bearer delta-token-4444", (True, None)),
+        ("/v2/training/jobs", "Bearer beta-token-22", (False, 403)),
+        ("/v2/training/jobs/j1", "Bearer delta-token-4444", (True, None)),
+        ("/v2/models/digits/infer", "Bearer delta-token-4444", (False, 403)),
     ],
 )
 async def test_protected_paths(path, header, result):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from autoscaler.training.checkpoint import (
     clean_temp,
@@ -102,3 +103,20 @@ def test_preempt_then_kill_kills_only_after_grace():
         == "killed"
     )
     assert calls == ["req", "req", 0.5, "kill"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("batch_size", 10**7),
+        ("num_gpus", 1000),
+        ("total_iterations", 10**12),
+        ("iteration_delay_s", 3600),
+        ("memory_mib", 1 << 30),
+        ("gpu_type", "T4; rm -rf /"),
+        ("lr", 1e9),
+    ],
+)
+def test_a_spec_asking_for_too_much_is_refused_naming_the_field(field, value):
+    with pytest.raises(ValidationError, match=field):
+        TrainingSpec(job_id="big", **{field: value})
