@@ -59,16 +59,17 @@ class Recorder:
 
 def install(rec: Recorder) -> None:
     """Wrap the data plane's ``infer``, the backends' ``run`` and the Ray backend's controller reads."""
-    from gateway import dataplane, ray_backend
+    from gateway import dataplane
+    from gateway.backends import ray as ray_backend
     from gateway.backends.threads import InProcessBackend
 
     infer = dataplane.DataPlane.infer
 
-    async def timed_infer(self, req):
+    async def timed_infer(self, req, on_shed=None):
         t = time.monotonic()
         ok = False
         try:
-            out = await infer(self, req)
+            out = await infer(self, req, on_shed)
             ok = True
             return out
         finally:
