@@ -510,7 +510,7 @@ def main_args(args: argparse.Namespace) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
-    print(json.dumps({"summary": result["summary"], "ratios": result.get("ratios")}, indent=1))
+    print(json.dumps({"summary": result["summary"], "ratios_of_rps": result.get("ratios_of_rps")}, indent=1))
     return 0
 
 
