@@ -344,7 +344,7 @@ def _one_round(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    repo = Path(args.repo)
+    repo = Path(args.repo).resolve()  # absolute: a system from another tree (--tree) starts in that tree
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     args._trees = parse_trees(args.tree)
     for s in systems:

@@ -318,7 +318,7 @@ def light_step(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    repo = Path(args.repo)
+    repo = Path(args.repo).resolve()  # absolute: a system from another tree (--tree) starts in that tree
     cfg = json.loads((repo / args.model / "config.json").read_text())
     args._variants = [v["name"] for v in cfg["variants"]]
     args._accuracy = {v["name"]: float(v["accuracy"]) for v in cfg["variants"]}
