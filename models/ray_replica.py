@@ -171,6 +171,24 @@ class OnnxReplica:
         return None
 
 
+def loopback_servers() -> None:
+    """Worker set-up hook of the gateway's embedded Ray (``worker_process_setup_hook``): a Serve
+    replica's inter-deployment gRPC server binds ``[::]:0``, every interface, in Ray Serve 2.60;
+    under an embedded Ray, whose node is 127.0.0.1, it binds there instead."""
+    from ray.serve._private import replica
+
+    add = replica.add_port_to_grpc_server
+    if add.__name__ == "add_on_loopback":
+        return
+
+    def add_on_loopback(server: Any, address: str) -> int:
+        if address.startswith(("[::]:", "0.0.0.0:")):
+            address = "127.0.0.1:" + address.rsplit(":", 1)[1]
+        return add(server, address)
+
+    replica.add_port_to_grpc_server = add_on_loopback
+
+
 def deployment_name(model: str, variant: str, device: str) -> str:
     return f"{model}-{variant}-{device.lower()}"
 

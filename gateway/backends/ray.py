@@ -74,6 +74,17 @@ def _ray_keeps_off_sigterm():
         ray_utils.set_sigterm_handler = original
 
 
+def _loopback_node() -> None:
+    """The embedded Ray listens on 127.0.0.1 only. Ray binds its servers (GCS, raylet, object
+    manager, workers) to the node's IP, and resolves a node IP of 127.0.0.1 to the host's address
+    unless Ray clusters are turned off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read when ``ray`` is
+    imported and in every process Ray starts); the flag only decides that address."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # ray is already imported here
+
+
 class RayServeBackend(BackendBase):
     name = "ray"
 
@@ -242,6 +253,7 @@ class RayServeBackend(BackendBase):
                 "(set ray_address, or SLOSERVE_RAY_ADDRESS, to join that cluster)",
                 os.environ["RAY_ADDRESS"],
             )
+        _loopback_node()
         for attempt in (1, 2):
             before = descendants(os.getpid())
             try:
@@ -249,6 +261,8 @@ class RayServeBackend(BackendBase):
                 # (ray.init() alone would attach to it and then refuse num_cpus).
                 ray.init(
                     address="local",
+                    # Serve replicas start a gRPC server on every interface; this rebinds it to loopback
+                    runtime_env={"worker_process_setup_hook": "models.ray_replica.loopback_servers"},
                     num_cpus=s.ray_num_cpus or os.cpu_count(),
                     num_gpus=sum(s.emulated_gpus.values()) or None,
                     resources=resources or None,
