@@ -163,6 +163,7 @@ class Metrics:
         r.register(_DriftCollector(self._policies))
         self._req: dict[tuple[str, str, str], Counter] = {}
         self._lat: dict[tuple[str, str], Histogram] = {}
+        self._slo: dict[tuple[str, bool], Counter] = {}
 
     def shed_answered(self, model: str, e) -> None:
         """Called by a transport right after writing a shed request's answer."""
@@ -186,7 +187,11 @@ class Metrics:
                 h = self._lat[(model, variant)] = self.latency.labels(model, variant)
             h.observe(latency_s)
         if met is not None:
-            self.slo.labels(model, "true" if met else "false").inc()
+            k = (model, met)
+            m = self._slo.get(k)
+            if m is None:
+                m = self._slo[k] = self.slo.labels(model, "true" if met else "false")
+            m.inc()
 
     def batcher_hook(self, model: str):
         depth = self.queue_depth.labels(model)
