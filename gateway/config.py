@@ -399,6 +399,8 @@ def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        a = ipaddress.ip_address(host.strip("[]"))
     except ValueError:  # a host name: it may resolve anywhere
         return False
+    mapped = getattr(a, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return (mapped or a).is_loopback

@@ -63,6 +63,7 @@ class OnnxReplica:
         check_name("model", model)
         for v in variants or [variant]:
             check_name("variant", v)
+        loopback_servers()
         loaded = ModelRepository(repo).load().models[model]
         opts = RuntimeOptions(**(runtime or {}))
         outs = [o.name for o in loaded.config.outputs]
@@ -172,10 +173,16 @@ class OnnxReplica:
 
 
 def loopback_servers() -> None:
-    """Worker set-up hook of the gateway's embedded Ray (``worker_process_setup_hook``): a Serve
-    replica's inter-deployment gRPC server binds ``[::]:0``, every interface, in Ray Serve 2.60;
-    under an embedded Ray, whose node is 127.0.0.1, it binds there instead."""
+    """On a node whose IP is loopback (the gateway's embedded Ray), the Serve replica's
+    inter-deployment gRPC server binds 127.0.0.1 instead of ``[::]:0`` (every interface, hard-coded in
+    Ray Serve 2.60). Called from the replica's constructor: Serve starts that server right after it."""
+    import ipaddress
+
+    import ray
     from ray.serve._private import replica
+
+    if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
+        return
 
     add = replica.add_port_to_grpc_server
     if add.__name__ == "add_on_loopback":

@@ -261,8 +261,6 @@ class RayServeBackend(BackendBase):
                 # (ray.init() alone would attach to it and then refuse num_cpus).
                 ray.init(
                     address="local",
-                    # Serve replicas start a gRPC server on every interface; this rebinds it to loopback
-                    runtime_env={"worker_process_setup_hook": "models.ray_replica.loopback_servers"},
                     num_cpus=s.ray_num_cpus or os.cpu_count(),
                     num_gpus=sum(s.emulated_gpus.values()) or None,
                     resources=resources or None,

@@ -1,8 +1,7 @@
 """Nothing the default `sloserve serve` starts listens beyond 127.0.0.1.
 
 The gateway and every process of its embedded Ray (GCS, raylet, agents, workers, the Serve controller
-and replicas) are in the server's process group: every socket they listen on is on a loopback
-address, and a connection to each of those ports through the host's own network address is refused.
+and replicas): every socket they listen on is on a loopback address, and a connection to each of those ports through the host's own network address is refused.
 """
 
 from __future__ import annotations
@@ -17,13 +16,20 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def listeners(pgid: int) -> list[tuple[str, str, int]]:
-    """(process, address, port) of every listening TCP socket in the process group."""
-    out = []
+def listeners(pid: int) -> list[tuple[str, str, int]]:
+    """(process, address, port) of every listening TCP socket of ``pid``, its descendants (Ray's
+    workers: the Serve controller and replicas) and its process group (Ray's daemons)."""
+    root = psutil.Process(pid)
+    procs = {root, *root.children(recursive=True)}
     for p in psutil.process_iter():
         try:
-            if os.getpgid(p.pid) != pgid:
-                continue
+            if os.getpgid(p.pid) == os.getpgid(pid):
+                procs.add(p)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue
+    out = []
+    for p in procs:
+        try:
             name = " ".join(p.cmdline()[:3])[:80]
             for c in p.net_connections(kind="inet"):
                 if c.status == psutil.CONN_LISTEN:
@@ -31,6 +37,12 @@ def listeners(pgid: int) -> list[tuple[str, str, int]]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             continue
     return out
+
+
+def on_loopback(ip: str) -> bool:
+    a = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(a, "ipv4_mapped", None)  # ::ffff:127.0.0.1, a dual-stack socket's IPv4 loopback
+    return (mapped or a).is_loopback
 
 
 def host_address() -> str | None:
@@ -41,16 +53,19 @@ def host_address() -> str | None:
             ip = s.getsockname()[0]
         except OSError:
             return None
-    return None if ipaddress.ip_address(ip).is_loopback else ip
+    return None if on_loopback(ip) else ip
 
 
 def test_the_default_server_and_its_ray_listen_on_loopback_only(servers):
     srv = servers("ray")
-    found = listeners(os.getpgid(srv.proc.pid))
+    found = listeners(srv.proc.pid)
     ports = {port for _, _, port in found}
     assert srv.http_port in ports and srv.grpc_port in ports, found
-    assert len({name for name, _, _ in found}) >= 3, f"expected Ray's processes in the group too: {found}"
-    beyond = [x for x in found if not ipaddress.ip_address(x[1]).is_loopback]
+    names = " ".join(name for name, _, _ in found)
+    for part in ("gcs_server", "raylet", "ServeReplica"):
+        assert part in names, f"no listener of {part} found: {found}"
+    print("listeners:", *sorted(found, key=lambda x: x[2]), sep="\n  ")
+    beyond = [x for x in found if not on_loopback(x[1])]
     assert not beyond, f"listening beyond loopback: {beyond}"
     host = host_address()
     if host is None:
