@@ -2,10 +2,11 @@
 
 Each (model, variant, device type) is a Serve application with one deployment of
 :class:`models.ray_replica.OnnxReplica`. The gateway keeps one queue per model (the SLO policy
-needs every queued deadline in one view to order, batch and pick variants) and sends each batch
-through a DeploymentHandle; Ray Serve's router places it on a replica with spare capacity
-(``max_ongoing_requests`` = pipeline depth). Slots the batcher may fill = running replicas x
-pipeline depth, refreshed from Serve's status.
+needs every queued deadline in one view to order, batch and pick variants) and sends each batch to
+one replica: over the replica's batch channel by default (``ray_transport: direct``,
+gateway/backends/ray_channels.py), or through a DeploymentHandle. Slots the batcher may fill =
+running replicas x pipeline depth, refreshed from the Serve controller's details. Starting or
+joining Ray is gateway/backends/ray_local.py.
 
 A replica that dies mid-batch surfaces as :class:`~gateway.errors.ReplicaFailed`; the batcher
 retries the batch once if its deadline still allows, else fails it explicitly.
@@ -26,8 +27,9 @@ import numpy as np
 from batching.batcher import RunResult
 from batching.profile import ProfileTable
 from gateway.backends.base import BackendBase
-from gateway.backends.proctree import descendants, describe, reap
+from gateway.backends.proctree import descendants, reap
 from gateway.backends.ray_channels import ReplicaChannels, read_endpoints
+from gateway.backends.ray_local import METRICS_PUSH_S, init_ray
 from gateway.config import Settings
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
 from gateway.rates import RateMeter, gateway_id
@@ -37,52 +39,12 @@ from models.runtime import RuntimeOptions
 
 log = logging.getLogger("sloserve.ray")
 APP_PREFIX = "sloserve-"
-METRICS_PUSH_S = 0.5
 
 
 # gRPC codes that mean the replica (or its connection) went away, not that the call itself is wrong.
 _REPLICA_GONE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED}
 )
-
-
-def startup_timed_out(e: BaseException) -> bool:
-    """Did a local ``ray.init`` fail only because a daemon came up late on a busy box? Ray waits a
-    fixed time for its raylet ("timed out during startup") and for the GCS to write its port file
-    ("Timed out waiting for file .../gcs_server_port_..."); both are worth one more try."""
-    msg = str(e)
-    return "timed out during startup" in msg or ("Timed out waiting for file" in msg and "gcs_server_port" in msg)
-
-
-@contextlib.contextmanager
-def _ray_keeps_off_sigterm():
-    """On the main thread, ``ray.init`` first installs a SIGTERM handler that raises SystemExit, so a
-    stop arriving mid-init breaks out of it half-way (a half-initialized core worker has aborted the
-    process). The gateway's own handler is already in place, and a stop then takes effect the
-    moment ``ray.init`` returns. Ray's hook is private (``ray._private.utils.set_sigterm_handler``):
-    if it moves, nothing is patched and the SystemExit path still cleans up (``_init_ray``)."""
-    import ray._private.utils as ray_utils
-
-    original = getattr(ray_utils, "set_sigterm_handler", None)
-    if original is None:
-        yield
-        return
-    ray_utils.set_sigterm_handler = lambda handler: None
-    try:
-        yield
-    finally:
-        ray_utils.set_sigterm_handler = original
-
-
-def _loopback_node() -> None:
-    """The embedded Ray listens on 127.0.0.1 only. Ray binds its servers (GCS, raylet, object
-    manager, workers) to the node's IP, and resolves a node IP of 127.0.0.1 to the host's address
-    unless Ray clusters are turned off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read when ``ray`` is
-    imported and in every process Ray starts); the flag only decides that address."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    from ray._private import ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False  # ray is already imported here
 
 
 class RayServeBackend(BackendBase):
@@ -219,80 +181,7 @@ class RayServeBackend(BackendBase):
         return over.fault_delay_ms / 1e3 if over else 0.0
 
     def _init_ray(self) -> None:
-        import ray
-
-        if ray.is_initialized():
-            return
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # Ray gives its GCS 30 s to come up; a busy 2-core box can take longer.
-        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
-        # Ray's C++ failure-signal handler would take SIGTERM from the gateway's own graceful
-        # shutdown and end the process with SIGABRT: the gateway handles its signals itself.
-        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-        # A lean embedded Ray for small boxes: Serve's controller reconciles every 0.5 s, not 0.1 s,
-        # and Serve's own metrics are exported once a second, not ten times (idle, the controller
-        # alone took ~6% of a core; operators can still override both through the environment).
-        os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
-        os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")
-        # Replicas push their autoscaling metrics (the gateways' rates) twice a second, not every 10 s;
-        # only when a model autoscales: every push is controller CPU, and this box has two cores.
-        if any(self._autoscaled.values()):
-            os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", str(METRICS_PUSH_S))
-        s = self.settings
-        with _ray_keeps_off_sigterm():
-            self._init_ray_now(ray, s)
-
-    def _init_ray_now(self, ray, s: Settings) -> None:
-        if s.ray_address:
-            ray.init(address=s.ray_address, namespace="sloserve", log_to_driver=False)
-            return
-        resources = {f"accelerator_type:{t}": float(n) for t, n in s.emulated_gpus.items()}
-        if os.environ.get("RAY_ADDRESS"):
-            log.warning(
-                "RAY_ADDRESS=%s is set but ray_address is not: starting an embedded Ray anyway "
-                "(set ray_address, or SLOSERVE_RAY_ADDRESS, to join that cluster)",
-                os.environ["RAY_ADDRESS"],
-            )
-        _loopback_node()
-        for attempt in (1, 2):
-            before = descendants(os.getpid())
-            try:
-                # address="local": always a new embedded Ray, never one a `ray start` left on the box
-                # (ray.init() alone would attach to it and then refuse num_cpus).
-                ray.init(
-                    address="local",
-                    num_cpus=s.ray_num_cpus or os.cpu_count(),
-                    num_gpus=sum(s.emulated_gpus.values()) or None,
-                    resources=resources or None,
-                    include_dashboard=False,
-                    namespace="sloserve",
-                    log_to_driver=False,
-                    configure_logging=False,
-                    _node_ip_address="127.0.0.1",
-                )
-                break
-            except BaseException as e:  # cleaned up, then re-raised unless it is a first start-up timeout
-                # BaseException: Ray's own SIGTERM handler (installed by ray.init on the main thread)
-                # raises SystemExit from inside ray.init; what it started is still ended here.
-                started = descendants(os.getpid()) - before
-                timed_out = isinstance(e, Exception) and startup_timed_out(e)
-                if timed_out:
-                    log.warning(
-                        "local Ray did not come up in time (%s); the processes it started: %s%s",
-                        e,
-                        describe(started) or "none",
-                        "" if attempt == 2 else "; retrying once",
-                    )
-                ray.shutdown()
-                reap(started)
-                if not timed_out or attempt == 2:
-                    raise
-        self._started_ray = True
-        print(
-            f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
-            f"(attach with ray.init(address=...) or `ray status --address ...`)",
-            flush=True,
-        )
+        self._started_ray = init_ray(self.settings, autoscaled=any(self._autoscaled.values()))
 
     def _deploy(self) -> None:
         from ray import serve

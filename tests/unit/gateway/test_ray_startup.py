@@ -1,6 +1,6 @@
 """Which local ``ray.init`` failures the Ray backend retries once (a busy box starts daemons late)."""
 
-from gateway.backends.ray import startup_timed_out
+from gateway.backends.ray_local import startup_timed_out
 
 
 def test_ray_start_up_timeouts_are_retried_and_nothing_else():
