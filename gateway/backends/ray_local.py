@@ -126,8 +126,8 @@ def _init_ray_now(ray: Any, s: Settings) -> bool:
             if not timed_out or attempt == 2:
                 raise
     print(
-        f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} "
-        f"(attach with ray.init(address=...) or `ray status --address ...`)",
+        f"sloserve: started a local Ray at {ray.get_runtime_context().gcs_address} (attach with "
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the environment: ray.init(address=...), `ray status --address ...`)",
         flush=True,
     )
     return True

@@ -135,7 +135,7 @@ def test_ray_kill_mid_batch_is_retried_on_the_restarted_replica(chaos_server):
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "RAY_AUTH_MODE": "token"},
+        env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
     )
     try:
         assert killer.stdout.readline().strip() == "ready"

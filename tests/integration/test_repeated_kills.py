@@ -74,7 +74,7 @@ def test_replicas_killed_repeatedly_under_load(ray_server, model_repo):
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,
-                    env={**os.environ, "RAY_AUTH_MODE": "token"},
+                    env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
                 )
                 assert killer.stdout.readline().strip() == "ready"
                 killer.stdin.write("go\n")

@@ -152,7 +152,12 @@ print("PROBE-RESULT " + json.dumps(out, default=str))
 
 @pytest.fixture(scope="module")
 def probe(typed_server):
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     try:
         r = subprocess.run(
             [sys.executable, "-c", PROBE, gcs_address(typed_server), json.dumps(DEVICES), ",".join(VARIANTS)],
