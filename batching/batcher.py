@@ -206,10 +206,9 @@ class Batcher:
                 retry_after_s=1.0,
             )
         now = self.clock.now()
-        if self._no_slots_since:  # the loop saw a variant without replicas (kept current by _fail_starved)
-            gone = self._starved(now)
-            if gone and all(v in gone for v in (variants or self.variants)):
-                raise self._no_replica_error(variants or tuple(self.variants))
+        gone = self._starved(now)
+        if gone and all(v in gone for v in (variants or self.variants)):
+            raise self._no_replica_error(variants or tuple(self.variants))
         arrival = now if arrival_s is None else arrival_s
         item = QueuedItem(next(self._ids), arrival, deadline_s, rows, priority, variants, best_effort)
         refused = None if best_effort else self.policy.admit(self._view(), item, now)

@@ -136,11 +136,15 @@ async def test_paused_after_the_status_line_the_handler_sends_the_body_under_uvi
         def read(self, n):
             pass
 
+        def grow(self, n):
+            pass
+
         def release(self):
             pass
 
     class Settings:
         max_request_bytes = 1 << 20
+        body_timeout_s = 30.0
 
     dp = DP()
     dp.settings, dp.admit = Settings(), lambda model, declared=0: Ticket()
