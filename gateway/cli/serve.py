@@ -8,6 +8,11 @@ import faulthandler
 import logging
 import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,23 +31,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_serve)
 
 
+def settings_from_args(args: argparse.Namespace, config: str | Path | None) -> Settings:
+    """The settings `sloserve serve` runs with: ``config`` (a file, or None) under the command line's
+    overrides (each None when not given)."""
+    from gateway.config import load_settings
+
+    return load_settings(
+        config,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        repo=args.repo,
+        backend=args.backend,
+        ray_address=args.ray_address,
+        instances=args.instances,
+        intra_op_threads=args.intra_op_threads,
+        device=args.device,
+        log_level=args.log_level,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.config import ConfigError, load_settings
+    from gateway.config import ConfigError
 
     try:
-        settings = load_settings(
-            args.config,
-            host=args.host,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            repo=args.repo,
-            backend=args.backend,
-            ray_address=args.ray_address,
-            instances=args.instances,
-            intra_op_threads=args.intra_op_threads,
-            device=args.device,
-            log_level=args.log_level,
-        )
+        settings = settings_from_args(args, args.config)
     except ConfigError as e:
         print(f"sloserve: {e}", file=sys.stderr)
         return 2

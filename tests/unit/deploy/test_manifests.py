@@ -267,7 +267,7 @@ def _gateway_settings(tmp_path: Path, monkeypatch):
     """What `sloserve serve` resolves in the gateway pod: its command line parsed by sloserve's own
     parser, over the ConfigMap's settings file mounted where the command says."""
     from gateway.cli.main import build_parser
-    from gateway.config import load_settings
+    from gateway.cli.serve import settings_from_args
 
     c = _gateway_container()
     argv = c["command"] + c.get("args", [])
@@ -285,20 +285,7 @@ def _gateway_settings(tmp_path: Path, monkeypatch):
     env = {e["name"]: e for e in c["env"]}
     assert env["SLOSERVE_AUTH_TOKENS"]["valueFrom"]["secretKeyRef"]["name"] == "sloserve-gateway-tokens"
     monkeypatch.setenv("SLOSERVE_AUTH_TOKENS", "placeholder-token-0123 *")
-    # The same overrides gateway/cli/main.py's _serve passes.
-    settings = load_settings(
-        local,
-        host=args.host,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        repo=args.repo,
-        backend=args.backend,
-        ray_address=args.ray_address,
-        instances=args.instances,
-        intra_op_threads=args.intra_op_threads,
-        device=args.device,
-        log_level=args.log_level,
-    )
+    settings = settings_from_args(args, local)  # exactly what `sloserve serve` resolves
     return args, settings
 
 
