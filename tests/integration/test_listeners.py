@@ -30,7 +30,11 @@ def listeners(pid: int) -> list[tuple[str, str, int]]:
     out = []
     for p in procs:
         try:
-            name = " ".join(p.cmdline()[:3])[:80]
+            # the executable's own name first: a command line's path prefix depends on where
+            # the checkout lives, and Ray's daemons are named by their binaries
+            cmd = p.cmdline()
+            exe = os.path.basename(cmd[0]) if cmd else ""
+            name = f"{p.name()} {exe} {' '.join(cmd[1:3])}"[:160]
             for c in p.net_connections(kind="inet"):
                 if c.status == psutil.CONN_LISTEN:
                     out.append((name, c.laddr.ip, c.laddr.port))
