@@ -206,9 +206,11 @@ class Batcher:
                 retry_after_s=1.0,
             )
         now = self.clock.now()
-        gone = self._starved(now)
-        if gone and all(v in gone for v in (variants or self.variants)):
-            raise self._no_replica_error(variants or tuple(self.variants))
+        allowed = variants or self.variants
+        if not any(self.runner.slots(self.model, v) > 0 for v in allowed):  # (the common case skips this)
+            gone = self._starved(now)
+            if all(v in gone for v in allowed):
+                raise self._no_replica_error(tuple(allowed))
         arrival = now if arrival_s is None else arrival_s
         item = QueuedItem(next(self._ids), arrival, deadline_s, rows, priority, variants, best_effort)
         refused = None if best_effort else self.policy.admit(self._view(), item, now)
@@ -469,7 +471,7 @@ class Batcher:
 
 
 def _shape_key(e: _Entry) -> tuple:
-    return tuple((n, a.shape[1:], a.dtype.str) for n, a in e.inputs.items())
+    return tuple((n, a.shape[1:], a.dtype) for n, a in e.inputs.items())
 
 
 def _compatible_groups(entries: list[_Entry]) -> list[list[_Entry]]:

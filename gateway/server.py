@@ -127,6 +127,7 @@ class Gateway:
             port=s.http_port,
             log_level="warning",
             access_log=False,
+            proxy_headers=False,  # nothing reads the client's address; X-Forwarded-* is not parsed per request
             lifespan="off",
             loop="none",
             http="httptools",
