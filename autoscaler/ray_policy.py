@@ -14,9 +14,10 @@ every control-loop tick; a *class* given as ``policy_function`` is instantiated 
                                                 "swayam": {"startup_s": 10}}))
 
 **Where the rates come from.** Each gateway counts a model's arrivals and stamps
-``(gateway_id, rate_rps, share)`` on the batches it sends; each replica keeps the latest stamp per
-gateway and returns them from ``record_autoscaling_stats()`` as custom metrics named
-``sloserve_rate_rps/<gateway_id>`` and ``sloserve_share/<gateway_id>``. Ray aggregates them per
+``(gateway_id, rate_rps, share, dispersion)`` on the batches it sends; each replica keeps the latest
+stamp per gateway and returns them from ``record_autoscaling_stats()`` as custom metrics named
+``sloserve_rate_rps/<gateway_id>``, ``sloserve_share/<gateway_id>`` and
+``sloserve_dispersion/<gateway_id>`` (how clumped its arrivals are, ``autoscaler.burst``). Ray aggregates them per
 replica into ``ctx.aggregated_metrics``; this adapter takes, per gateway, the largest value over
 replicas (every replica of the model sees the same stamp; a stale replica reports less), builds
 one :class:`~autoscaler.types.RateWindow` per gateway and calls the same pure
@@ -40,6 +41,7 @@ from batching.profile import Curve
 
 RATE_PREFIX = "sloserve_rate_rps/"
 SHARE_PREFIX = "sloserve_share/"
+DISPERSION_PREFIX = "sloserve_dispersion/"
 STATE_KEY = "sloserve_swayam"
 
 
@@ -57,11 +59,13 @@ def windows_from_metrics(
         rate = max(float(v) for v in per_replica.values())
         shares = metrics.get(SHARE_PREFIX + gw) or {}
         share = max((float(v) for v in shares.values()), default=0.0)
-        out.append(RateWindow(gw, now - interval_s, now, rate * interval_s, share))
+        disp = metrics.get(DISPERSION_PREFIX + gw) or {}
+        dispersion = max((float(v) for v in disp.values()), default=1.0)
+        out.append(RateWindow(gw, now - interval_s, now, rate * interval_s, share, dispersion))
     return tuple(out)
 
 
-_PAIRS = ("season", "recent")  # SwayamState's other (time_s, value) series
+_PAIRS = ("season", "recent", "bursts")  # SwayamState's other (time_s, value) series
 
 
 def state_to_json(s: SwayamState) -> dict[str, Any]:
@@ -84,6 +88,7 @@ def state_from_json(d: dict[str, Any] | None) -> SwayamState:
         int(d.get("gateways_seen", 1)),
         season=tuple((float(t), float(v)) for t, v in d.get("season", ())),
         recent=tuple((float(t), int(v)) for t, v in d.get("recent", ())),
+        bursts=tuple((float(t), float(v)) for t, v in d.get("bursts", ())),
     )
 
 

@@ -12,9 +12,13 @@ Per call, for one model:
    periods of one of ``season_periods_s`` (timer-triggered load: :func:`seasonal_changes`): the
    smallest of those rises, or the largest when every one was a clear spike (more than
    ``season_spike_frac`` of its base level), whose height varies from cycle to cycle.
-3. **Size**: plan for ``base * (1 + margin) + noise_z * sqrt(base / window)`` and take the fewest
-   replicas whose tail latency meets the SLO percentile (``autoscaler.queueing.replicas_needed``).
-   ``margin`` is ``margin_frac``.
+3. **Size**: plan for ``base * (1 + margin) + noise_z * sqrt(base / window) + burst_z * sqrt(k * base)``
+   and take the fewest replicas whose tail latency meets the SLO percentile
+   (``autoscaler.queueing.replicas_needed``). ``margin`` is ``margin_frac``; ``k = (I - 1) / bin_s``
+   is how clumped the arrivals are (``autoscaler.burst``: ``I`` the index of dispersion of the
+   gateways' per-second counts, its mean over the rounds of the last ``burst_window_s``), so the
+   last term is ``burst_z`` standard deviations of the per-second rate beyond Poisson's: the
+   queueing model sizes for Poisson arrivals, the term for the clumps.
 4. **Scale in** only after a keep-alive, and not below a high quantile of recent needs: the target
    is the largest need of the last ``keep_alive_s``, and at least the ``hold_quantile`` of the needs
    of the last ``hold_window_s`` (seasonal bumps left out), so a level the load keeps returning to
@@ -38,6 +42,7 @@ from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autoscaler.burst import unthinned
 from autoscaler.predict import PREDICTORS
 from autoscaler.queueing import capacity_of, replicas_needed
 from autoscaler.types import RateWindow, ScaleDecision, ScalingSnapshot, clamp
@@ -84,6 +89,13 @@ class SwayamConfig(BaseModel):
         gt=0,
         description="One seasonal sample per this many seconds (bounds the history whatever the call rate).",
     )
+    burst_z: float = Field(
+        default=2.5,
+        ge=0,
+        description="Standard deviations of the per-second rate's excess over Poisson to plan for "
+        "(clumped arrivals: the gateways' index of dispersion; 0: off).",
+    )
+    burst_window_s: float = Field(default=300.0, gt=0, description="Clumpiness measured over this many seconds.")
     fallback_buffer: bool = Field(
         default=True,
         description="When the model has a cheaper fallback variant, size "
@@ -197,6 +209,7 @@ class SwayamState:
     gateways_seen: int = 1
     season: SeasonLog | tuple[tuple[float, float], ...] = ()  # (time_s, rate), one per season bucket
     recent: tuple[tuple[float, int], ...] = ()  # (time_s, need), one per interval_s, of the last hold_window_s
+    bursts: tuple[tuple[float, float], ...] = ()  # (time_s, (I - 1) / bin_s), one per round, of the last burst_window_s
 
 
 def aggregate_rate(windows: tuple[RateWindow, ...], gateways_seen: int) -> float | None:
@@ -225,6 +238,20 @@ def aggregate_rate(windows: tuple[RateWindow, ...], gateways_seen: int) -> float
         rate += arrivals / duration
         share += sh if sh > 0 else default_share
     return rate / max(share, 1e-9)
+
+
+def aggregate_clumping(windows: tuple[RateWindow, ...], gateways_seen: int) -> float | None:
+    """The whole stream's excess per-bin variance per unit rate, ``(I - 1) / bin_s``, from the
+    gateways' dispersions (each un-thinned by its share), weighted by their arrivals (None: none)."""
+    default_share = 1.0 / max(gateways_seen, 1)
+    num = den = 0.0
+    for w in windows:
+        if w.arrivals <= 0:
+            continue
+        i = unthinned(w.dispersion, w.share if w.share > 0 else default_share)
+        num += w.arrivals * (i - 1.0) / w.bin_s  # (below 0 too: clipping each noisy round would bias the mean up)
+        den += w.arrivals
+    return num / den if den > 0 else None
 
 
 def _drop_before(points: tuple, t0: float) -> tuple:
@@ -414,10 +441,23 @@ def decide(
                 fall_to = level + ch[1]
     margin = config.margin_frac
     span = config.window_s if len(history) > 1 else config.interval_s
+    bursts = state.bursts
+    clump = 0.0
+    if config.burst_z > 0:
+        k = aggregate_clumping(snap.windows, seen) if rate is not None else None
+        bursts = _drop_before(bursts, now - config.burst_window_s)
+        if k is not None:  # one value per interval_s (the latest), whatever the call rate
+            if bursts and now - bursts[-1][0] < config.interval_s - 1e-6:
+                bursts = bursts[:-1] + ((bursts[-1][0], k),)
+            else:
+                bursts = bursts + ((now, k),)
+        if bursts:
+            mean = sum(v for _, v in bursts) / len(bursts)  # (a quantile of noisy rounds would see clumps in Poisson)
+            clump = config.burst_z * math.sqrt(max(mean, 0.0))
 
     def plan_rate(r: float) -> float:
-        """Rate ``r`` plus the margin and the noise term: what replicas are sized for."""
-        return r * (1 + margin) + config.noise_z * math.sqrt(r / span)
+        """Rate ``r`` plus the margin, the noise term and the clumps' term: what replicas are sized for."""
+        return r * (1 + margin) + config.noise_z * math.sqrt(r / span) + clump * math.sqrt(r)
 
     def size(r: float) -> int:
         return replicas_needed(snap.service, plan_rate(r), snap.max_replicas) if r > 0 else 0
@@ -463,4 +503,4 @@ def decide(
         reason = "scale-in-to-fallback-buffer" if cut else "scale-in-after-keep-alive"
     else:
         reason = "hold" if need < target else "steady"
-    return ScaleDecision(target, reason, planned), SwayamState(history, needs, seen, season, recent)
+    return ScaleDecision(target, reason, planned), SwayamState(history, needs, seen, season, recent, bursts)

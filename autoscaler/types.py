@@ -19,6 +19,8 @@ class RateWindow:
 
     ``share`` is the fraction of the model's traffic the load balancer sends to this gateway
     (1/n for n gateways behind a round-robin balancer); 0 means unknown (treated as 1/n_reports).
+    ``dispersion`` is the index of dispersion of the gateway's arrival counts per ``bin_s`` in the
+    window (``autoscaler.burst``): 1 for Poisson arrivals (or not measured), more when they clump.
     """
 
     gateway: str
@@ -26,6 +28,8 @@ class RateWindow:
     end_s: float
     arrivals: float
     share: float = 0.0
+    dispersion: float = 1.0
+    bin_s: float = 1.0
 
     @property
     def duration_s(self) -> float:

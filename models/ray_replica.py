@@ -76,7 +76,7 @@ class OnnxReplica:
         self.batches = 0
         self.model, self.variant = model, variant
         self.fault_delay_s = fault_delay_s
-        self._stamps: dict[str, tuple[float, float, float]] = {}
+        self._stamps: dict[str, tuple[float, float, float, float]] = {}  # gateway: rate, share, dispersion, seen
         self._listener: ChannelListener | None = None
         self._kv_key: str | None = None
         if channel_host is not None:
@@ -127,11 +127,12 @@ class OnnxReplica:
         self._server.drain(DRAIN_S)
 
     async def run_batch(
-        self, inputs: dict[str, np.ndarray], stamp: tuple[str, float, float] | None = None, variant: str | None = None
+        self, inputs: dict[str, np.ndarray], stamp: tuple | None = None, variant: str | None = None
     ) -> tuple[dict[str, np.ndarray], float, str]:
         """``stamp`` = (gateway id, that gateway's arrival rate for this model in rows/s, its share of
-        the traffic): kept for :meth:`record_autoscaling_stats`, the autoscaler's input. ``variant``:
-        which of a shared replica's variants runs the batch (None: its default)."""
+        the traffic, how clumped its arrivals are): kept for :meth:`record_autoscaling_stats`, the
+        autoscaler's input. ``variant``: which of a shared replica's variants runs the batch (None:
+        its default)."""
         if stamp is not None:
             self._keep(stamp)
         rep = self.replica if variant is None else self.replicas.get(variant)
@@ -148,24 +149,27 @@ class OnnxReplica:
         """For failure tests and operators: the replica's worker process id."""
         return os.getpid()
 
-    async def note_rate(self, stamp: tuple[str, float, float]) -> None:
+    async def note_rate(self, stamp: tuple) -> None:
         """A stamp sent on its own (the gateway's poll), for when no batch carries one."""
         self._keep(stamp)
 
-    def _keep(self, stamp: tuple[str, float, float]) -> None:
-        self._stamps[stamp[0]] = (float(stamp[1]), float(stamp[2]), time.monotonic())
+    def _keep(self, stamp: tuple) -> None:
+        """(gateway, rate, share[, dispersion]): a gateway of an older release sends no dispersion."""
+        dispersion = float(stamp[3]) if len(stamp) > 3 else 1.0
+        self._stamps[stamp[0]] = (float(stamp[1]), float(stamp[2]), dispersion, time.monotonic())
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve custom autoscaling metrics: each gateway's latest (fresh) rate and share,
         read by :class:`autoscaler.ray_policy.SwayamRayPolicy` on the controller."""
         now = time.monotonic()
         out: dict[str, float] = {}
-        for gw, (rate, share, seen) in list(self._stamps.items()):
+        for gw, (rate, share, dispersion, seen) in list(self._stamps.items()):
             if now - seen > STAMP_TTL_S:  # a gateway that stopped sending sends nothing: rate 0
                 del self._stamps[gw]
                 continue
             out[f"sloserve_rate_rps/{gw}"] = rate
             out[f"sloserve_share/{gw}"] = share
+            out[f"sloserve_dispersion/{gw}"] = dispersion
         return out
 
     def check_health(self) -> None:

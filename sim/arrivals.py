@@ -45,11 +45,19 @@ class Arrivals:
         return float(self.rates[i0 : i1 + 1].max()) if i1 >= i0 else 0.0
 
     def scaled(self, factor: float) -> Arrivals:
+        """``factor`` times the load. Timestamps are thinned or duplicated, each added copy at a uniform
+        time in its original's interval: the per-interval counts (what the rates, fluid mode and the
+        autoscalers' windows see) scale exactly, and a request does not become a clump of ``factor``
+        requests in the same millisecond, which no larger user base sends (and no batcher could serve
+        within a tight SLO: the oracle met 54% of requests that way on the Azure LLM trace x1,300)."""
         ts = self.timestamps
         if ts is not None and factor != 1.0:
             rng = np.random.default_rng(12345)
             reps = np.floor(factor) + (rng.random(len(ts)) < factor - np.floor(factor))
-            ts = np.sort(np.repeat(ts, reps.astype(int)) + rng.random(int(reps.sum())) * 1e-3)
+            keep = ts[reps > 0]  # each original that stays keeps its own time
+            extra = np.repeat(ts, np.maximum(reps.astype(int) - 1, 0))
+            iv = self.interval_s
+            ts = np.sort(np.concatenate([keep, np.floor(extra / iv) * iv + rng.random(len(extra)) * iv]))
         return Arrivals(self.interval_s, self.rates * factor, ts, self.name)
 
     def sliced(self, start_s: float, end_s: float) -> Arrivals:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from autoscaler.burst import BinCounts
 from autoscaler.registry import make_autoscaler
 from autoscaler.types import RateWindow
 from batching.policy import make_policy
@@ -107,6 +108,7 @@ class _Model:
         self.last_change = 0.0
         self.ongoing_acc = 0.0
         self.gw_counts = [0] * gateways
+        self.gw_bins = [BinCounts() for _ in range(gateways)]  # per-second counts: how clumped the arrivals are
         self.alloc_since = 0.0
         self.allowed = tuple(self.curves)
         self.slots: _Slots | None = None  # set by simulate_requests
@@ -251,12 +253,15 @@ class _RequestSim:
             span = max(now - self.last_tick, 1e-9)
             wins = (
                 tuple(
-                    RateWindow(f"gw{g}", self.last_tick, now, c, 1.0 / cfg.gateways) for g, c in enumerate(m.gw_counts)
+                    RateWindow(f"gw{g}", self.last_tick, now, c, 1.0 / cfg.gateways, m.gw_bins[g].dispersion(now))
+                    for g, c in enumerate(m.gw_counts)
                 )
                 if now > self.last_tick
                 else ()
             )
             m.gw_counts = [0] * cfg.gateways
+            for b in m.gw_bins:
+                b.reset(now)
             ready = sum(1 for r in m.replicas if r.ready and not r.draining)
             target = sum(1 for r in m.replicas if not r.draining)
             obs.append(
@@ -286,7 +291,9 @@ class _RequestSim:
         m.vq.add(QueuedItem(self.next_id, now, now + m.spec.service.slo_s, 1, 0, m.allowed))
         self.next_id += 1
         m.in_system += 1
-        m.gw_counts[int(self.gw_of[mi][i])] += 1
+        g = int(self.gw_of[mi][i])
+        m.gw_counts[g] += 1
+        m.gw_bins[g].add(now)
         if i + 1 < len(self.arrivals[mi]):
             self.push(float(self.arrivals[mi][i + 1]), _ARRIVE, mi, i + 1)
 

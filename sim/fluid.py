@@ -178,6 +178,8 @@ class _FluidRun:
         self.gws = [f"gw{g}" for g in range(cfg.gateways)]
         self.share_w = 1.0 / cfg.gateways
         self.blk_arr = np.zeros(n)
+        self.blk_sq = np.zeros(n)  # sum of squared per-step arrivals (the block's dispersion)
+        self.blk_steps = 0
         self.blk_q = np.zeros(n)
         self.blk_lam = np.zeros(n)
         self.late = np.zeros(n)
@@ -217,6 +219,12 @@ class _FluidRun:
         i1 = min(int((t + cfg.startup_s + cfg.tick_s) // self.interval), self.n_int - 1)
         fut = self.rates[i0 : i1 + 1].max(axis=0).tolist()
         share = (self.blk_arr * self.share_w).tolist()
+        # each gateway's view of the block's per-step counts: a 1/n random split of the stream's
+        steps = max(self.blk_steps, 1)
+        mean = self.blk_arr / steps
+        with np.errstate(invalid="ignore", divide="ignore"):
+            whole = np.where(mean > 0, np.maximum(self.blk_sq / steps - mean * mean, 0.0) / mean, 1.0)
+        disp = (1.0 + self.share_w * (whole - 1.0) if steps > 1 else np.ones(n)).tolist()  # autoscaler.burst.thinned
         ongoing_l = ongoing.tolist()
         t_prev = t - cfg.tick_s
         tgt_l, ready_l = self.target.tolist(), self.ready.tolist()
@@ -227,7 +235,9 @@ class _FluidRun:
                 ready_l[j],
                 s.service,
                 ongoing_l[j],
-                tuple([RateWindow(g, t_prev, t, share[j], self.share_w) for g in self.gws]) if tk else (),
+                tuple([RateWindow(g, t_prev, t, share[j], self.share_w, disp[j], self.dt_s) for g in self.gws])
+                if tk
+                else (),
                 s.min_replicas,
                 s.max_replicas,
                 fut[j],
@@ -247,6 +257,7 @@ class _FluidRun:
         k0, k1 = tk * self.tick_steps, min((tk + 1) * self.tick_steps, self.n_steps)
         blk_arr, blk_q, blk_lam = self.blk_arr, self.blk_q, self.blk_lam
         blk_arr[:] = 0
+        self.blk_sq[:] = 0
         blk_q[:] = 0
         blk_lam[:] = 0
         pending, ready, late = self.pending, self.ready, self.late
@@ -283,9 +294,11 @@ class _FluidRun:
             self.good_m[mi] += a - late_n
             self.shed_tot += shed
             blk_arr += a
+            self.blk_sq += a * a
             blk_q += self.backlog
             blk_lam += lam
         steps = max(k1 - k0, 1)
+        self.blk_steps = k1 - k0
         self.rs += self.alloc * (steps * dt_s)
         blk_q /= steps
         blk_lam /= steps

@@ -101,11 +101,11 @@ class RayServeBackend(BackendBase):
         if meter is not None:
             meter.add(rows)
 
-    def _stamp(self, model: str, variant: str) -> tuple[str, float, float]:
+    def _stamp(self, model: str, variant: str) -> tuple[str, float, float, float]:
         # a shared deployment serves the whole model: its demand is the model's arrivals, whatever variant runs
         best = variant == self._best[model] or self.shared(model)
         meter = self._arrivals[model] if best else self._served[(model, variant)]
-        return (self.gateway_id, meter.rate_rps(), self.settings.gateway_share)
+        return (self.gateway_id, meter.rate_rps(), self.settings.gateway_share, meter.dispersion())
 
     def _push_rates(self) -> None:
         """Stamps also go out on their own, once a poll: when admission refuses nearly everything no
