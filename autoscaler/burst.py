@@ -4,7 +4,7 @@ For arrivals counted in bins of ``bin_s`` seconds, the index of dispersion is ``
 1 for a Poisson process, above 1 when arrivals come in clumps (a conversation's requests at once, a
 client that fans out, a timer). The gateways report it with their rates (one-second bins, as
 ``gateway.rates.RateMeter`` counts them), the simulators compute the same from the trace they
-replay, and ``swayam`` sizes for the clumps with it (docs/autoscaling.md, "Bursts"): the excess of
+replay, and ``swayam`` sizes for the clumps with it (docs/simulator.md, "Bursts"): the excess of
 the per-bin rate's variance over Poisson's is ``(I - 1) * rate / bin_s``.
 
 >>> round(index_of_dispersion([5, 5, 5, 5]), 3), round(index_of_dispersion([0, 20, 0, 0]), 3)
