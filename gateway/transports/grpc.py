@@ -199,6 +199,9 @@ def encode_response(resp: InferResponse) -> pb.ModelInferResponse:
     return out
 
 
+MAX_STREAMS_PER_CONNECTION = 128
+
+
 def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:
     limit = dp.settings.max_request_bytes
     server = grpc.aio.server(
@@ -206,6 +209,8 @@ def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
             ("grpc.so_reuseport", 0),
+            # one connection cannot hold every call slot: HTTP/2 streams per connection are capped
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ],
         interceptors=[GrpcGuard(TokenTable.from_settings(dp.settings))],
         maximum_concurrent_rpcs=dp.settings.max_connections,
