@@ -125,6 +125,7 @@ def test_sigterm_while_ray_itself_starts_exits_cleanly(model_repo, after_s):
         s.kill()
         raise
     assert s.stop() == rc
+    print(out)  # whole, under "Captured stdout" when the assertion fails (its message is truncated)
     assert rc == 0 and not left, (rc, left, out)
     assert "stop requested during start-up" in out or "shutting down" in out, out
 
