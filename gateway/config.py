@@ -209,6 +209,13 @@ class Settings(BaseSettings):
         description="Largest JSON part of a REST request (413 above): decoding JSON numbers takes about 20x "
         "their text in memory for a moment; send larger tensors in the binary extension or over gRPC.",
     )
+    json_offload_bytes: int | None = Field(
+        default=1024 * 1024,
+        ge=1,
+        description="REST bodies whose JSON part is at least this large are decoded in a worker process, one "
+        "at a time, so parsing them never stalls other clients (a 30 MiB JSON tensor takes over a second); "
+        "null decodes everything on the event loop.",
+    )
     body_timeout_s: float = Field(
         default=30.0,
         gt=0,

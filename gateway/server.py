@@ -24,7 +24,8 @@ from gateway.dataplane import DataPlane
 from gateway.metrics import Metrics
 from gateway.transports.auth import uvicorn_tls_kwargs
 from gateway.transports.grpc import create_server
-from gateway.transports.rest import create_asgi
+from gateway.transports.rest import create_asgi, rest_decoder
+from gateway.transports.restdecode import RestDecoder
 from models.repository import ModelRepository
 from models.runtime import RuntimeOptions
 
@@ -92,6 +93,7 @@ class Gateway:
         self._uvicorn: _Uvicorn | None = None
         self._uv_task: asyncio.Task | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._decoder: RestDecoder | None = None
         self._prepared = False
         self.harvest = None
         if settings.training.enabled:  # preemptible training on idle GPUs (autoscaler/placement/controller.py)
@@ -120,7 +122,9 @@ class Gateway:
             from gateway.transports.training import training_router
 
             routers.append(training_router(self.harvest.jobs_api, self.harvest.report))
-        app = create_asgi(self.dataplane, routers)
+        self._decoder = rest_decoder(self.dataplane)
+        self._decoder.start()
+        app = create_asgi(self.dataplane, routers, self._decoder)
         cfg = uvicorn.Config(
             app,
             host=s.host,
@@ -180,6 +184,8 @@ class Gateway:
         idle.cancel()
         if self.harvest is not None:  # checkpoint running jobs before Ray goes away
             await asyncio.get_running_loop().run_in_executor(None, self.harvest.stop)
+        if self._decoder is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._decoder.close)
         await self.dataplane.stop()
 
     async def _close_idle_connections(self, grace: float) -> None:

@@ -16,6 +16,7 @@ from the checkpoint of iteration ``k`` computes exactly what an uninterrupted jo
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from autoscaler.training.checkpoint import (
     write_checkpoint,
     write_json_atomic,
 )
+
+_log = logging.getLogger(__name__)
 
 Status = Literal["queued", "running", "preempted", "finished", "cancelled", "failed"]  # a job's state
 RunStatus = Literal["finished", "preempted", "stopped"]  # how one run() ended
@@ -159,12 +162,19 @@ class TrainingRunner:
     def resume(self) -> int:
         """Load the latest valid checkpoint (removing torn temp files first); returns its iteration."""
         clean_temp(self.ckpt_dir)
-        c = load_latest(self.ckpt_dir, on_corrupt=lambda p, e: self.corrupt.append(f"{p.name}: {e}"))
+        c = load_latest(self.ckpt_dir, on_corrupt=self._note_corrupt)
         if c is not None:
             self.params = {k: np.array(v) for k, v in c.arrays.items()}
             self.iteration = self.checkpoint_iteration = self.resumed_from = c.iteration
             self.loss = c.meta.get("loss")  # type: ignore[assignment]
         return self.iteration
+
+    def _note_corrupt(self, path: Path, error: Exception) -> None:
+        # Named in status.json (``train list``, the HTTP API) and logged; the file stays for a person.
+        self.corrupt.append(f"{path.name}: {error}")
+        _log.warning(
+            "training job %s: checkpoint %s is corrupt (%s); using an older one", self.spec.job_id, path, error
+        )
 
     def checkpoint(self) -> None:
         hook = self._hook if self._hook_at is not None and self.iteration >= self._hook_at else None
@@ -189,6 +199,7 @@ class TrainingRunner:
                 "total_iterations": self.spec.total_iterations,
                 "loss": self.loss,
                 "resumed_from": self.resumed_from,
+                "corrupt_checkpoints": self.corrupt,
             },
         )
 

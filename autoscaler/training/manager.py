@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -74,6 +74,8 @@ class JobInfo:
     gpu_type: str
     num_gpus: int
     launcher: str | None
+    # checkpoints found corrupt when the job last resumed ("<file>: <why>"); an older good one was used
+    corrupt_checkpoints: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -279,6 +281,7 @@ class TrainingManager:
             spec["gpu_type"],
             spec["num_gpus"],
             rec.get("launcher"),
+            list(st.get("corrupt_checkpoints", [])),
         )
 
     def handle(self, job_id: str) -> JobHandle | None:

@@ -32,6 +32,8 @@ def _print(infos, as_json: bool) -> None:
             f"{i.job_id:<20} {i.state:<10} {i.iteration:>8} {i.checkpoint_iteration:>8} "
             f"{i.total_iterations or '-':>8} {loss:>8} {i.num_gpus}x{i.gpu_type}"
         )
+        for bad in i.corrupt_checkpoints:
+            print(f"{'':<20} corrupt checkpoint skipped: {bad}")
 
 
 def _submit(args) -> int:

@@ -130,8 +130,9 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
     Installed always for the first, the token check only acts when ``table`` is not None.
     """
 
-    def __init__(self, table: TokenTable | None):
+    def __init__(self, table: TokenTable | None, deserializers: dict[str, Callable[[bytes], Any]] | None = None):
         self.table = table
+        self.deserializers = deserializers or {}  # method -> its own request parser (its errors guarded too)
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: grpc.HandlerCallDetails
@@ -165,7 +166,9 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
 
         return grpc.unary_unary_rpc_method_handler(
             guarded,
-            request_deserializer=_safe_deserializer(handler.request_deserializer),
+            request_deserializer=_safe_deserializer(
+                self.deserializers.get(details.method, handler.request_deserializer)
+            ),
             response_serializer=handler.response_serializer,
         )
 

@@ -88,10 +88,10 @@ class _BodyWatch:
 
 
 class InferFastPath:
-    def __init__(self, app, dp: DataPlane, limits):
+    def __init__(self, app, dp: DataPlane, decoder):
         self.app = app
         self.dp = dp
-        self.limits = limits
+        self.decoder = decoder
         self.max_bytes = dp.settings.max_request_bytes
         self.body_timeout_s = dp.settings.body_timeout_s
         self.bodies = _BodyWatch(self.body_timeout_s)
@@ -135,7 +135,7 @@ class InferFastPath:
                 self.bodies.done(task)
             body_in = True
             ticket.read(len(body))  # (read first: a keep-alive connection must not be left with an unread body)
-            payload, json_len = await _infer(dp, self.limits, model, version, ticket.arrival_s, body, headers, early)
+            payload, json_len = await _infer(dp, self.decoder, model, version, ticket.arrival_s, body, headers, early)
         except _Disconnected:
             return
         except ServingError as e:
@@ -191,10 +191,10 @@ class InferFastPath:
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _infer(dp, limits, model, version, arrival, body, headers, early):
+async def _infer(dp, decoder, model, version, arrival, body, headers, early):
     from gateway.transports.rest import infer_body
 
-    return await infer_body(dp, limits, model, version, arrival, body, headers, early)
+    return await infer_body(dp, decoder, model, version, arrival, body, headers, early)
 
 
 class _AnswerNow:

@@ -20,7 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.dataplane import DataPlane, Ticket
 from gateway.errors import InvalidArgument, PayloadTooLarge, RequestTimeout, ServingError
 from gateway.transports.auth import BearerAuthMiddleware, TokenTable
-from gateway.transports.codec import InputLimits, decode_rest, encode_rest
+from gateway.transports.codec import InputLimits, encode_rest
+from gateway.transports.restdecode import RestDecoder
 from gateway.transports.status import http_status, retry_after_header
 
 log = logging.getLogger("sloserve.rest")
@@ -110,7 +111,7 @@ def body_timeout(timeout_s: float) -> RequestTimeout:
 
 async def infer_body(
     dp: DataPlane,
-    limits: InputLimits,
+    decoder: RestDecoder,
     model: str,
     version: str | None,
     arrival: float,
@@ -125,28 +126,34 @@ async def infer_body(
         header_len = int(hl) if hl is not None else None
     except ValueError:
         raise InvalidArgument(f"{HEADER_LEN} {hl!r:.40} is not an integer") from None
-    limits.check_json(len(body) if header_len is None else header_len)
     slo_headers = {k: headers[k] for k in SLO_HEADERS if k in headers} or None
-    req = decode_rest(body, header_len, model, version, slo_headers)
-    limits.check(req)
+    req = await decoder.decode(body, header_len, model, version, slo_headers)
     req.arrival_s = arrival
     resp = await dp.infer(req, on_shed)
     return encode_rest(resp)
 
 
-def create_asgi(dp: DataPlane, routers=()):
-    """The served ASGI app: the infer fast path in front of FastAPI, bearer auth around both."""
+def rest_decoder(dp: DataPlane) -> RestDecoder:
+    """The REST body decoder for these settings (its worker starts with :meth:`RestDecoder.start`)."""
+    return RestDecoder(InputLimits.from_settings(dp.settings), dp.settings.json_offload_bytes)
+
+
+def create_asgi(dp: DataPlane, routers=(), decoder: RestDecoder | None = None):
+    """The served ASGI app: the infer fast path in front of FastAPI, bearer auth around both.
+    Whoever passes ``decoder`` starts and closes it; without one, large JSON decodes inline."""
     from gateway.transports.fastpath import InferFastPath
 
-    api = create_app(dp)
+    if decoder is None:
+        decoder = RestDecoder(InputLimits.from_settings(dp.settings), None)
+    api = create_app(dp, decoder)
     for r in routers:
         api.include_router(r)
-    app = InferFastPath(api, dp, InputLimits.from_settings(dp.settings))
+    app = InferFastPath(api, dp, decoder)
     tokens = TokenTable.from_settings(dp.settings)
     return BearerAuthMiddleware(app, table=tokens) if tokens is not None else app
 
 
-def create_app(dp: DataPlane) -> FastAPI:
+def create_app(dp: DataPlane, decoder: RestDecoder | None = None) -> FastAPI:
     """The FastAPI app: metadata, health, metrics, and the infer routes (the fast path serves those
     first, ``gateway/transports/fastpath.py``); :func:`create_asgi` puts authentication around both."""
     app = FastAPI(
@@ -154,7 +161,7 @@ def create_app(dp: DataPlane) -> FastAPI:
     )
     _error_handlers(app)
     _metadata_routes(app, dp)
-    _infer_routes(app, dp)
+    _infer_routes(app, dp, decoder or RestDecoder(InputLimits.from_settings(dp.settings), None))
     return app
 
 
@@ -218,9 +225,8 @@ def _metadata_routes(app: FastAPI, dp: DataPlane) -> None:
         return Response(generate_latest(dp.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def _infer_routes(app: FastAPI, dp: DataPlane) -> None:
+def _infer_routes(app: FastAPI, dp: DataPlane, decoder: RestDecoder) -> None:
     limit = dp.settings.max_request_bytes
-    limits = InputLimits.from_settings(dp.settings)
 
     async def _infer(request: Request, model: str, version: str | None) -> Response:
         cl = request.headers.get("content-length", "")
@@ -231,7 +237,7 @@ def _infer_routes(app: FastAPI, dp: DataPlane) -> None:
             except TimeoutError:
                 raise body_timeout(dp.settings.body_timeout_s) from None
             ticket.read(len(body))  # a lagging event loop refuses it here, undecoded (gateway/dataplane.py)
-            payload, json_len = await infer_body(dp, limits, model, version, ticket.arrival_s, body, request.headers)
+            payload, json_len = await infer_body(dp, decoder, model, version, ticket.arrival_s, body, request.headers)
         if json_len is None:
             return Response(payload, media_type="application/json")
         return Response(

@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.errors import InvalidArgument
 from gateway.transports.codec import InputLimits, decode_rest
-from gateway.transports.grpc import decode_grpc
+from gateway.transports.grpc import decode_grpc, parse_infer
 from gateway.transports.status import http_status
 from tests.fuzz.strategies import (
     grpc_request,
@@ -81,6 +81,55 @@ def test_grpc_random_bytes_are_a_decode_error_or_a_400(data):
     except DecodeError:
         return
     _decode_or_400(decode_grpc, req)
+
+
+def _outcome(fn, *args):
+    """What decoding gives: the inputs as (datatype, dtype, shape, bytes), or the 400's message."""
+    try:
+        req = fn(*args)
+    except InvalidArgument as e:
+        return ("400", e.message)
+    return sorted((k, dt, str(a.dtype), a.shape, a.tobytes()) for k, (dt, a) in req.inputs.items())
+
+
+@FUZZ
+@given(grpc_request())
+def test_grpc_zero_copy_parse_decodes_as_protobuf_does(req):
+    """ModelInfer's own parser (raw tensors left as views of the received bytes) decodes every
+    request to exactly what the protobuf parser's message decodes to."""
+    data = req.SerializeToString()
+    got = parse_infer(data)
+    assert got.nbytes == len(data) and got.model_name == req.model_name
+    assert _outcome(decode_grpc, got.msg, got.raw) == _outcome(decode_grpc, pb.ModelInferRequest.FromString(data))
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_grpc_zero_copy_parse_of_garbage_fails_or_agrees(data):
+    from google.protobuf.message import DecodeError
+
+    try:
+        expected = _outcome(decode_grpc, pb.ModelInferRequest.FromString(data))
+    except DecodeError:
+        with pytest.raises(DecodeError):
+            parse_infer(data)
+        return
+    got = parse_infer(data)
+    assert _outcome(decode_grpc, got.msg, got.raw) == expected
+
+
+def test_grpc_zero_copy_parse_keeps_tensors_as_views_of_the_message():
+    g = pb.ModelInferRequest(model_name="digits", id="r1")
+    g.inputs.add(name="a", datatype="FP32", shape=[2, 2])
+    g.inputs.add(name="b", datatype="INT64", shape=[3])
+    g.raw_input_contents.extend([np.arange(4, dtype=np.float32).tobytes(), np.arange(3, dtype=np.int64).tobytes()])
+    g.parameters["slo_ms"].double_param = 25.0
+    data = g.SerializeToString()
+    got = parse_infer(data)
+    assert got.raw is not None and [v.obj is data for v in got.raw] == [True, True]
+    req = decode_grpc(got.msg, got.raw)
+    assert req.id == "r1" and req.params.slo_ms == 25.0
+    assert req.inputs["a"][1].tolist() == [[0, 1], [2, 3]] and req.inputs["b"][1].tolist() == [0, 1, 2]
 
 
 # ---- the cases the issue names, pinned ----------------------------------------------------------

@@ -53,6 +53,34 @@ def test_preempt_then_resume_continues_from_checkpoint(tmp_path):
     assert done.state == "cancelled" and done.checkpoint_iteration >= info.checkpoint_iteration
 
 
+def test_corrupt_checkpoint_is_named_in_status_list_and_http(tmp_path, capsys):
+    m = TrainingManager(tmp_path, launcher=ThreadLauncher())
+    m.submit(_spec(total_iterations=20), start=False)
+    m.start("j")
+    assert m.wait("j", timeout_s=60).state == "finished"
+    ckpts = tmp_path / "j" / "checkpoints"
+    newest = max(ckpts.glob("*.ckpt"))
+    data = bytearray(newest.read_bytes())
+    data[-5] ^= 0xFF  # a flipped bit in the newest checkpoint
+    newest.write_bytes(bytes(data))
+    m._save("j", state="preempted")  # as if preempted after that write: resumable
+    m.start("j")
+    info = m.wait("j", timeout_s=60)
+    assert info.state == "finished"
+    assert len(info.corrupt_checkpoints) == 1 and info.corrupt_checkpoints[0].startswith(newest.name)
+    assert "checksum" in info.corrupt_checkpoints[0]
+    assert newest.exists()  # kept for a person to look at
+
+    from gateway.cli.train import _print
+
+    _print([info], as_json=False)
+    assert f"corrupt checkpoint skipped: {newest.name}" in capsys.readouterr().out
+    app = FastAPI()
+    app.include_router(training_router(m, lambda: {}))
+    body = TestClient(app).get("/v2/training/jobs/j").json()
+    assert body["corrupt_checkpoints"] == info.corrupt_checkpoints
+
+
 def test_http_router(tmp_path):
     m = TrainingManager(tmp_path, launcher=ThreadLauncher())
     app = FastAPI()
