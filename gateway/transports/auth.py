@@ -147,13 +147,15 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
         auth = _metadata_get(details.invocation_metadata, "authorization") if table is not None else None
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            # Refusals set the status and return rather than abort(): an exception raised here keeps
+            # this frame, and with it the received request, alive until a full garbage collection.
             if table is not None:
                 try:
                     table.authorize(auth, None)
                 except ServingError as e:
-                    await context.abort(grpc_code(e), e.message)
+                    return _refuse(context, grpc_code(e), e.message)
             if isinstance(request, _Malformed):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+                return _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, request.error)
             if table is not None:
                 model = getattr(request, "model_name", None)
                 if model is None:
@@ -161,7 +163,7 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
                 try:
                     table.authorize(auth, model if isinstance(model, str) else None)
                 except ServingError as e:
-                    await context.abort(grpc_code(e), e.message)
+                    return _refuse(context, grpc_code(e), e.message)
             return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
@@ -171,6 +173,11 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
             ),
             response_serializer=handler.response_serializer,
         )
+
+
+def _refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    context.set_code(code)
+    context.set_details(message)
 
 
 def _deny_streaming(handler: Any, table: TokenTable, details: grpc.HandlerCallDetails) -> Any:
