@@ -64,7 +64,10 @@ def test_a_flood_is_refused_clearly_and_ordinary_clients_keep_their_answers(ray_
 
 @pytest.mark.parametrize(
     "tokens, code, says",
-    [(None, grpc.StatusCode.INVALID_ARGUMENT, "batch"), ("s3cret-for-the-test", grpc.StatusCode.UNAUTHENTICATED, "bearer")],
+    [
+        (None, grpc.StatusCode.INVALID_ARGUMENT, "batch"),
+        ("s3cret-for-the-test", grpc.StatusCode.UNAUTHENTICATED, "bearer"),
+    ],
     ids=["refused-by-the-data-plane", "refused-at-the-door"],
 )
 async def test_refused_large_grpc_requests_are_not_kept_alive(model_repo, tmp_path, tokens, code, says):
