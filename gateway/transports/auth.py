@@ -30,9 +30,9 @@ from typing import Any, TypedDict
 
 import grpc
 
-from gateway.errors import ServingError
+from gateway.errors import InvalidArgument, ServingError
 from gateway.tokens import TokenTable, bearer_token
-from gateway.transports.status import grpc_code, http_status
+from gateway.transports.status import http_status, set_grpc_error
 
 OPEN_HTTP_PATHS = frozenset(
     {
@@ -147,15 +147,14 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
         auth = _metadata_get(details.invocation_metadata, "authorization") if table is not None else None
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            # Refusals set the status and return rather than abort(): an exception raised here keeps
-            # this frame, and with it the received request, alive until a full garbage collection.
+            # Refusals set the status and return (set_grpc_error says why not abort()).
             if table is not None:
                 try:
                     table.authorize(auth, None)
                 except ServingError as e:
-                    return _refuse(context, grpc_code(e), e.message)
+                    return set_grpc_error(context, e)
             if isinstance(request, _Malformed):
-                return _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, request.error)
+                return set_grpc_error(context, InvalidArgument(request.error))
             if table is not None:
                 model = getattr(request, "model_name", None)
                 if model is None:
@@ -163,7 +162,7 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
                 try:
                     table.authorize(auth, model if isinstance(model, str) else None)
                 except ServingError as e:
-                    return _refuse(context, grpc_code(e), e.message)
+                    return set_grpc_error(context, e)
             return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
@@ -173,11 +172,6 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
             ),
             response_serializer=handler.response_serializer,
         )
-
-
-def _refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
-    context.set_code(code)
-    context.set_details(message)
 
 
 def _deny_streaming(handler: Any, table: TokenTable, details: grpc.HandlerCallDetails) -> Any:

@@ -21,7 +21,7 @@ from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, ServingError
 from gateway.transports.auth import GrpcGuard, TokenTable, grpc_server_credentials
 from gateway.transports.codec import MAX_ELEMENTS, InputLimits, array_from_binary, parse_params, raw_bytes
-from gateway.transports.status import grpc_code
+from gateway.transports.status import set_grpc_error
 from gateway.types import NUMPY_TO_V2, V2_TO_NUMPY, InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger("sloserve.grpc")
@@ -209,18 +209,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.dp = dp
         self.limits = InputLimits.from_settings(dp.settings)
 
-    @staticmethod
-    def _set_failure(context: grpc.aio.ServicerContext, e: ServingError) -> None:
-        if e.retry_after_s is not None:
-            context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(e.retry_after_s)))),))
-        context.set_code(grpc_code(e))
-        context.set_details(e.message)
-
-    async def _fail(self, context: grpc.aio.ServicerContext, e: ServingError):
-        if e.retry_after_s is not None:
-            context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(e.retry_after_s)))),))
-        await context.abort(grpc_code(e), e.message)
-
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.dp.live())
 
@@ -235,14 +223,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version or None))
         except ServingError as e:
-            await self._fail(context, e)
+            set_grpc_error(context, e)
+            return None
 
     async def ModelMetadata(self, request, context):
         try:
             md = self.dp.model(request.name, request.version or None).metadata()
         except ServingError as e:
-            await self._fail(context, e)
-            return
+            set_grpc_error(context, e)
+            return None
         tm = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=md["name"],
@@ -272,10 +261,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if ticket is not None:
                 ticket.release()
         if failure is not None:
-            # Not abort(): its exception (traceback, frames, the received request in their locals) is
-            # cyclic garbage that lives until a full collection, which the gateway runs rarely, so a
-            # client sending large refused requests grew the gateway by every one of them.
-            self._set_failure(context, failure)
+            set_grpc_error(context, failure)
             self.dp.metrics.shed_answered(model, failure)
             return None
         return encode_response(resp)

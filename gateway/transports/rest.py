@@ -153,7 +153,7 @@ def create_asgi(dp: DataPlane, routers=(), decoder: RestDecoder | None = None):
     return BearerAuthMiddleware(app, table=tokens) if tokens is not None else app
 
 
-def create_app(dp: DataPlane, decoder: RestDecoder | None = None) -> FastAPI:
+def create_app(dp: DataPlane, decoder: RestDecoder) -> FastAPI:
     """The FastAPI app: metadata, health, metrics, and the infer routes (the fast path serves those
     first, ``gateway/transports/fastpath.py``); :func:`create_asgi` puts authentication around both."""
     app = FastAPI(
@@ -161,7 +161,7 @@ def create_app(dp: DataPlane, decoder: RestDecoder | None = None) -> FastAPI:
     )
     _error_handlers(app)
     _metadata_routes(app, dp)
-    _infer_routes(app, dp, decoder or RestDecoder(InputLimits.from_settings(dp.settings), None))
+    _infer_routes(app, dp, decoder)
     return app
 
 

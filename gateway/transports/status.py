@@ -58,3 +58,15 @@ def retry_after_header(e: ServingError) -> str | None:
     if e.retry_after_s is None:
         return None
     return str(max(1, round(e.retry_after_s + 0.499)))
+
+
+def set_grpc_error(context: grpc.aio.ServicerContext, e: ServingError) -> None:
+    """End a unary gRPC call with ``e``: its code, its message, and a ``retry-after`` trailer when it
+    sets one. The handler returns None after it. Not ``context.abort()``: the exception that raises
+    keeps the handler's frames (the received request among their locals) alive in a reference cycle
+    until a full garbage collection, which the gateway runs rarely."""
+    retry = retry_after_header(e)
+    if retry is not None:
+        context.set_trailing_metadata((("retry-after", retry),))
+    context.set_code(grpc_code(e))
+    context.set_details(e.message)
