@@ -200,14 +200,21 @@ class Settings(BaseSettings):
         "answer (heavy/medium at 6,000/s on 2 cores, docs/benchmarks.md). An idle loop lags ~0.2 ms. "
         "Default: 5 with the inprocess backend; off (0) with ray, where it is not measured.",
     )
-    max_request_bytes: int = Field(
-        default=64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+    max_request_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description="Largest request body or gRPC message accepted (413 / RESOURCE_EXHAUSTED above). "
+        "Default: what the largest request any served model accepts needs in that encoding "
+        "(max_batch_size rows of every input, at the most bytes an element takes in JSON text or on "
+        "gRPC's wire, plus 64 KiB), at most 64 MiB; 64 MiB when a model has a variable dimension or a "
+        "BYTES input. Nothing bigger could be served, so nothing bigger is read.",
     )
-    max_json_bytes: int = Field(
-        default=32 * 1024 * 1024,
+    max_json_bytes: int | None = Field(
+        default=None,
         ge=1024,
         description="Largest JSON part of a REST request (413 above): decoding JSON numbers takes about 20x "
-        "their text in memory for a moment; send larger tensors in the binary extension or over gRPC.",
+        "their text in memory for a moment; send larger tensors in the binary extension or over gRPC. "
+        "Default: as max_request_bytes, at most 32 MiB.",
     )
     json_offload_bytes: int | None = Field(
         default=1024 * 1024,

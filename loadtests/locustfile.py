@@ -102,6 +102,13 @@ def _options(parser) -> None:
         default="",
         help="per-minute arrival trace CSV (default ../shared/traces/azure_functions_2019_...)",
     )
+    g.add_argument(
+        "--trace-kind",
+        env_var="SLOSERVE_LOCUST_TRACE_KIND",
+        choices=["counts", "timestamps"],
+        default="counts",
+        help="per-minute counts (a column per series), or request timestamps (a column of seconds)",
+    )
     g.add_argument("--trace-column", env_var="SLOSERVE_LOCUST_TRACE_COLUMN", default="aggregate_1350fn")
     g.add_argument("--trace-start-minute", env_var="SLOSERVE_LOCUST_TRACE_START_MINUTE", type=int, default=540)
     g.add_argument("--trace-minutes", env_var="SLOSERVE_LOCUST_TRACE_MINUTES", type=int, default=15)
@@ -310,8 +317,23 @@ def _pick_models(spec: str) -> tuple[list[str], list[float]]:
 
 
 def _paced(user) -> float:
-    rate = user.environment.parsed_options.rps_per_user
+    env = user.environment
+    if getattr(env, "sloserve_open_loop", False):
+        return _open_loop_wait(user, env)
+    rate = env.parsed_options.rps_per_user
     return constant_throughput(rate)(user) if rate > 0 else 0.0
+
+
+def _open_loop_wait(user, env) -> float:
+    """A fixed pool of users sending the shape's current rate between them: each waits an
+    exponential time at its share of the rate, less the time its last request took, so the pool's
+    arrivals are close to Poisson at a rate that changes every second (a trace's clumps)."""
+    now = time.monotonic()
+    took = now - getattr(user, "_sloserve_woke", now)
+    share = (getattr(env, "sloserve_target_rps", None) or 0.0) / max(env.runner.user_count, 1)
+    wait = max(0.0, user.rng.expovariate(share) - took) if share > 0 else 1.0
+    user._sloserve_woke = now + wait
+    return wait
 
 
 class _SloUser:

@@ -48,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rps-per-user", type=float, default=20.0, help="requests/s per user (0: closed loop)")
     p.add_argument("--duration", type=float, default=15.0, help=f"seconds of load (<= {MAX_DURATION_S})")
     p.add_argument("--trace-file", default="", help="per-minute trace CSV (default: loadtests/traces/...)")
+    p.add_argument(
+        "--trace-kind",
+        choices=["counts", "timestamps"],
+        default="counts",
+        help="per-minute counts, or request timestamps replayed per second (then --seconds-per-minute 60 is real time)",
+    )
     p.add_argument("--trace-column", default="aggregate_1350fn")
     p.add_argument("--trace-start-minute", type=int, default=540)
     p.add_argument("--seconds-per-minute", type=float, default=1.0, help="test seconds per trace minute")
@@ -97,6 +103,8 @@ def locust_command(a: argparse.Namespace) -> list[str]:
         files.append(str(HERE / "trace_shape.py"))
         minutes = max(1, int(a.duration // a.seconds_per_minute))
         cmd += [
+            "--trace-kind",
+            a.trace_kind,
             "--trace-column",
             a.trace_column,
             "--trace-start-minute",

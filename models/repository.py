@@ -13,6 +13,7 @@ Shapes in the config exclude the batch dimension: a request's tensors are ``[n, 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Literal
@@ -92,6 +93,17 @@ class ModelConfig(BaseModel):
     @classmethod
     def _safe(cls, v: str) -> str:
         return check_name("model", v)
+
+    def max_request_elements(self, max_rows: int | None = None) -> int | None:
+        """Elements in the largest request the model accepts (``max_batch_size`` rows of every input,
+        or ``max_rows`` if fewer), or None when an input has a variable dimension or holds BYTES."""
+        rows = min(self.max_batch_size, max_rows or self.max_batch_size)
+        n = 0
+        for t in self.inputs:
+            if t.datatype == "BYTES" or any(d < 0 for d in t.shape):
+                return None
+            n += rows * math.prod(t.shape)
+        return n
 
     @model_validator(mode="after")
     def _cross(self) -> ModelConfig:

@@ -21,8 +21,8 @@ import time
 import orjson
 
 from gateway.dataplane import DataPlane
-from gateway.errors import InvalidArgument, PayloadTooLarge, ServingError
-from gateway.transports.codec import InputLimits  # noqa: F401 - the type the caller passes
+from gateway.errors import InvalidArgument, ServingError
+from gateway.transports.codec import InputLimits, body_too_large, served_size_limits  # noqa: F401 - InputLimits: the type the caller passes
 from gateway.transports.status import http_status, retry_after_header
 
 log = logging.getLogger("sloserve.rest")
@@ -92,7 +92,7 @@ class InferFastPath:
         self.app = app
         self.dp = dp
         self.decoder = decoder
-        self.max_bytes = dp.settings.max_request_bytes
+        self.max_bytes = served_size_limits(dp).body
         self.body_timeout_s = dp.settings.body_timeout_s
         self.bodies = _BodyWatch(self.body_timeout_s)
 
@@ -116,10 +116,7 @@ class InferFastPath:
                     raise InvalidArgument(f"Content-Length {cl!r:.40} is not an integer")
                 declared = int(cl)
                 if declared > self.max_bytes:
-                    raise PayloadTooLarge(
-                        f"request body of {declared} bytes is over the {self.max_bytes}-byte "
-                        f"limit (max_request_bytes); send smaller batches"
-                    )
+                    raise body_too_large(self.max_bytes, declared)
             ticket = dp.admit(model, declared)
             task = asyncio.current_task()
             self.bodies.start(task)
@@ -184,7 +181,7 @@ class InferFastPath:
             if chunk:
                 size += len(chunk)
                 if size > self.max_bytes:
-                    raise PayloadTooLarge(f"request body is over the {self.max_bytes}-byte limit (max_request_bytes)")
+                    raise body_too_large(self.max_bytes)
                 ticket.grow(size)  # counted as it streams, not once it is all in
                 chunks.append(chunk)
             if not msg.get("more_body", False):

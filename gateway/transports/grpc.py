@@ -20,7 +20,14 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, ServingError
 from gateway.transports.auth import GrpcGuard, TokenTable, grpc_server_credentials
-from gateway.transports.codec import MAX_ELEMENTS, InputLimits, array_from_binary, parse_params, raw_bytes
+from gateway.transports.codec import (
+    MAX_ELEMENTS,
+    InputLimits,
+    array_from_binary,
+    parse_params,
+    raw_bytes,
+    served_size_limits,
+)
 from gateway.transports.status import set_grpc_error
 from gateway.types import NUMPY_TO_V2, V2_TO_NUMPY, InferRequest, InferResponse, RequestedOutput
 
@@ -207,7 +214,7 @@ def _set_param(p: pb.InferParameter, v: Any) -> None:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dp: DataPlane):
         self.dp = dp
-        self.limits = InputLimits.from_settings(dp.settings)
+        self.limits = InputLimits.from_settings(dp.settings, served_size_limits(dp))
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.dp.live())
@@ -285,7 +292,7 @@ MAX_STREAMS_PER_CONNECTION = 128
 
 
 def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:
-    limit = dp.settings.max_request_bytes
+    limit = served_size_limits(dp).grpc
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),

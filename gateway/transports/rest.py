@@ -18,9 +18,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.dataplane import DataPlane, Ticket
-from gateway.errors import InvalidArgument, PayloadTooLarge, RequestTimeout, ServingError
+from gateway.errors import InvalidArgument, RequestTimeout, ServingError
 from gateway.transports.auth import BearerAuthMiddleware, TokenTable
-from gateway.transports.codec import InputLimits, encode_rest
+from gateway.transports.codec import InputLimits, body_too_large, encode_rest, served_size_limits
 from gateway.transports.restdecode import RestDecoder
 from gateway.transports.status import http_status, retry_after_header
 
@@ -85,15 +85,13 @@ async def read_body(request: Request, limit: int, ticket: Ticket | None = None) 
         except ValueError:
             raise InvalidArgument(f"Content-Length {cl!r:.40} is not an integer") from None
         if n > limit:
-            raise PayloadTooLarge(
-                f"request body of {n} bytes is over the {limit}-byte limit (max_request_bytes); send smaller batches"
-            )
+            raise body_too_large(limit, n)
         return await request.body()
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"request body is over the {limit}-byte limit (max_request_bytes)")
+            raise body_too_large(limit)
         if ticket is not None:
             ticket.grow(size)  # counted as it streams (gateway/dataplane.py's Ticket)
         chunks.append(chunk)
@@ -135,7 +133,7 @@ async def infer_body(
 
 def rest_decoder(dp: DataPlane) -> RestDecoder:
     """The REST body decoder for these settings (its worker starts with :meth:`RestDecoder.start`)."""
-    return RestDecoder(InputLimits.from_settings(dp.settings), dp.settings.json_offload_bytes)
+    return RestDecoder(InputLimits.from_settings(dp.settings, served_size_limits(dp)), dp.settings.json_offload_bytes)
 
 
 def create_asgi(dp: DataPlane, routers=(), decoder: RestDecoder | None = None):
@@ -144,7 +142,7 @@ def create_asgi(dp: DataPlane, routers=(), decoder: RestDecoder | None = None):
     from gateway.transports.fastpath import InferFastPath
 
     if decoder is None:
-        decoder = RestDecoder(InputLimits.from_settings(dp.settings), None)
+        decoder = RestDecoder(InputLimits.from_settings(dp.settings, served_size_limits(dp)), None)
     api = create_app(dp, decoder)
     for r in routers:
         api.include_router(r)
@@ -226,7 +224,7 @@ def _metadata_routes(app: FastAPI, dp: DataPlane) -> None:
 
 
 def _infer_routes(app: FastAPI, dp: DataPlane, decoder: RestDecoder) -> None:
-    limit = dp.settings.max_request_bytes
+    limit = served_size_limits(dp).body
 
     async def _infer(request: Request, model: str, version: str | None) -> Response:
         cl = request.headers.get("content-length", "")

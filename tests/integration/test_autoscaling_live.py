@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from models.runtime import device_type
+from loadtests.emulated import slow_variant_repo
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -26,28 +26,7 @@ def scaling_server(model_repo, tmp_path_factory):
     and a profile that says so: one replica serves ~150 rows/s within the SLO."""
     import shutil
 
-    repo = tmp_path_factory.mktemp("repo")
-    shutil.copytree(
-        model_repo / "digits" / "small", repo / "digits" / "small", ignore=shutil.ignore_patterns("profiles")
-    )
-    cfg = json.loads((model_repo / "digits" / "config.json").read_text())
-    cfg["variants"] = [v for v in cfg["variants"] if v["name"] == "small"]
-    cfg["max_batch_size"] = 4
-    (repo / "digits" / "config.json").write_text(json.dumps(cfg))
-    prof = repo / "digits" / "small" / "profiles" / f"{device_type('cpu')}.json"
-    prof.parent.mkdir(parents=True)
-    prof.write_text(
-        json.dumps(
-            {
-                "model": "digits",
-                "variant": "small",
-                "device_type": device_type("cpu"),
-                "batch_sizes": [1, 2, 4],
-                "p50_ms": [21, 22, 24],
-                "p99_ms": [24, 25, 27],
-            }
-        )
-    )
+    repo = slow_variant_repo(model_repo, tmp_path_factory.mktemp("repo"), "digits", "small", 20, 4)
     # a second model whose replicas hold all three variants (shared_replicas): one Serve deployment
     shutil.copytree(model_repo / "digits", repo / "trio", ignore=shutil.ignore_patterns("profiles", ".built"))
     trio = json.loads((repo / "trio" / "config.json").read_text())

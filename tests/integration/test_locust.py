@@ -68,6 +68,25 @@ def test_trace_shape_scales_and_compresses_the_trace():
     assert trace_rates.rate_at(counts, 19.0, 2.0, 100.0) is not None
 
 
+def test_a_timestamp_trace_is_replayed_per_second(tmp_path):
+    """Request times become per-second counts, so the clumps inside each minute are kept; the slice
+    is in trace minutes and plays in real time at 60 s a minute."""
+    trace = tmp_path / "ts.csv"
+    times = [0.0, 60.1, 60.2, 60.3, 61.9, 119.0, 125.0]
+    trace.write_text("t_s\n" + "".join(f"{t}\n" for t in times))
+    counts, bin_s = trace_rates.load_bins(trace, "timestamps", "t_s", 1, 1, 60.0)
+    assert bin_s == 1.0 and len(counts) == 60
+    assert counts[:2] == [3, 1] and counts[59] == 1 and sum(counts) == 5  # minute 1 only
+    assert trace_rates.rate_at(counts, 0.0, bin_s, 30.0) == pytest.approx(30.0)  # the busiest second
+    assert trace_rates.rate_at(counts, 60.0, bin_s, 30.0) is None
+    with pytest.raises(SystemExit, match="start minute 5"):
+        trace_rates.load_timestamps(trace, "t_s", 5, 1)
+    with pytest.raises(SystemExit, match="no column"):
+        trace_rates.load_timestamps(trace, "when", 0, 1)
+    with pytest.raises(SystemExit, match="trace kind"):
+        trace_rates.load_bins(trace, "hours", "t_s", 0, 1, 60.0)
+
+
 def test_trace_shaped_run_meets_a_sane_slo(gateway, tmp_path):
     http_port, grpc_port = gateway
     out = tmp_path / "results.json"

@@ -107,6 +107,26 @@ def test_http_default_outputs_are_binary(server, model_repo):
     assert r.as_numpy("label").dtype == np.int64
 
 
+def _rows_json(rows: int, width: int) -> dict:
+    data = [-1.2345678e-05] * (rows * width)
+    return {"inputs": [{"name": "input", "shape": [rows, width], "datatype": "FP32", "data": data}]}
+
+
+def test_grpc_message_over_the_largest_servable_request_is_refused_by_grpc(server):
+    """gRPC refuses a message bigger than any served model accepts before the gateway reads it; the
+    largest one a model accepts goes through."""
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    for rows, ok in ((64, True), (256, False)):
+        i = grpcclient.InferInput("input", [rows, 1024], "FP32")
+        i.set_data_from_numpy(np.ones((rows, 1024), np.float32))
+        if ok:
+            assert c.infer("heavy", [i]).as_numpy("probs").shape[0] == rows
+        else:
+            with pytest.raises(InferenceServerException) as e:
+                c.infer("heavy", [i])
+            assert "RESOURCE_EXHAUSTED" in str(e.value.status()) or "larger than max" in str(e.value), e.value
+
+
 def test_grpc_infer(server, model_repo):
     c = grpcclient.InferenceServerClient(server.grpc_url)
     x = digits_input(2)
@@ -274,12 +294,13 @@ def test_http_malformed_and_oversized(server):
     assert code == 400 and "inputs" in json.loads(body)["error"]
     code, body, _ = raw_post(server, "/v2/models/digits/infer", b"{}", {"Inference-Header-Content-Length": "abc"})
     assert code == 400
-    # The 413 comes from the headers alone, before the body is read.
+    # The 413 comes from the headers alone, before the body is read. The default limit is what the
+    # largest request the served models accept takes (heavy: 64 rows of 1,024 numbers in JSON, ~2 MiB).
     import socket
 
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
         sock.sendall(
-            b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{" % (65 * 1024 * 1024)
+            b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{" % (3 * 1024 * 1024)
         )
         reply = b""
         while b"max_request_bytes" not in reply:
@@ -289,6 +310,8 @@ def test_http_malformed_and_oversized(server):
             reply += chunk
         reply = reply.decode()
     assert reply.startswith("HTTP/1.1 413") and "max_request_bytes" in reply
+    code, body, _ = raw_post(server, "/v2/models/heavy/infer", json.dumps(_rows_json(64, 1024)).encode())
+    assert code == 200, body  # the largest request heavy accepts, in JSON, is within it
     code, body, _ = raw_post(server, "/v2/nowhere", b"{}")
     assert code == 404 and "error" in json.loads(body)
 

@@ -177,3 +177,38 @@ def test_grpc_bytes_outputs_are_length_prefixed_elements_not_pointers():
     decoded = InferResult(out)
     assert decoded.as_numpy("label").tolist() == [[b"seven"], [b"eight"]]
     assert decoded.as_numpy("p").tolist() == [[0.5], [0.25]]
+
+
+def _config(shape, datatype="FP32", max_batch=64):
+    from models.repository import ModelConfig
+
+    return ModelConfig(
+        name="m",
+        inputs=[{"name": "x", "datatype": datatype, "shape": shape}],
+        outputs=[{"name": "y", "datatype": "FP32", "shape": [10]}],
+        max_batch_size=max_batch,
+        variants=[{"name": "v", "accuracy": 0.9, "cost_flops": 1.0}],
+    )
+
+
+def test_size_limits_are_what_the_largest_servable_request_needs():
+    from gateway.config import Settings
+    from gateway.transports.codec import MAX_BODY_BYTES, REQUEST_HEADROOM_BYTES, size_limits
+
+    s = Settings()
+    digits, heavy = _config([64]), _config([1024])
+    assert digits.max_request_elements() == 64 * 64
+    got = size_limits(s, [digits, heavy])
+    assert got.body == got.json == 64 * 1024 * 32 + REQUEST_HEADROOM_BYTES  # heavy's 64 rows in JSON text
+    assert got.grpc == 64 * 1024 * 10 + REQUEST_HEADROOM_BYTES
+    # fewer rows per request (max_batch_rows) -> smaller bounds
+    assert size_limits(Settings(max_batch_rows=8), [heavy]).grpc == 8 * 1024 * 10 + REQUEST_HEADROOM_BYTES
+    # no bound from a model with a variable dimension or BYTES: the caps
+    assert _config([-1]).max_request_elements() is None and _config([1], "BYTES").max_request_elements() is None
+    assert size_limits(s, [digits, _config([-1])]).grpc == MAX_BODY_BYTES
+    assert size_limits(s, []).body == MAX_BODY_BYTES
+    # a huge fixed shape is capped too
+    assert size_limits(s, [_config([1 << 24])]).body == MAX_BODY_BYTES
+    # settings win when given
+    got = size_limits(Settings(max_request_bytes=4096, max_json_bytes=2048), [heavy])
+    assert (got.body, got.json, got.grpc) == (4096, 2048, 4096)

@@ -1,0 +1,228 @@
+"""Swayam live under clumped arrivals: a Locust run replaying a timestamp trace second by second
+against ``sloserve serve`` (Ray replicas, autoscaling on), with and without the burst term.
+
+    python -m loadtests.burst_live --out docs/data/burst_live          # both runs, ~12 minutes
+    python -m loadtests.burst_live --burst-z 2.5 --minutes 2 --out /tmp/b  # one short run
+
+Each run starts a fresh server on a repository holding digits/small whose replicas take
+``--delay-ms`` a batch of at most ``--max-batch`` rows (``fault_delay_ms``; the profile says so),
+standing in for a GPU-bound model: on a 2-core box a real CPU model gains nothing from a second
+replica, an emulated batch time does. The model scales with the swayam policy at its defaults
+(``models.digits.autoscaling``: only the replica bounds set, and ``burst_z`` per run). Locust's
+trace shape replays minutes of the Azure LLM 2023 conversation trace at its own pace (one test
+second a trace second), scaled so the busiest second asks ``--peak-rps``. A sampler reads the
+running replica count from /metrics every second. Per minute: requests, the share within
+``--slo-ms``, whether the minute met the SLA (99%), the replicas; ``result.json`` and
+``burst_live.png`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtests.bench.systems import free_ports
+from loadtests.emulated import slow_variant_repo
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = Path(__file__).resolve().parent / "traces" / "azure_llm_2023_conv.csv"
+SLA = 0.99
+
+
+def running_replicas(http: str, model: str) -> int | None:
+    """The model's running replicas as the gateway exports them (None if /metrics does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    n = 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "sloserve_replicas":
+            n += sum(
+                s.value for s in fam.samples if s.labels.get("model") == model and s.labels.get("state") == "running"
+            )
+    return int(n)
+
+
+def start_server(repo: Path, settings: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    http, grpc = free_ports(2)
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--repo", str(repo), "--config", str(settings)]
+    cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--log-level", "warning"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"127.0.0.1:{http}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}); its log: {log}")
+        try:
+            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        time.sleep(1)
+    stop_server(proc)
+    raise SystemExit(f"the server was not ready in 300 s; its log: {log}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def one_run(a: argparse.Namespace, burst_z: float, out: Path) -> dict:
+    """A fresh server, the Locust replay, the replica samples; the run's per-minute table."""
+    work = Path(tempfile.mkdtemp(prefix="sloserve-burst-"))
+    try:
+        repo = slow_variant_repo(ROOT / a.repo, work / "repo", "digits", "small", a.delay_ms, a.max_batch)
+        settings = work / "settings.json"
+        auto = {"min_replicas": 1, "max_replicas": a.max_replicas, "burst_z": burst_z}
+        settings.write_text(
+            json.dumps({"models": {"digits": {"slo_ms": a.slo_ms, "fault_delay_ms": a.delay_ms, "autoscaling": auto}}})
+        )
+        proc, http = start_server(repo, settings, out / f"server_z{burst_z:g}.log")
+        samples: list[tuple[float, int | None]] = []
+        stop = threading.Event()
+        t0 = time.time()
+
+        def sample() -> None:
+            while not stop.is_set():
+                samples.append((time.time() - t0, running_replicas(http, "digits")))
+                stop.wait(1.0)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        results = out / f"locust_z{burst_z:g}.json"
+        cmd = [sys.executable, str(ROOT / "loadtests" / "run.py"), "--host", f"http://{http}"]
+        cmd += ["--transport", "http", "--shape", "trace", "--trace-file", str(a.trace), "--trace-kind", "timestamps"]
+        cmd += ["--trace-column", "t_s", "--trace-start-minute", str(a.start_minute), "--seconds-per-minute", "60"]
+        cmd += ["--duration", str(60 * a.minutes), "--peak-rps", str(a.peak_rps), "--rps-per-user", str(a.rps_per_user)]
+        cmd += ["--slo-ms", str(a.slo_ms), "--min-attainment", "0", "--max-error-rate", "1", "-q"]
+        cmd += ["--results-json", str(results)]
+        try:
+            subprocess.run(cmd, cwd=ROOT, check=False, timeout=60 * a.minutes + 120)
+        finally:
+            stop.set()
+            sampler.join(5)
+            stop_server(proc)
+        timeline = json.loads(results.read_text())["timeline"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"burst_z": burst_z, "per_second": timeline, "replicas": samples, "minutes": per_minute(timeline, samples)}
+
+
+def per_minute(timeline: list[dict], samples: list[tuple[float, int | None]]) -> list[dict]:
+    """Requests, attainment, SLA met and mean running replicas for each whole minute of the run."""
+    rows = []
+    last = max((p["t_s"] for p in timeline), default=-1)
+    for m in range((last + 1) // 60):
+        secs = [p for p in timeline if 60 * m <= p["t_s"] < 60 * (m + 1)]
+        n = sum(p["requests"] for p in secs)
+        hit = sum(p["requests"] * (p["attainment"] or 0) for p in secs)
+        reps = [r for t, r in samples if 60 * m <= t < 60 * (m + 1) and r is not None]
+        rows.append(
+            {
+                "minute": m,
+                "requests": n,
+                "attainment": hit / n if n else None,
+                "sla_met": bool(n) and hit / n >= SLA,
+                "replicas_mean": sum(reps) / len(reps) if reps else None,
+                "replicas_max": max(reps, default=None),
+            }
+        )
+    return rows
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 3.2 * len(runs)), sharex=True, squeeze=False)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        ts = [p["t_s"] for p in run["per_second"]]
+        ax.bar(ts, [p["requests"] for p in run["per_second"]], width=1.0, color="0.75", label="requests/s (sent)")
+        ax.set_ylabel("requests/s")
+        ax2 = ax.twinx()
+        ax2.step(
+            [t for t, r in run["replicas"] if r is not None],
+            [r for _, r in run["replicas"] if r is not None],
+            where="post",
+            color="tab:blue",
+            label="running replicas",
+        )
+        ax2.set_ylabel("replicas")
+        ax2.set_ylim(0, max((r or 0) for _, r in run["replicas"]) + 1)
+        for row in run["minutes"]:
+            colour = "tab:green" if row["sla_met"] else "tab:red"
+            att = row["attainment"]
+            ax.axvspan(60 * row["minute"], 60 * (row["minute"] + 1), color=colour, alpha=0.08)
+            ax.text(
+                60 * row["minute"] + 3, ax.get_ylim()[1] * 0.9, f"{100 * (att or 0):.2f}%", color=colour, fontsize=8
+            )
+        met = sum(r["sla_met"] for r in run["minutes"])
+        ax.set_title(
+            f"burst_z = {run['burst_z']:g}: {met} of {len(run['minutes'])} minutes within the SLA", fontsize=10
+        )
+        ax.legend(loc="lower left", fontsize=8)
+        ax2.legend(loc="lower right", fontsize=8)
+    axes[-1, 0].set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.burst_live", description=__doc__.split("\n\n")[0])
+    p.add_argument("--burst-z", default="2.5,0", help="burst_z of each run, comma-separated (2.5: the default)")
+    p.add_argument("--trace", type=Path, default=TRACE, help="timestamp trace CSV with a t_s column")
+    p.add_argument("--start-minute", type=int, default=18, help="first trace minute replayed")
+    p.add_argument("--minutes", type=int, default=5, help="minutes replayed (real time)")
+    p.add_argument("--peak-rps", type=float, default=450.0, help="the slice's busiest second asks this rate")
+    p.add_argument("--rps-per-user", type=float, default=10.0, help="each Locust user's share of the peak rate")
+    p.add_argument("--slo-ms", type=float, default=200.0)
+    p.add_argument("--delay-ms", type=float, default=20.0, help="emulated batch time of a replica")
+    p.add_argument("--max-batch", type=int, default=4)
+    p.add_argument("--max-replicas", type=int, default=4)
+    p.add_argument("--repo", default="model_repository", help="the built demo repository (make models)")
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for z in (float(x) for x in a.burst_z.split(",")):
+        run = one_run(a, z, a.out)
+        runs.append(run)
+        for row in run["minutes"]:
+            print(
+                f"burst_z={z:g} minute {row['minute']}: {row['requests']} requests, "
+                f"attainment {row['attainment']}, replicas mean {row['replicas_mean']} max {row['replicas_max']}",
+                flush=True,
+            )
+    args = {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
+    (a.out / "result.json").write_text(json.dumps({"args": args, "runs": runs}, indent=1))
+    plot(runs, a.out / "burst_live.png")
+    print(f"wrote {a.out / 'result.json'} and {a.out / 'burst_live.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""A model repository whose replicas stand in for a GPU-bound model on a small CPU box.
+
+One variant of a built model, copied with ``max_batch_size`` set and a latency profile of a fixed
+batch time; the gateway's ``fault_delay_ms`` setting makes each replica take that time a batch.
+Adding a replica then adds capacity, as on a GPU, where on 2 cores a second real CPU replica adds
+nothing. Used by loadtests/burst_live.py and the live autoscaling test.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from models.runtime import device_type
+
+
+def slow_variant_repo(src: Path, dst: Path, model: str, variant: str, delay_ms: float, max_batch: int) -> Path:
+    """``dst`` holding ``model`` with only ``variant``, batches of at most ``max_batch`` rows and a
+    profile that says each batch takes about ``delay_ms`` (run the server with
+    ``models.<model>.fault_delay_ms`` set to the same)."""
+    shutil.copytree(src / model / variant, dst / model / variant, ignore=shutil.ignore_patterns("profiles"))
+    cfg = json.loads((src / model / "config.json").read_text())
+    cfg["variants"] = [v for v in cfg["variants"] if v["name"] == variant]
+    cfg["max_batch_size"] = max_batch
+    (dst / model / "config.json").write_text(json.dumps(cfg))
+    sizes = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max_batch]
+    prof = dst / model / variant / "profiles" / f"{device_type('cpu')}.json"
+    prof.parent.mkdir(parents=True)
+    prof.write_text(
+        json.dumps(
+            {
+                "model": model,
+                "variant": variant,
+                "device_type": device_type("cpu"),
+                "batch_sizes": sizes,
+                "p50_ms": [delay_ms + 1 + i for i, _ in enumerate(sizes)],
+                "p99_ms": [delay_ms + 4 + i for i, _ in enumerate(sizes)],
+            }
+        )
+    )
+    return dst
