@@ -27,6 +27,11 @@ def samples(text: str | None, name: str | None = None, **labels: str) -> Iterato
                 yield s
 
 
+def families(text: str | None) -> set[str]:
+    """The metric families the page declares, samples or not (a counter's without ``_total``)."""
+    return {f.name for f in text_string_to_metric_families(text or "")}
+
+
 def prom_sum(text: str | None, name: str, model: str | None = None, **labels: str) -> float:
     """The sum of sample ``name`` over the series with these label values (``model``: any when None)."""
     if model is not None:
