@@ -184,7 +184,13 @@ class Settings(BaseSettings):
     )
     intra_op_threads: int = Field(default=1, ge=1, le=256, description="ONNX Runtime intra-op threads.")
     allow_spinning: bool = Field(default=False, description="Let ORT threads spin (fast on idle boxes).")
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Execution provider choice.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description="Where ONNX Runtime computes. auto: its CUDA provider whenever the installed ONNX Runtime "
+        "offers it (sloserve[gpu]) and a GPU is visible, else the CPU; cuda: CUDA or refuse to start; cpu: the "
+        "CPU. Each replica logs the device and provider it really runs on, and sloserve_replica_runtime "
+        "counts them.",
+    )
     inline_below_us: float = Field(
         default=100.0, ge=0, description="Run batches predicted faster than this on the event loop."
     )

@@ -221,6 +221,8 @@ class DataPlane:
             self.metrics.loop_lag.set_function(lambda: self.loop_lag.estimate_s if self.loop_lag is not None else 0.0)
         gauge = self.metrics.replicas
         backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
+        runtime = self.metrics.replica_runtime
+        backend.on_runtime = lambda m, v, d, provider, n: runtime.labels(m, v, d, provider).set(n)
 
     def admit(self, model: str, declared_bytes: int = 0) -> Ticket:
         """A request for ``model`` is at the door (see :class:`Ticket`): raises ``TooManyRequests``

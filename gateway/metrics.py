@@ -100,6 +100,13 @@ class Metrics:
             ["model", "variant", "device_type", "state"],
             registry=r,
         )
+        self.replica_runtime = Gauge(
+            "sloserve_replica_runtime",
+            "Replicas by the device (cuda or cpu) and the ONNX Runtime execution provider their sessions "
+            "really run on (each replica says so when it loads).",
+            ["model", "variant", "device", "provider"],
+            registry=r,
+        )
         self.replicas_desired = Gauge(
             "sloserve_replicas_desired",
             "Replicas the autoscaler wants.",

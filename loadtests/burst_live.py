@@ -31,10 +31,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from loadtests.bench.systems import free_ports
 from loadtests.emulated import slow_variant_repo
+from loadtests.promtext import prom_sum
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = Path(__file__).resolve().parent / "traces" / "azure_llm_2023_conv.csv"
@@ -48,13 +47,7 @@ def running_replicas(http: str, model: str) -> int | None:
             text = r.read().decode()
     except OSError:
         return None
-    n = 0.0
-    for fam in text_string_to_metric_families(text):
-        if fam.name == "sloserve_replicas":
-            n += sum(
-                s.value for s in fam.samples if s.labels.get("model") == model and s.labels.get("state") == "running"
-            )
-    return int(n)
+    return int(prom_sum(text, "sloserve_replicas", model, state="running"))
 
 
 def start_server(repo: Path, settings: Path, log: Path) -> tuple[subprocess.Popen, str]:

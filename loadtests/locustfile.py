@@ -100,7 +100,7 @@ def _options(parser) -> None:
         "--trace-file",
         env_var="SLOSERVE_LOCUST_TRACE_FILE",
         default="",
-        help="per-minute arrival trace CSV (default ../shared/traces/azure_functions_2019_...)",
+        help="per-minute arrival trace CSV (default: the Azure Functions 2019 day in loadtests/traces/)",
     )
     g.add_argument(
         "--trace-kind",

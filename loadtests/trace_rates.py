@@ -13,7 +13,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-DEFAULT_TRACE = Path(__file__).resolve().parent / "traces" / "azure_functions_2019_selected_per_minute.csv"
+from sim.arrivals import AZURE_FUNCTIONS_2019
+
+DEFAULT_TRACE = AZURE_FUNCTIONS_2019
 
 
 def load_trace(path: str | Path, column: str, start: int, minutes: int) -> list[float]:

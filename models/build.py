@@ -169,7 +169,7 @@ def _random_features(hidden: tuple[int, ...], x: np.ndarray, y: np.ndarray, seed
 
 
 def _accuracy(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> float:
-    import onnxruntime as ort
+    from models.runtime import ort  # a clear error names the extras when no ONNX Runtime is installed
 
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     label = sess.run(["label"], {"input": x.astype(np.float32)})[0]

@@ -15,13 +15,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 from tqdm import tqdm
 
 from batching.profile import write_profile
 from models.datatypes import V2_TO_NUMPY
 from models.repository import ModelRepository
-from models.runtime import Replica, RuntimeOptions, device_type
+from models.runtime import Replica, RuntimeOptions, device_type, ort
 
 
 def batch_sizes(max_batch: int) -> list[int]:

@@ -92,7 +92,12 @@ class OnnxReplica:
         from models.channel import BatchServer, ChannelListener
 
         self._server = BatchServer(self._compute, on_stamp=self._keep, delay_s=self.fault_delay_s)
-        info = {"device_type": self.device_type, "variants": sorted(self.replicas), "pid": os.getpid()}
+        info = {
+            "device_type": self.device_type,
+            "variants": sorted(self.replicas),
+            "pid": os.getpid(),
+            "runtime": {v: [rep.device, rep.provider] for v, rep in self.replicas.items()},  # what each really runs on
+        }
         self._listener = ChannelListener(self._server, host or ray.util.get_node_ip_address(), info)
         rid = serve.get_replica_context().replica_id
         self._kv_key = channel_key(rid.deployment_id.app_name, rid.unique_id)

@@ -1,4 +1,9 @@
-"""ONNX Runtime sessions: the CUDA provider when a GPU is really present, the CPU provider otherwise.
+"""ONNX Runtime sessions: the CUDA provider when ONNX Runtime offers it and a GPU is visible, the CPU
+provider otherwise; every session says which one it really runs on.
+
+ONNX Runtime comes as two wheels that install the same ``onnxruntime`` module and cannot be installed
+together: ``onnxruntime`` (CPU) and ``onnxruntime-gpu`` (CUDA and CPU). sloserve's extras pick one,
+``pip install 'sloserve[cpu]'`` or ``pip install 'sloserve[gpu]'``.
 
 >>> from models.runtime import RuntimeOptions, make_session
 >>> sess = make_session("model_repository/digits/small/model.onnx", RuntimeOptions())  # doctest: +SKIP
@@ -7,17 +12,32 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import logging
 import os
 import platform
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+
+INSTALL_HINT = (
+    "install sloserve with one of its ONNX Runtime extras: pip install 'sloserve[cpu]' on a CPU host, "
+    "or pip install 'sloserve[gpu]' on an NVIDIA GPU host (CUDA 13, cuDNN 9)"
+)
+try:
+    import onnxruntime as ort
+except ModuleNotFoundError as e:  # neither wheel: say which to install (any other import error is its own)
+    if e.name != "onnxruntime":
+        raise
+    raise ModuleNotFoundError(f"ONNX Runtime is not installed: {INSTALL_HINT}", name="onnxruntime") from e
 
 log = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,26 +54,79 @@ class RuntimeOptions:
     device: str = "auto"  # auto | cpu | cuda
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderChoice:
+    """The execution providers to ask ONNX Runtime for, best first, and why (one line for the log)."""
+
+    providers: tuple[str, ...]
+    why: str
+    warn: bool = False  # a GPU is there but will not be used: said at warning level
+
+    @property
+    def device(self) -> str:
+        """``cuda`` or ``cpu``: where the session is meant to run."""
+        return "cuda" if self.providers[0] == CUDA else "cpu"
+
+
+def choose_providers(device: str, available: Sequence[str], gpu_visible: bool) -> ProviderChoice:
+    """The providers for ``device`` (``auto``, ``cpu`` or ``cuda``), given the providers the installed
+    ONNX Runtime offers and whether a GPU is visible to this process. ``auto`` takes CUDA whenever it
+    is offered and a GPU is visible; ``cuda`` without the CUDA provider is an error.
+
+    >>> choose_providers("auto", [CUDA, CPU], gpu_visible=True).providers
+    ('CUDAExecutionProvider', 'CPUExecutionProvider')
+    >>> choose_providers("auto", [CUDA, CPU], gpu_visible=False).device
+    'cpu'
+    """
+    if device == "cpu":
+        return ProviderChoice((CPU,), "device: cpu")
+    if device not in ("auto", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+    if CUDA in available and (device == "cuda" or gpu_visible):
+        return ProviderChoice((CUDA, CPU), f"device: {device}, and ONNX Runtime offers {CUDA}")
+    if device == "cuda":
+        raise RuntimeError(
+            f"device: cuda asked for, but the installed ONNX Runtime offers only {list(available)}: "
+            f"pip install 'sloserve[gpu]' (after pip uninstall onnxruntime), or set device: cpu"
+        )
+    if gpu_visible:
+        return ProviderChoice(
+            (CPU,),
+            f"device: auto, a GPU is visible but the installed ONNX Runtime offers only {list(available)}: "
+            f"pip install 'sloserve[gpu]' (after pip uninstall onnxruntime) to compute on it",
+            warn=True,
+        )
+    return ProviderChoice((CPU,), "device: auto, and no GPU is visible")
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_present() -> bool:
-    """True only when a CUDA device is visible, so CPU hosts never ask ORT for CUDA."""
+    """True only when an NVIDIA device is visible to this process, so CPU hosts never ask ONNX Runtime
+    for CUDA (``CUDA_VISIBLE_DEVICES`` empty or -1 hides them, as Ray does for a replica given no GPU)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
-    return Path("/dev/nvidia0").exists() or Path("/proc/driver/nvidia/version").exists()
+    return any(Path("/dev").glob("nvidia[0-9]*")) or Path("/proc/driver/nvidia/version").exists()
 
 
-def providers_for(device: str) -> list[str]:
-    available = ort.get_available_providers()
-    want_gpu = device == "cuda" or (device == "auto" and gpu_present())
-    chosen = []
-    if want_gpu:
-        chosen += [p for p in ("CUDAExecutionProvider",) if p in available]
-        if device == "cuda" and not chosen:
-            raise RuntimeError(f"device=cuda asked for, but ONNX Runtime offers only {available}")
-        if chosen:
-            _preload_cuda_libraries()
-    chosen.append("CPUExecutionProvider")
-    return chosen
+def providers_for(device: str) -> ProviderChoice:
+    """:func:`choose_providers` for this host's ONNX Runtime and GPUs (the CUDA libraries preloaded
+    when CUDA is chosen)."""
+    choice = choose_providers(device, ort.get_available_providers(), gpu_present())
+    if choice.device == "cuda":
+        _preload_cuda_libraries()
+    return choice
+
+
+def runtime_package() -> str:
+    """Which ONNX Runtime wheel is installed, with its version (``onnxruntime-gpu 1.31.1``); both
+    named when both are (they overwrite each other's files: uninstall both, install one)."""
+    found = []
+    for dist in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            found.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return " and ".join(found) or f"onnxruntime {ort.__version__}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,7 +153,7 @@ def device_type(device: str = "auto") -> str:
     has no CUDA provider computes on the CPU, and its profiles must say so.
     """
     name = None
-    if device != "cpu" and gpu_present() and "CUDAExecutionProvider" in providers_for(device):
+    if device != "cpu" and gpu_present() and providers_for(device).device == "cuda":
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
@@ -97,16 +170,23 @@ def device_type(device: str = "auto") -> str:
 
 
 def _cpu_model() -> str:
+    return "cpu-" + cpu_model_name()
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``: psutil does not read it), else the platform's."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return "cpu-" + line.split(":", 1)[1].strip()
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return "cpu-" + (platform.processor() or platform.machine())
+    return platform.processor() or platform.machine()
 
 
 def make_session(path: str | Path, opts: RuntimeOptions) -> ort.InferenceSession:
+    """An ONNX Runtime session of ``path`` on the providers :func:`providers_for` chooses; logs which
+    device and provider it really runs on (:func:`session_device` reads them back)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = opts.intra_op_threads
     so.inter_op_num_threads = opts.inter_op_threads
@@ -115,9 +195,10 @@ def make_session(path: str | Path, opts: RuntimeOptions) -> ort.InferenceSession
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "1" if opts.allow_spinning else "0")
     so.log_severity_level = 3
-    wanted = providers_for(opts.device)
-    sess = ort.InferenceSession(str(path), sess_options=so, providers=wanted)
-    if "CUDAExecutionProvider" in wanted and "CUDAExecutionProvider" not in sess.get_providers():
+    choice = providers_for(opts.device)
+    sess = ort.InferenceSession(str(path), sess_options=so, providers=list(choice.providers))
+    device, provider = session_device(sess)
+    if choice.device == "cuda" and device != "cuda":
         # onnxruntime-gpu lists CUDA even where its libraries do not load, then runs on the CPU
         msg = (
             f"{path}: ONNX Runtime could not start its CUDA provider (CUDA 13 / cuDNN 9 libraries not "
@@ -126,7 +207,15 @@ def make_session(path: str | Path, opts: RuntimeOptions) -> ort.InferenceSession
         if opts.device == "cuda":
             raise RuntimeError(msg)
         log.warning("%s; its profile is named after the GPU but measures the CPU", msg)
+    level = logging.WARNING if choice.warn else logging.INFO
+    log.log(level, "%s runs on %s (%s, %s; %s)", path, device, provider, runtime_package(), choice.why)
     return sess
+
+
+def session_device(sess: ort.InferenceSession) -> tuple[str, str]:
+    """(``cuda`` or ``cpu``, the execution provider) a session really runs on: its first provider."""
+    provider = sess.get_providers()[0]
+    return ("cuda" if provider == CUDA else "cpu"), provider
 
 
 class Replica:
@@ -134,6 +223,7 @@ class Replica:
 
     def __init__(self, path: str | Path, opts: RuntimeOptions, output_names: list[str]):
         self.session = make_session(path, opts)
+        self.device, self.provider = session_device(self.session)  # what it really runs on
         self.output_names = output_names
         self.input_names = [i.name for i in self.session.get_inputs()]
 

@@ -20,6 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+# The public trace slices shipped with the repository (provenance and licences: their README.md). The
+# one place that names the folder: the simulator's and the load tests' defaults all start here.
+TRACES_DIR = Path(__file__).resolve().parents[1] / "loadtests" / "traces"
+AZURE_FUNCTIONS_2019 = TRACES_DIR / "azure_functions_2019_selected_per_minute.csv"  # per-minute counts, 1 day
+AZURE_LLM_2023 = TRACES_DIR / "azure_llm_2023_conv.csv"  # request timestamps (t_s), 58 min
+ALIBABA_GENAI_2026 = TRACES_DIR / "alibaba_genai2026_qps.csv"  # gateway QPS every 57 s, 22 h
+
 
 @dataclass(frozen=True)
 class Arrivals:

@@ -37,14 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from sim.arrivals import from_counts
+from sim.arrivals import AZURE_FUNCTIONS_2019, from_counts
 from sim.control import Controller, ModelSpec
 from sim.engine import SimConfig
 from sim.fluid import simulate_fluid
 from sim.profiles import default_profiles, service_for
 from sim.run import make_spec
 
-TRACE = "../shared/traces/azure_functions_2019_selected_per_minute.csv"
+TRACE = str(AZURE_FUNCTIONS_2019)
 COLUMNS = ["aggregate_1350fn", "diurnal_strong", "diurnal_onoff", "steady_mild_diurnal", "business_hours_bursty"]
 LOOKBACKS_S = (10.0, 60.0, 120.0, 180.0, 300.0)
 MARGINS = tuple(round(0.02 * i, 2) for i in range(31))  # 0 .. 0.60

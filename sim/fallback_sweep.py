@@ -17,12 +17,12 @@ import argparse
 import dataclasses
 
 from batching.profile import Curve
-from sim.arrivals import from_counts
+from sim.arrivals import AZURE_FUNCTIONS_2019, from_counts
 from sim.engine import SimConfig
 from sim.profiles import BATCH_SIZES, LINEAR_MS, default_profiles, service_for
 from sim.run import make_spec, run_experiment
 
-TRACE = "../shared/traces/azure_functions_2019_selected_per_minute.csv"
+TRACE = str(AZURE_FUNCTIONS_2019)
 COLUMNS = "aggregate_1350fn,diurnal_strong,diurnal_onoff,steady_mild_diurnal,business_hours_bursty"
 
 

@@ -103,9 +103,7 @@ def _feeds(inputs: dict, rows: int, rng: np.random.Generator) -> dict[str, np.nd
 def measure(
     models: list[str], device: str, iters: int, warmup: int, workdir: Path, batch_sizes: tuple[int, ...] = BATCH_SIZES
 ) -> dict:
-    import onnxruntime as ort
-
-    from models.runtime import RuntimeOptions, make_session
+    from models.runtime import RuntimeOptions, make_session, ort
 
     workdir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from autoscaler.predict import PREDICTORS
-from sim.arrivals import from_counts
+from sim.arrivals import AZURE_FUNCTIONS_2019, from_counts
 
-TRACE = "../shared/traces/azure_functions_2019_selected_per_minute.csv"
+TRACE = str(AZURE_FUNCTIONS_2019)
 COLUMNS = ["aggregate_1350fn", "diurnal_strong", "diurnal_onoff", "steady_mild_diurnal", "business_hours_bursty"]
 WINDOW = 6
 MARGIN = 1.1

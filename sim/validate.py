@@ -20,12 +20,12 @@ import argparse
 import numpy as np
 
 from autoscaler.queueing import capacity_rps
-from sim.arrivals import from_counts
+from sim.arrivals import AZURE_FUNCTIONS_2019, from_counts
 from sim.engine import SimConfig
 from sim.profiles import default_profiles, service_for
 from sim.run import make_spec, run_experiment
 
-TRACE = "../shared/traces/azure_functions_2019_selected_per_minute.csv"
+TRACE = str(AZURE_FUNCTIONS_2019)
 AUTOSCALERS = ["swayam", "ray-default", "kpa", "oracle"]
 KEYS = ["requests", "slo_attainment", "minutes_sla_met_fraction", "replica_seconds", "fallback_share"]
 

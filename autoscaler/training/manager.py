@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import psutil
+
 from autoscaler.training.checkpoint import write_json_atomic
 from autoscaler.training.job import (
     PreemptOutcome,
@@ -91,15 +93,11 @@ class _ProcessHandle:
     def alive(self) -> bool:
         if self.popen is not None:
             return self.popen.poll() is None
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
         try:  # a zombie (exited, not yet reaped by a parent that is not us) is not alive
-            return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except (OSError, IndexError):
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:
             return True
 
     def _wait(self, timeout_s: float) -> bool:

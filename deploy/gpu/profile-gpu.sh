@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Profile on a GPU host: sloserve's demo models (every variant, ONNX Runtime's CUDA provider and,
 # for comparison, the host CPU) and the simulator's model classes (ResNet-50, EfficientNet-B0,
-# BERT-base; needs torch, torchvision and transformers). Usage:
+# BERT-base; needs torch, torchvision and transformers: pip install 'sloserve[gpu,measure]'). Usage:
 #   deploy/gpu/profile-gpu.sh OUT_DIR ALIAS      e.g. deploy/gpu/profile-gpu.sh /tmp/prof h100
 # Writes OUT_DIR/repo-profiles.tgz (the model repository's profiles/ files, to copy into
 # models/measured/), OUT_DIR/ALIAS.json (for sim/measured/) and OUT_DIR/check.txt.

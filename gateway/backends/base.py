@@ -39,6 +39,7 @@ def find_bad_onnx(root: Path) -> ModelLoadError | None:
 
 
 ReplicaHook = Callable[[str, str, str, str, int], None]  # (model, variant, device type, state, count)
+RuntimeHook = Callable[[str, str, str, str, int], None]  # (model, variant, device, provider, count)
 
 
 class Backend(BatchRunner, Protocol):
@@ -48,6 +49,7 @@ class Backend(BatchRunner, Protocol):
 
     name: str
     on_replicas: ReplicaHook | None  # set by the data plane before start: the replicas gauge
+    on_runtime: RuntimeHook | None  # likewise: replicas by the device and provider they really run on
 
     def prepare(self) -> None:
         """What must run on the main thread before any server thread exists (the embedded Ray)."""
@@ -77,6 +79,8 @@ class BackendBase:
     round_trip_latency = False
     pipeline_depth = 1
     on_replicas: ReplicaHook | None = None
+    on_runtime: RuntimeHook | None = None
+    _runtimes_seen: dict[tuple[str, str], set[tuple[str, str]]]
 
     def prepare(self) -> None:
         return None
@@ -90,3 +94,18 @@ class BackendBase:
     def _report_replicas(self, model: str, variant: str, device: str, state: str, count: int) -> None:
         if self.on_replicas is not None:
             self.on_replicas(model, variant, device, state, count)
+
+    def _report_runtime(self, model: str, variant: str, runtimes: list[tuple[str, str]]) -> None:
+        """The (device, execution provider) each replica of (model, variant) really runs on, one entry
+        a replica: counted per pair, and a pair no replica runs on any more set to 0."""
+        if self.on_runtime is None:
+            return
+        counts: dict[tuple[str, str], int] = {}
+        for pair in runtimes:
+            counts[pair] = counts.get(pair, 0) + 1
+        if not hasattr(self, "_runtimes_seen"):
+            self._runtimes_seen = {}
+        seen = self._runtimes_seen.setdefault((model, variant), set())
+        for device, provider in seen | set(counts):
+            self.on_runtime(model, variant, device, provider, counts.get((device, provider), 0))
+        seen |= set(counts)

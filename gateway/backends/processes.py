@@ -70,6 +70,12 @@ class ProcessReplica:
         return self._channel is not None and self._channel.available
 
     @property
+    def runtime(self) -> tuple[str, str] | None:
+        """(device, execution provider) the worker's session really runs on, once it has said so."""
+        info = self._channel.info if self._channel is not None else {}
+        return (info["device"], info["provider"]) if "device" in info else None
+
+    @property
     def in_flight(self) -> int:
         """Batches sent and not yet answered."""
         return self._channel.in_flight if self._channel is not None else 0
@@ -184,7 +190,8 @@ def _worker(fd: int, path: str, opts: dict, output_names: list[str], delay_s: fl
         conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}"), protocol=5))
         return
     server = BatchServer(lambda inputs, variant: rep.run(inputs), delay_s=delay_s)
-    server.serve(conn, {"pid": os.getpid(), "input_names": rep.input_names})  # until the gateway closes it
+    info = {"pid": os.getpid(), "input_names": rep.input_names, "device": rep.device, "provider": rep.provider}
+    server.serve(conn, info)  # until the gateway closes it
 
 
 if __name__ == "__main__":

@@ -17,17 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from typing import Any
 
 import grpc
 import numpy as np
+import psutil
 
 from batching.batcher import RunResult
 from batching.profile import ProfileTable
 from gateway.backends.base import BackendBase
-from gateway.backends.proctree import descendants, reap
+from gateway.backends.proctree import reap
 from gateway.backends.ray_channels import ReplicaChannels, read_endpoints
 from gateway.backends.ray_local import METRICS_PUSH_S, init_ray
 from gateway.config import Settings
@@ -325,6 +325,9 @@ class RayServeBackend(BackendBase):
                 device = self.device_of(key[0]).lower()
                 for state in ("STARTING", "RUNNING", "STOPPING"):
                     self._report_replicas(key[0], key[1], device, state.lower(), states.get(state, 0))
+            if self.channels is not None:  # each connected replica said what it runs on when it connected
+                said = [c.info.get("runtime", {}).get(key[1]) for c in self.channels.channels(app)]
+                self._report_runtime(key[0], key[1], [(d, p) for d, p in filter(None, said)])
 
     def _channels_changed(self, app: str) -> None:
         """A channel opened or closed: the slots follow at once (a dead replica's are gone now)."""
@@ -381,7 +384,7 @@ class RayServeBackend(BackendBase):
 
         if not ray.is_initialized():
             return
-        ours = descendants(os.getpid()) if self._started_ray else set()
+        ours = set(psutil.Process().children(recursive=True)) if self._started_ray else set()
         try:
             if self.settings.ray_deploy:
                 for app in dict.fromkeys(self._apps.values()):

@@ -9,7 +9,9 @@ import logging
 import os
 from typing import Any
 
-from gateway.backends.proctree import descendants, describe, reap
+import psutil
+
+from gateway.backends.proctree import describe, reap
 from gateway.config import Settings
 
 log = logging.getLogger("sloserve.ray")
@@ -93,7 +95,7 @@ def _init_ray_now(ray: Any, s: Settings) -> bool:
         )
     _loopback_node()
     for attempt in (1, 2):
-        before = descendants(os.getpid())
+        before = set(psutil.Process().children(recursive=True))
         try:
             # address="local": always a new embedded Ray, never one a `ray start` left on the box
             # (ray.init() alone would attach to it and then refuse num_cpus).
@@ -112,7 +114,7 @@ def _init_ray_now(ray: Any, s: Settings) -> bool:
         except BaseException as e:  # cleaned up, then re-raised unless it is a first start-up timeout
             # BaseException: Ray's own SIGTERM handler (installed by ray.init on the main thread)
             # raises SystemExit from inside ray.init; what it started is still ended here.
-            started = descendants(os.getpid()) - before
+            started = set(psutil.Process().children(recursive=True)) - before
             timed_out = isinstance(e, Exception) and startup_timed_out(e)
             if timed_out:
                 log.warning(

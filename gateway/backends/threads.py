@@ -104,6 +104,10 @@ class InProcessBackend(BackendBase):
             ranked = [v.name for v in model.config.variants_by_accuracy]
             for v in ranked[:1] if name in self._shared else ranked:
                 self._report_replicas(name, v, self.device_type, "running", self.replica_count(name, v))
+            for v in ranked:
+                runtimes = [(r.device, r.provider) for r in self._replicas.get((name, v), ())]
+                runtimes += [rt for w in self._workers.get((name, v), ()) if (rt := w.runtime) is not None]
+                self._report_runtime(name, v, runtimes)
 
     def _install(self, model: str, variant: str, reps: list, free_q=None) -> None:
         """Make ``reps`` the replicas of (model, variant), free. A shared model's variants share one queue

@@ -2,7 +2,7 @@
 
 Example (one Azure Functions column, scaled so its peak needs 8 replicas)::
 
-    sloserve sim --trace ../shared/traces/azure_functions_2019_selected_per_minute.csv \\
+    sloserve sim --trace loadtests/traces/azure_functions_2019_selected_per_minute.csv \\
         --column diurnal_strong --kind counts --interval-s 60 --peak-replicas 8 --slo-ms 1000 \\
         --autoscaler swayam,ray-default,kpa,oracle --seed 0 --out out/sim
 """

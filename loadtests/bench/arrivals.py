@@ -8,7 +8,7 @@ import math
 import random
 from pathlib import Path
 
-TRACE_CSV = Path(__file__).resolve().parents[1] / "traces" / "azure_functions_2019_selected_per_minute.csv"
+from sim.arrivals import AZURE_FUNCTIONS_2019 as TRACE_CSV
 
 
 # ---- arrival schedules (offsets in seconds, sorted) ------------------------------------------------

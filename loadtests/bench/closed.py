@@ -4,7 +4,7 @@ One invocation starts each system in turn as a subprocess on the same ONNX file,
 answers, warms it up, measures for a fixed duration, stops it, and goes on to the next; the
 systems are interleaved over rounds (A B A B ...) so slow drifts of a shared machine hit all of
 them alike, and medians over rounds are reported. Per system: throughput, p50/p90/p99 latency
-(wrk --latency), the server's CPU per request (its whole process tree, from /proc), the load
+(wrk --latency), the server's CPU per request (its whole process tree, from psutil), the load
 generator's own CPU, the rest of the machine's CPU (other tenants), the average batch formed where
 the system exports it, memory; and ratios against Triton.
 
@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from loadtests.bench.procstat import CpuWindow, tree_memory_mb
 from loadtests.bench.systems import (
@@ -278,19 +280,10 @@ def saturation(summary: dict[str, Any], bound: dict[str, Any]) -> dict[str, Any]
 
 
 def machine() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gb = None
-    try:
-        mem_gb = round(int(Path("/proc/meminfo").read_text().split()[1]) / 1024 / 1024, 1)
-    except (OSError, ValueError, IndexError):
-        pass
+    from models.runtime import cpu_model_name
+
+    cpu = cpu_model_name()
+    mem_gb = round(psutil.virtual_memory().total / 2**30, 1)
     try:
         wrk_v = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0].strip()
     except OSError:

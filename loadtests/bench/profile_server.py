@@ -5,7 +5,7 @@ py-spy (``.venv/bin/pip install py-spy``), and split the samples into categories
         --concurrency 32 --seconds 15 --out results/profile-sloserve-digits-small
 
 Writes <out>.raw (collapsed stacks; open with speedscope or flamegraph.pl), <out>.json (category
-split, with CPU ms per request from /proc), and prints the split. py-spy samples in non-blocking
+split, with CPU ms per request from psutil), and prints the split. py-spy samples in non-blocking
 mode so it perturbs the server little; the categories are matched on the innermost frame that
 names one (see CATEGORIES)."""
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from loadtests.bench.systems import (
-    prom_sum,
-)
+from loadtests.promtext import label_values, prom_sum, samples
 
 
 def shed_by_reason(before: str | None, after: str | None) -> dict[str, int]:
@@ -20,7 +17,7 @@ def shed_by_reason(before: str | None, after: str | None) -> dict[str, int]:
     """
     before, after = before or "", after or ""
     out = {}
-    for r in sorted(set(re.findall(r'^sloserve_shed_total\{[^}]*reason="([^"]+)"', after, re.MULTILINE))):
+    for r in sorted(label_values(after, "sloserve_shed_total", "reason")):
         n = int(prom_sum(after, "sloserve_shed_total", reason=r) - prom_sum(before, "sloserve_shed_total", reason=r))
         if n > 0:
             out[r] = n
@@ -31,11 +28,9 @@ def shed_histogram(text: str | None) -> dict[float, float]:
     """Cumulative bucket counts of ``sloserve_shed_answer_seconds`` (all models and reasons) in a
     scrape: the server's own time from a shed decision to its 503 being written."""
     out: dict[float, float] = {}
-    for line in (text or "").splitlines():
-        if line.startswith("sloserve_shed_answer_seconds_bucket{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            key = float("inf") if le == "+Inf" else float(le)
-            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    for s in samples(text, "sloserve_shed_answer_seconds_bucket"):
+        key = float(s.labels["le"])  # "+Inf" is float("inf")
+        out[key] = out.get(key, 0.0) + s.value
     return out
 
 
@@ -48,7 +43,7 @@ def batch_stats(before: str | None, after: str | None) -> dict[str, dict[str, fl
         return prom_sum(after, name, variant=variant, **labels) - prom_sum(before, name, variant=variant, **labels)
 
     out = {}
-    for v in sorted(set(re.findall(r'^sloserve_batch_rows_count\{[^}]*variant="([^"]+)"', after, re.MULTILINE))):
+    for v in sorted(label_values(after, "sloserve_batch_rows_count", "variant")):
         n = delta("sloserve_batch_rows_count", v)
         if n <= 0:
             continue

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -22,7 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtests.bench.procstat import tree_pids
+import psutil
+
+from loadtests.bench.procstat import tree
+from loadtests.promtext import prom_sum
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS_DIR = ROOT / "loadtests" / "peers"
@@ -163,7 +165,7 @@ class Launch:
         """SIGTERM the process group, wait, then SIGKILL whatever is left of the process tree."""
         if self.proc is None:
             return
-        pids = tree_pids(self.proc.pid)
+        procs = tree(self.proc.pid)
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -173,15 +175,15 @@ class Launch:
         except subprocess.TimeoutExpired:
             pass
         time.sleep(0.3)
-        survivors = [p for p in pids if _alive(p)]
+        survivors = [p for p in procs if p.is_running()]
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         for p in survivors:
             try:
-                os.kill(p, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+                p.kill()  # psutil checks the pid is still that process
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
         try:
             self.proc.wait(timeout=10)
@@ -230,26 +232,6 @@ class Launch:
             return None
         text = self.scrape()
         return None if text is None else prom_sum(text, "sloserve_batch_compute_seconds_sum", model)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def prom_sum(text: str, name: str, model: str | None = None, **labels: str) -> float:
-    """The sum of metric ``name`` over the series with these label values (``model``: any when None)."""
-    if model is not None:
-        labels["model"] = model
-    total = 0.0
-    pat = re.compile(rf"^{re.escape(name)}\{{([^}}]*)\}}\s+(\S+)", re.MULTILINE)
-    for m in pat.finditer(text):
-        if all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def peer_python(name: str) -> str:

@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 from loadtests.emulated import slow_variant_repo
+from loadtests.promtext import samples
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -75,9 +76,8 @@ def scaling_server(model_repo, tmp_path_factory):
 
 def running_replicas(server) -> int:
     with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("sloserve_replicas{") and 'state="running"' in line and 'model="digits"' in line:
-                return int(float(line.rsplit(" ", 1)[1]))
+        for s in samples(r.read().decode(), "sloserve_replicas", model="digits", state="running"):
+            return int(s.value)
     return -1
 
 
@@ -158,10 +158,6 @@ def test_shared_replicas_serve_every_variant_from_one_deployment(scaling_server)
     best = max(variants, key=lambda v: v["accuracy"])["name"]  # (the build measures it: large or medium)
     assert infer(s, "trio", None)["parameters"]["variant"] == best  # the most accurate, at this load
     with urllib.request.urlopen(f"http://{s.http_url}/metrics", timeout=10) as r:
-        gauge = [
-            line
-            for line in r.read().decode().splitlines()
-            if line.startswith("sloserve_replicas{") and 'model="trio"' in line and 'state="running"' in line
-        ]
+        gauge = list(samples(r.read().decode(), "sloserve_replicas", model="trio", state="running"))
     # one deployment: its replicas are counted once, under the best variant (dashboards sum by model)
-    assert len(gauge) == 1 and f'variant="{best}"' in gauge[0] and gauge[0].endswith(" 1.0"), gauge
+    assert len(gauge) == 1 and gauge[0].labels["variant"] == best and gauge[0].value == 1.0, gauge

@@ -18,6 +18,7 @@ import urllib.request
 
 import pytest
 
+from loadtests.promtext import samples
 from tests.conftest import ServerProcess
 from tests.integration.test_autoscaling_live import BODY, wait_for
 
@@ -112,12 +113,8 @@ def post(server, path: str, body: dict, method: str = "POST"):
 
 def metric(server, name: str, **labels) -> float:
     with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total, found = total + float(line.rsplit(" ", 1)[1]), True
-    return total if found else -1.0
+        found = [s.value for s in samples(r.read().decode(), name, **labels)]
+    return sum(found) if found else -1.0
 
 
 def status(server, job_id: str) -> dict:

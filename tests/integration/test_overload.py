@@ -21,11 +21,13 @@ import shutil
 import urllib.request
 
 import httpx
+import psutil
 import pytest
 
 from gateway.config import Settings
 from gateway.server import Gateway
 from loadtests.openloop import pct, run_open_loop, v2_body
+from loadtests.promtext import prom_sum
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -42,11 +44,7 @@ def server_config(fault_delay_ms: float = 100.0) -> dict:
 
 
 def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    return psutil.Process(pid).memory_info().rss // 1024
 
 
 def make_bodies(n: int = 256) -> list[bytes]:
@@ -89,18 +87,12 @@ def counters(url: str) -> dict[str, float]:
     """Answered-on-time and answered-ok counts from the gateway's own metrics."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         text = r.read().decode()
-    out = {"met": 0.0, "ok": 0.0, "shed_n": 0.0, "shed_1ms": 0.0}
-    for line in text.splitlines():
-        if line.startswith("sloserve_shed_answer_seconds_bucket{"):
-            if 'le="+Inf"' in line:
-                out["shed_n"] += float(line.rsplit(" ", 1)[1])
-            elif 'le="0.001"' in line:
-                out["shed_1ms"] += float(line.rsplit(" ", 1)[1])
-        if line.startswith("sloserve_slo_requests_total{") and 'met="true"' in line:
-            out["met"] += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("sloserve_requests_total{") and 'outcome="ok"' in line:
-            out["ok"] += float(line.rsplit(" ", 1)[1])
-    return out
+    return {
+        "met": prom_sum(text, "sloserve_slo_requests_total", met="true"),
+        "ok": prom_sum(text, "sloserve_requests_total", outcome="ok"),
+        "shed_n": prom_sum(text, "sloserve_shed_answer_seconds_bucket", le="+Inf"),
+        "shed_1ms": prom_sum(text, "sloserve_shed_answer_seconds_bucket", le="0.001"),
+    }
 
 
 def test_three_times_capacity_then_normal(overload_server):

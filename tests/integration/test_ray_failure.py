@@ -15,9 +15,10 @@ import time
 import urllib.error
 import urllib.request
 
+import psutil
 import pytest
 
-from gateway.backends.proctree import parent_pid
+from loadtests.promtext import prom_sum
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -42,12 +43,9 @@ def chaos_server(request, model_repo, tmp_path_factory):
     s.stop()
 
 
-def metric(server, name: str, label: str) -> float:
+def metric(server, name: str, **labels: str) -> float:
     with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") and label in line
-    )
+        return prom_sum(r.read().decode(), name, **labels)
 
 
 PAYLOAD = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [3.0] * 64}]}
@@ -63,21 +61,20 @@ def post(server, params, timeout=60):
         return e.code, json.loads(e.read())
 
 
-def _ancestors(pid: int):
-    while pid > 1:
-        pid = parent_pid(pid)
-        if pid is None:
-            return
-        yield pid
-
-
 def replica_pid(server, variant: str) -> int:
     """The worker process of this server's digits/<variant> replica (Ray runs under the server)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    pids = [int(line.split()[0]) for line in out.splitlines() if f"ServeReplica:sloserve-digits-{variant}-cpu:" in line]
-    mine = [p for p in pids if server.proc.pid in _ancestors(p)]
-    assert len(mine) == 1, out
+    title = f"ServeReplica:sloserve-digits-{variant}-cpu:"
+    below = psutil.Process(server.proc.pid).children(recursive=True)
+    mine = [p.pid for p in below if title in _cmdline(p)]
+    assert len(mine) == 1, [(p.pid, _cmdline(p)) for p in below]
     return mine[0]
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
 
 
 def in_background(fn, *args):
@@ -156,9 +153,9 @@ def test_ray_kill_mid_batch_is_retried_on_the_restarted_replica(chaos_server):
     assert code == 200, body
     assert body["parameters"]["variant"] == "medium"
     deadline = time.monotonic() + 30
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not os.path.exists(f"/proc/{pid}")
+    assert not psutil.pid_exists(pid)
     wait_recovered(s, "medium")
 
 
@@ -181,7 +178,7 @@ def test_sigkill_mid_batch_past_deadline_fails_explicitly_then_recovers(chaos_se
         or code == 504
         and "past its requests' deadlines" in body["error"],
     ) in ((503, True), (504, True)), body
-    assert metric(s, "sloserve_batch_failures_total", 'action="failed"') == 1
+    assert metric(s, "sloserve_batch_failures_total", action="failed") == 1
     wait_recovered(s, "small")
 
 

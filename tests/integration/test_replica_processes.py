@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 import onnxruntime as ort
+import psutil
 import pytest
 
 from gateway.backends.base import ModelLoadError
 from gateway.backends.processes import WorkerGone
-from gateway.backends.proctree import descendants
 from gateway.backends.threads import InProcessBackend
 from gateway.errors import DeadlineExceeded
 from gateway.transports.status import http_status
@@ -36,12 +36,11 @@ def digits_only(model_repo, tmp_path):
 
 def workers() -> set[int]:
     out = set()
-    for pid in descendants(os.getpid()):
+    for p in psutil.Process().children(recursive=True):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"gateway.backends.processes" in f.read():
-                    out.add(pid)
-        except OSError:
+            if "gateway.backends.processes" in p.cmdline():
+                out.add(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return out
 

@@ -14,6 +14,8 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
+from loadtests.promtext import families
+
 pytestmark = pytest.mark.integration
 RNG = np.random.default_rng(0)
 
@@ -416,5 +418,5 @@ def test_grpc_typed_contents(server, model_repo):
 
 def test_metrics_endpoint(server):
     with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    assert "sloserve_requests_total" in text and "sloserve_batch_rows_bucket" in text
+        names = families(r.read().decode())  # prometheus_client's parser reads the whole page
+    assert {"sloserve_requests", "sloserve_batch_rows", "sloserve_replica_runtime"} <= names

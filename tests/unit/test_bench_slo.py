@@ -185,9 +185,10 @@ def test_the_bench_module_examples_hold():
     """The doctests of the open-loop bench (generator headers, sheds by reason from two scrapes, ...)."""
     import doctest
 
+    from loadtests import promtext
     from loadtests.bench import scrape, slo, slo_report, slo_systems
 
-    results = [doctest.testmod(m) for m in (slo, scrape, slo_report, slo_systems)]
+    results = [doctest.testmod(m) for m in (slo, scrape, slo_report, slo_systems, promtext)]
     assert sum(r.failed for r in results) == 0 and sum(r.attempted for r in results) >= 3
 
 

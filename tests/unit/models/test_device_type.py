@@ -50,6 +50,7 @@ def test_a_cuda_provider_that_does_not_load_is_an_error_when_cuda_was_asked_for(
         runtime.ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
     )
     monkeypatch.setattr(runtime.ort, "InferenceSession", _FakeSession)
+    monkeypatch.setattr(runtime, "gpu_present", lambda: False)
     with pytest.raises(RuntimeError, match="could not start its CUDA provider"):
         runtime.make_session("m.onnx", runtime.RuntimeOptions(device="cuda"))
     monkeypatch.setattr(runtime, "gpu_present", lambda: True)

@@ -1,0 +1,28 @@
+"""A process tree's CPU and memory (loadtests/bench/procstat.py, on psutil), as the benchmarks read them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from loadtests.bench.procstat import CpuWindow, machine_busy_s, tree, tree_cpu_s, tree_memory_mb
+
+
+def test_a_tree_counts_its_children_and_a_window_its_cpu():
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert child.pid in {p.pid for p in tree(os.getpid())}
+        mem = tree_memory_mb(os.getpid())
+        assert mem["processes"] >= 2 and 0 < mem["pss_mb"] <= mem["rss_mb"]
+        win = CpuWindow(os.getpid())
+        win.start()
+        sum(i * i for i in range(300_000))  # some CPU of our own
+        server, busy, total = win.stop()
+        assert server > 0 and 0 <= busy <= total
+    finally:
+        child.communicate(b"")
+    assert tree_cpu_s(os.getpid()) > 0
+    assert tree(2**22 + 12345) == []  # gone (beyond pid_max): an empty tree
+    busy, total = machine_busy_s()
+    assert 0 < busy < total
