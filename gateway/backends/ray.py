@@ -192,7 +192,9 @@ class RayServeBackend(BackendBase):
         return over.fault_delay_ms / 1e3 if over else 0.0
 
     def _init_ray(self) -> None:
-        self._started_ray = init_ray(self.settings, autoscaled=any(self._autoscaled.values()))
+        # (every model the settings autoscale, loaded at start-up or later through the repository API)
+        autoscaled = any(o.autoscaling for o in self.settings.models.values())
+        self._started_ray = init_ray(self.settings, autoscaled=autoscaled)
 
     def _deploy(self) -> None:
         from ray import serve
