@@ -180,7 +180,7 @@ class ModelManager:
             self.dp.repo.models[name] = loaded
             self._files[name] = fingerprint(loaded)
             self._state.pop(name, None)
-            log.warning("model '%s' %s", name, "reloaded" if current is not None else "loaded")
+            log.info("model %r %s", name, "reloaded" if current is not None else "loaded")
             return "reloaded" if current is not None else "loaded"
 
     async def unload(self, name: str, params: Any = None) -> str:
@@ -204,7 +204,7 @@ class ModelManager:
                 self._state[name] = (UNAVAILABLE, "unloaded")
                 self._files.pop(name, None)
                 self.dp.repo.models.pop(name, None)
-            log.warning("model '%s' unloaded", name)
+            log.info("model %r unloaded", name)
             return "unloaded"
 
     async def _retire(self, name: str, state: ModelState, why: str) -> None:
