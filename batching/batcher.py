@@ -97,6 +97,7 @@ class _Entry:
 
 
 EventHook = Callable[[str, object], None]
+_SHUTTING_DOWN = "the server is shutting down; retry"
 # A caller's hook that answers a shed request at once, from inside the decision, without waiting for
 # the request's coroutine to be scheduled again (True when it answered).
 ShedHook = Callable[[Exception], bool]
@@ -152,11 +153,23 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._batches: set[asyncio.Task] = set()
         self._closed = False
+        self._closing_why = _SHUTTING_DOWN  # what a request refused on the way out is told
 
     # ---- public surface -------------------------------------------------------------------
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.model}")
+
+    async def drain(self, timeout_s: float, why: str) -> None:
+        """Stop taking requests (``submit`` raises :class:`Unavailable` saying ``why``), let the queued
+        ones and the batches in flight finish for at most ``timeout_s``, then :meth:`close`: a request
+        still queued then gets 503 saying ``why``."""
+        self._closing_why = why
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while (self._entries or self._batches) and loop.time() < end:
+            await asyncio.sleep(0.01)
+        await self.close()
 
     async def close(self) -> None:
         self._closed = True
@@ -167,7 +180,7 @@ class Batcher:
             await asyncio.gather(*self._batches, return_exceptions=True)
         for e in self._entries.values():
             if not e.future.done():
-                e.future.set_exception(Unavailable("the server is shutting down; retry", retry_after_s=1.0))
+                e.future.set_exception(Unavailable(self._closing_why, retry_after_s=1.0))
         self._entries.clear()
         self._items.clear()
 
@@ -197,8 +210,8 @@ class Batcher:
         ``on_shed``, when given, is called with the error the moment the policy sheds this request,
         so the caller can answer it before the event loop gets back to the waiting coroutine (on a
         saturated loop that wait is milliseconds). The future still gets the error."""
-        if self._closed:
-            raise Unavailable("the server is shutting down; retry", retry_after_s=1.0)
+        if self._closed or self._closing_why != _SHUTTING_DOWN:
+            raise Unavailable(self._closing_why, retry_after_s=1.0)
         if self._rows + rows > self.max_queue_rows:
             raise TooManyRequests(
                 f"model '{self.model}' queue is full ({self._rows} rows queued, limit "

@@ -159,6 +159,18 @@ class Settings(BaseSettings):
         description="On SIGTERM the gateway reports not ready, refuses new requests (503) and gives the ones in "
         "flight this long to finish, over HTTP and gRPC alike (a rolling update loses none).",
     )
+    model_load_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="A load through the repository API (POST /v2/repository/models/<m>/load) waits this long for "
+        "the model's replicas to start; past it the load fails (400) and the model stays unavailable.",
+    )
+    unload_drain_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="An unload (or a reload) lets the model's requests already admitted finish for at most this "
+        "long; the ones still queued after it get 503.",
+    )
     no_replica_wait_s: float = Field(
         default=2.0,
         gt=0,

@@ -8,6 +8,7 @@ transport a request came from is never part of the request.
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,8 @@ from gateway.errors import (
 )
 from gateway.looplag import LoopLag
 from gateway.metrics import Metrics
+from gateway.modelinfo import ModelStats, triton_config
+from gateway.repository import ModelManager
 from gateway.types import InferRequest, InferResponse
 from models.repository import LoadedModel, ModelConfig, ModelRepository
 
@@ -79,6 +82,13 @@ class ModelState:
         except ValueError as e:  # the server refuses to start, saying which setting to fix
             raise ModelLoadError(f"models.{cfg.name}.batching {batching}: {e}") from None
         hook, depth = metrics.batcher_hook(cfg.name)
+        self.stats = stats = ModelStats()
+
+        def on_event(kind: str, rec: Any) -> None:
+            if kind == "batch":
+                stats.batch(rec[1], rec[2])  # (variant, rows, compute_s, reason)
+            hook(kind, rec)
+
         max_rows = over.max_queue_rows if over and over.max_queue_rows else settings.max_queue_rows
         self.batcher = Batcher(
             cfg.name,
@@ -88,11 +98,15 @@ class ModelState:
             cfg.max_batch_size,
             max_queue_rows=max_rows,
             clock=clock,
-            on_event=hook,
+            on_event=on_event,
             late_grace_s=settings.late_grace_s,
             no_replica_wait_s=settings.no_replica_wait_s,
         )
         depth.set_function(lambda: self.batcher.queued_rows)
+
+    def triton_config(self) -> dict[str, Any]:
+        """The model's config in Triton's ``ModelConfig`` shape (gateway/modelinfo.py)."""
+        return triton_config(self.config, self.policy.name)
 
     def metadata(self) -> dict[str, Any]:
         c = self.config
@@ -208,6 +222,7 @@ class DataPlane:
             for name, m in repo.models.items()
         }
         self.metrics.watch_policies({name: m.policy for name, m in self.models.items()})
+        self.repository = ModelManager(self)  # the repository API: index, load, unload (gateway/repository.py)
         self.inflight = InflightBytes(settings.max_inflight_bytes, self._refused_bytes)
         self.open_requests = 0  # requests past the door and not yet answered (tickets not released)
         _inflight_gauge(self.metrics, self.inflight)
@@ -264,16 +279,42 @@ class DataPlane:
             m.batcher.start()
         self._started = True
 
+    # ---- models loaded and unloaded while serving (gateway/repository.py) -------------------
+    @property
+    def serving(self) -> bool:
+        """Started and not stopping: models may be loaded and unloaded."""
+        return self._started and not self._draining
+
+    def new_state(self, loaded: LoadedModel) -> ModelState:
+        """A model's state (config with overrides, policy, batcher), not yet serving; a batching setting
+        that does not fit its policy is a :class:`ModelLoadError` naming it."""
+        return ModelState(
+            loaded, self.settings, self.backend, self.metrics, self.clock, ProfileTable.load(self.repo.root)
+        )
+
+    def install(self, m: ModelState) -> None:
+        """``m`` serves from now on (its replicas are up)."""
+        self.models[m.config.name] = m
+        self.metrics.watch_policies({m.config.name: m.policy})
+        m.batcher.start()
+
+    def uninstall(self, name: str) -> ModelState | None:
+        """``name`` takes no new request from now on (its batcher still answers what it admitted)."""
+        self.metrics.forget_policy(name)
+        return self.models.pop(name, None)
+
     def drain(self) -> None:
         """The server is stopping: not ready from now on, and new requests are refused (503); the
         ones already queued or in a batch are still answered."""
         self._draining = True
+        self.repository.stop()
 
     async def stop(self) -> None:
         self._draining = True
         self._started = False
         if self.loop_lag is not None:
             self.loop_lag.stop()
+        self.repository.stop()
         for m in self.models.values():
             await m.batcher.close()
         await self.backend.stop()
@@ -300,15 +341,29 @@ class DataPlane:
     def model(self, name: str, version: str | None = None) -> ModelState:
         m = self.models.get(name)
         if m is None:
-            raise NotFound(f"unknown model '{name:.128}'; this server serves {sorted(self.models)}")
+            raise self.repository.not_serving(name)
         if version not in (None, "") and version not in m.config.versions:
             raise NotFound(f"model '{name}' has no version '{version:.32}'; versions: {list(m.config.versions)}")
         return m
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """The model can answer: the server started, the backend up, a running replica for each variant."""
+        if name not in self.models and self.repository.known(name):
+            return False  # in the repository, not loaded (or loading, or unloading)
         m = self.model(name, version)
         return self._started and not self._draining and self.backend.ready() and self._has_replicas(m)
+
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """The model's config in Triton's ``ModelConfig`` shape."""
+        return self.model(name, version).triton_config()
+
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """Triton's ``ModelStatisticsResponse``: one model's (at ``version``: its versions share one set of
+        variants, so one set of counters), or every served model's."""
+        chosen = (
+            [(self.model(name, version), version)] if name else [(self.models[n], None) for n in sorted(self.models)]
+        )
+        return {"model_stats": [m.stats.triton(m.config.name, v or m.config.versions[-1]) for m, v in chosen]}
 
     # ---- inference ------------------------------------------------------------------------
     def validate(self, m: ModelState, req: InferRequest) -> tuple[dict[str, np.ndarray], int]:
@@ -405,6 +460,8 @@ class DataPlane:
                 arrays, rows, deadline, variants, req.params.priority, arrival, on_shed, best_effort=best_effort
             )
         except ServingError as e:
+            if m is not None:
+                m.stats.fail(self.clock.now() - arrival)
             self.metrics.observe_request(
                 req.model if m else "unknown",
                 variant_label,
@@ -416,6 +473,7 @@ class DataPlane:
         done = self.clock.now()
         latency = done - arrival
         self.metrics.observe_request(m.config.name, out.variant, "ok", latency, done <= target)
+        m.stats.success(latency, out.queue_s, out.compute_s, rows, int(time.time() * 1e3))
         outputs = out.outputs
         if req.outputs is not None:
             outputs = {o.name: outputs[o.name] for o in req.outputs}

@@ -182,6 +182,10 @@ class Metrics:
         """Export the online calibrators' drift of these policies at scrape time (no hot-path cost)."""
         self._policies.update(policies)
 
+    def forget_policy(self, model: str) -> None:
+        """``model`` was unloaded: its drift is no longer exported."""
+        self._policies.pop(model, None)
+
     def observe_request(self, model: str, variant: str, outcome: str, latency_s: float, met: bool | None) -> None:
         key = (model, variant, outcome)
         c = self._req.get(key)

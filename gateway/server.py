@@ -17,7 +17,7 @@ import sys
 import grpc
 import uvicorn
 
-from gateway.backends.base import Backend, ModelLoadError, find_bad_onnx
+from gateway.backends.base import Backend, ModelLoadError
 from gateway.backends.threads import InProcessBackend
 from gateway.config import Settings, is_loopback
 from gateway.dataplane import DataPlane
@@ -26,7 +26,7 @@ from gateway.transports.auth import uvicorn_tls_kwargs
 from gateway.transports.grpc import create_server
 from gateway.transports.rest import create_asgi, rest_decoder
 from gateway.transports.restdecode import RestDecoder
-from models.repository import ModelRepository
+from models.repository import ModelProblem, ModelRepository
 from models.runtime import RuntimeOptions
 
 log = logging.getLogger("sloserve")
@@ -63,23 +63,14 @@ def make_backend(settings: Settings, repo: ModelRepository) -> Backend:
 
 
 def load_repository(settings: Settings) -> ModelRepository:
-    """The model repository, or :class:`ModelLoadError` naming a model file that cannot be loaded.
-    Ray replicas load their files in other processes, so for Ray every file is parsed here first:
-    a broken one stops start-up at once instead of failing replicas in a loop."""
+    """The model repository, or :class:`ModelLoadError` naming what is wrong with a model folder
+    (every file is parsed and checked against its config here, by the one check of
+    ``models.repository.load_model_dir``: Ray replicas load their files in other processes, and a
+    broken one stops start-up at once instead of failing replicas in a loop)."""
     try:
-        repo = ModelRepository(settings.repo).load()
-    except FileNotFoundError:
-        raise
-    except Exception:
-        bad = find_bad_onnx(settings.repo)
-        if bad is not None:
-            raise bad from None
-        raise
-    if settings.backend == "ray":
-        bad = find_bad_onnx(repo.root)
-        if bad is not None:
-            raise bad
-    return repo
+        return ModelRepository(settings.repo).load()
+    except ModelProblem as e:
+        raise ModelLoadError(f"{e}; fix it (`sloserve models check {settings.repo}`) or remove its model") from None
 
 
 class Gateway:

@@ -1,9 +1,10 @@
 """Bearer tokens: the configured table (kept as SHA-256 digests) and who each token is.
 
 One entry a line (or ``;``-separated): ``TOKEN [MODELS] [SCOPES]``. ``MODELS`` is a comma list or
-``*`` (every model, the default); ``SCOPES`` a comma list of ``infer`` (inference and model
-metadata, the default), ``training`` (submit, list and cancel training jobs) and ``metrics``
-(``/metrics``). The transports check requests against the table (:mod:`gateway.transports.auth`);
+``*`` (every model, the default); ``SCOPES`` a comma list of ``infer`` (inference, model
+metadata, config and statistics, the default), ``training`` (submit, list and cancel training
+jobs), ``metrics`` (``/metrics`` and every model's statistics) and ``models`` (the repository API:
+list the repository, load and unload the models of the token's list). The transports check requests against the table (:mod:`gateway.transports.auth`);
 the settings parse it at start-up so that a bad entry stops the server with a message naming it.
 
 >>> table = TokenTable.parse("s3cret-token digits\\nroot-token-1 * infer,training,metrics")
@@ -25,7 +26,7 @@ from typing import Any
 
 from gateway.errors import PermissionDenied, Unauthenticated
 
-SCOPES = ("infer", "training", "metrics")
+SCOPES = ("infer", "training", "metrics", "models")
 DEFAULT_SCOPES = frozenset({"infer"})
 
 

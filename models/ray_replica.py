@@ -13,6 +13,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +26,7 @@ os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(2**31 - 1
 
 from ray import serve
 
-from models.repository import ModelRepository, check_name
+from models.repository import check_name, load_model_dir
 from models.runtime import Replica, RuntimeOptions, device_type
 
 if TYPE_CHECKING:
@@ -55,8 +56,10 @@ class OnnxReplica:
         fault_delay_s: float = 0.0,
         variants: list[str] | None = None,
         channel_host: str | None = "",
+        config_override: dict[str, Any] | None = None,
     ):
-        """``variants``: a shared replica (``models.<name>.shared_replicas``) loads each of them and
+        """``config_override``: the config keys a load through the repository API replaced.
+        ``variants``: a shared replica (``models.<name>.shared_replicas``) loads each of them and
         runs the one a batch names; ``variant`` is then the first (the default). ``channel_host``: the
         address its batch channel listens on ("" : this node's IP as Ray knows it; the embedded Ray of
         one gateway passes 127.0.0.1); None opens no channel (batches come through Serve's handle)."""
@@ -64,7 +67,7 @@ class OnnxReplica:
         for v in variants or [variant]:
             check_name("variant", v)
         loopback_servers()
-        loaded = ModelRepository(repo).load().models[model]
+        loaded = load_model_dir(Path(repo), model, config_override)  # this model's folder only
         opts = RuntimeOptions(**(runtime or {}))
         outs = [o.name for o in loaded.config.outputs]
         self.replicas = {v: Replica(loaded.onnx_path(v), opts, outs) for v in (variants or [variant])}
@@ -252,4 +255,5 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         float(args.get("fault_delay_s", 0.0)),
         variants,
         args.get("channel_host", ""),
+        args.get("config_override") or None,
     )

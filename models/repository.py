@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from models.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
 
@@ -134,6 +134,11 @@ class LoadedModel(BaseModel):
 
     config: ModelConfig
     root: Path
+    override: dict = Field(
+        default_factory=dict,
+        description="The config.json keys a load through the repository API replaced (a Ray replica, which "
+        "reads the folder again, applies them too).",
+    )
 
     def onnx_path(self, variant: str) -> Path:
         check_name("variant", variant)
@@ -143,6 +148,11 @@ class LoadedModel(BaseModel):
         return self.root / variant / "profiles"
 
 
+class ModelProblem(ValueError):
+    """What is wrong with one model folder (its config, its files, config against graph), naming the
+    file and the field to fix."""
+
+
 class ModelRepository:
     """Reads every ``<repo>/<model>/config.json``; the repo root bounds every file it opens."""
 
@@ -150,33 +160,97 @@ class ModelRepository:
         self.root = Path(root).resolve()
         self.models: dict[str, LoadedModel] = {}
 
-    def load(self) -> ModelRepository:
+    def _require_root(self) -> None:
         if not self.root.is_dir():
             raise FileNotFoundError(
                 f"model repository {self.root} does not exist; build the demo one with "
                 f"`sloserve models build --repo {self.root}`"
             )
-        for cfg_path in sorted(self.root.glob("*/config.json")):
-            if not cfg_path.resolve().is_relative_to(self.root):
-                raise ValueError(f"{cfg_path} resolves outside the repository {self.root} (symlink?)")
-            cfg = ModelConfig.model_validate(json.loads(cfg_path.read_text()))
-            if cfg.name != cfg_path.parent.name:
-                raise ValueError(f"{cfg_path}: name {cfg.name!r} differs from its directory")
-            model = LoadedModel(config=cfg, root=cfg_path.parent)
-            for v in cfg.variants:
-                path = model.onnx_path(v.name)
-                if not path.resolve().is_relative_to(self.root):
-                    raise ValueError(f"{path} is outside the repository {self.root}")
-                if not path.is_file():
-                    raise FileNotFoundError(f"{cfg_path}: variant {v.name!r} has no {path}")
-                graph = check_onnx_external_data(path, self.root)
-                problem = signature_mismatch(cfg, graph)
-                if problem:
-                    raise ValueError(f"{cfg_path}: variant {v.name!r} ({path}): {problem}")
-            self.models[cfg.name] = model
+
+    def model_names(self) -> list[str]:
+        """The model folders in the repository now (those holding a ``config.json``), sorted."""
+        self._require_root()
+        return [p.parent.name for p in sorted(self.root.glob("*/config.json"))]
+
+    def load(self) -> ModelRepository:
+        self._require_root()
+        for name in self.model_names():
+            self.models[name] = load_model_dir(self.root, name)
         if not self.models:
             raise FileNotFoundError(f"model repository {self.root} holds no <model>/config.json")
         return self
+
+    def check(self) -> dict[str, str | None]:
+        """Every model folder's problem (None when it loads): what ``sloserve models check`` prints."""
+        out: dict[str, str | None] = {}
+        for name in self.model_names():
+            try:
+                load_model_dir(self.root, name)
+                out[name] = None
+            except (ModelProblem, FileNotFoundError) as e:
+                out[name] = str(e)
+        return out
+
+
+def load_model_dir(root: Path, name: str, override: dict | None = None) -> LoadedModel:
+    """Read and check ``<root>/<name>``: its ``config.json`` (top-level keys of ``override`` replace
+    the file's), every variant's ``model.onnx`` (inside the repository, parsable, external data
+    beside it) and the config against each graph. The one check of a model folder: start-up,
+    ``load`` of the repository API and ``sloserve models check`` all run it. Raises
+    :class:`ModelProblem` (or ``FileNotFoundError`` for a folder that is not there)."""
+    root = Path(root).resolve()
+    check_name("model", name)
+    cfg_path = root / name / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"model '{name}' has no {cfg_path} in the repository {root}")
+    if not cfg_path.resolve().is_relative_to(root):
+        raise ModelProblem(f"{cfg_path} resolves outside the repository {root} (symlink?)")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelProblem(f"{cfg_path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelProblem(f"{cfg_path} must hold a JSON object, not {type(raw).__name__}")
+    raw = {**raw, **(override or {})}
+    src = f"{cfg_path} with the load's config override" if override else str(cfg_path)
+    try:
+        cfg = ModelConfig.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise ModelProblem(f"{src}: '{where}': {first['msg']} ({e.error_count()} problem(s))") from None
+    if cfg.name != name:
+        raise ModelProblem(f"{src}: name {cfg.name!r} differs from its directory {name!r}")
+    model = LoadedModel(config=cfg, root=cfg_path.parent, override=dict(override or {}))
+    for v in cfg.variants:
+        path = model.onnx_path(v.name)
+        if not path.resolve().is_relative_to(root):
+            raise ModelProblem(f"{path} is outside the repository {root}")
+        if not path.is_file():
+            raise ModelProblem(f"{cfg_path}: variant {v.name!r} has no {path}")
+        graph = parse_onnx(path, root)
+        problem = signature_mismatch(cfg, graph)
+        if problem:
+            raise ModelProblem(f"{src}: variant {v.name!r} ({path}): {problem}")
+    return model
+
+
+def parse_onnx(path: Path, root: Path):
+    """The ONNX graph of ``path`` (without external data), or :class:`ModelProblem` saying why it
+    cannot be loaded: a file that does not parse, an empty graph, external data outside its folder."""
+    try:
+        model = check_onnx_external_data(path, root)
+    except ValueError as e:
+        if "external data" in str(e):
+            raise ModelProblem(str(e)) from None
+        raise ModelProblem(f"model file {path} cannot be loaded ({type(e).__name__}: {e})") from None
+    except Exception as e:  # the protobuf parser's own errors
+        raise ModelProblem(f"model file {path} cannot be loaded ({type(e).__name__}: {e})") from None
+    if model.ir_version <= 0 or not model.graph.node:
+        raise ModelProblem(
+            f"model file {path} cannot be loaded (no ir_version or an empty graph: an empty or foreign file?)"
+        )
+    return model
 
 
 def check_onnx_external_data(path: Path, root: Path):
@@ -207,7 +281,8 @@ def check_onnx_external_data(path: Path, root: Path):
 def signature_mismatch(cfg: ModelConfig, model) -> str | None:
     """What in ``cfg`` (config.json) disagrees with the ONNX ``model``'s graph, naming the field to
     fix; None when they agree. Checked: the inputs are exactly the graph's (by name), and every
-    tensor's datatype, rank and fixed dimensions; the first dimension is the batch."""
+    tensor's datatype, rank and fixed dimensions; the first dimension is the batch, which the graph
+    must leave dynamic (or fix at 1 for a ``max_batch_size`` of 1)."""
     from onnx import helper
 
     init = {t.name for t in model.graph.initializer}
@@ -233,6 +308,12 @@ def signature_mismatch(cfg: ModelConfig, model) -> str | None:
                 continue
             dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
             want = [-1, *spec.shape]
+            if dims and dims[0] > 0 and (dims[0] != 1 or cfg.max_batch_size != 1):
+                return (
+                    f"{where}: the ONNX graph fixes the batch dimension at {dims[0]}, but batches run 1.."
+                    f"{cfg.max_batch_size} rows (export the graph with a dynamic first dimension, or, for a "
+                    f"fixed 1, set 'max_batch_size' to 1)"
+                )
             if len(dims) != len(want):
                 return (
                     f"{where} has shape {want} in config.json (batch first), rank {len(dims)} in the ONNX "

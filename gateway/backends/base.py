@@ -9,33 +9,16 @@ reads, all declared here: callers never probe a backend for what it has.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
 from batching.batcher import BatchRunner
+from models.repository import LoadedModel
 
 
 class ModelLoadError(RuntimeError):
-    """A model file cannot be loaded: the server refuses to start, naming the file (it serves its
-    whole repository or nothing, so a broken model is never hidden behind a half-ready server)."""
-
-
-def find_bad_onnx(root: Path) -> ModelLoadError | None:
-    """Parse every ``<root>/<model>/<variant>/model.onnx`` (graph only, no external data); the
-    first that does not parse, as an error naming it, else None."""
-    import onnx
-
-    for path in sorted(Path(root).glob("*/*/model.onnx")):
-        try:
-            m = onnx.load(str(path), load_external_data=False)
-            if m.ir_version <= 0 or not m.graph.node:
-                raise ValueError("no ir_version or an empty graph (an empty or foreign file?)")
-        except Exception as e:
-            return ModelLoadError(
-                f"model file {path} cannot be loaded ({type(e).__name__}: {e}); "
-                f"replace it (e.g. `sloserve models build`) or remove its model"
-            )
-    return None
+    """A model cannot be loaded, naming the file or setting: at start-up the server refuses to start
+    (it starts with its whole repository or not at all, so a broken model is never hidden behind a
+    half-ready server); a load through the repository API answers 400 and serves the others."""
 
 
 ReplicaHook = Callable[[str, str, str, str, int], None]  # (model, variant, device type, state, count)
@@ -69,6 +52,13 @@ class Backend(BatchRunner, Protocol):
     def note_arrival(self, model: str, rows: int) -> None:
         """A request of ``rows`` rows arrived for ``model`` (the autoscaler's demand signal)."""
 
+    async def add_model(self, model: LoadedModel) -> None:
+        """Start ``model``'s replicas while serving (the repository API's load), by the same path
+        start-up takes; returns once they take batches, or raises :class:`ModelLoadError`."""
+
+    async def remove_model(self, name: str) -> None:
+        """Stop ``name``'s replicas (the repository API's unload, once its batcher has drained)."""
+
 
 class BackendBase:
     """Defaults for a :class:`Backend`: nothing to prepare, no demand signal, variants on replicas of
@@ -90,6 +80,12 @@ class BackendBase:
 
     def shared(self, model: str) -> bool:
         return False
+
+    async def add_model(self, model: LoadedModel) -> None:
+        raise ModelLoadError(f"the {self.name} backend cannot load models while serving")
+
+    async def remove_model(self, name: str) -> None:
+        return None
 
     def _report_replicas(self, model: str, variant: str, device: str, state: str, count: int) -> None:
         if self.on_replicas is not None:

@@ -26,7 +26,7 @@ import psutil
 
 from batching.batcher import RunResult
 from batching.profile import ProfileTable
-from gateway.backends.base import BackendBase
+from gateway.backends.base import BackendBase, ModelLoadError
 from gateway.backends.proctree import reap
 from gateway.backends.ray_channels import ReplicaChannels, read_endpoints
 from gateway.backends.ray_local import METRICS_PUSH_S, init_ray
@@ -34,7 +34,7 @@ from gateway.config import Settings
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
 from gateway.rates import RateMeter, gateway_id
 from models.ray_replica import SHARED, build_app, deployment_name
-from models.repository import ModelRepository
+from models.repository import LoadedModel, ModelRepository
 from models.runtime import RuntimeOptions
 
 log = logging.getLogger("sloserve.ray")
@@ -73,19 +73,30 @@ class RayServeBackend(BackendBase):
         # This gateway's view of each model's demand (best variant) and of each variant's load,
         # stamped on the batches for the replicas' autoscaling metrics.
         self.gateway_id = gateway_id()
-        clock = time.monotonic
-        self._arrivals = {m: RateMeter(clock) for m in repo.models}
-        self._served = {(m, v.name): RateMeter(clock) for m, lm in repo.models.items() for v in lm.config.variants}
-        self._best = {m: lm.config.best_variant for m, lm in repo.models.items()}
-        # a shared deployment's label: its replicas' default variant, the most accurate (as deployed)
-        self._top = {m: lm.config.variants_by_accuracy[0].name for m, lm in repo.models.items()}
-        # models whose replicas hold every variant (fixed for the gateway's life: read on every batch)
-        self._shared = {
-            m
-            for m, lm in repo.models.items()
-            if len(lm.config.variants) > 1 and settings.models.get(m) is not None and settings.models[m].shared_replicas
-        }
-        self._autoscaled = {m: bool(settings.models.get(m) and settings.models[m].autoscaling) for m in repo.models}
+        self.models: dict[str, LoadedModel] = {}  # what it serves; the repository API changes it
+        self._arrivals: dict[str, RateMeter] = {}
+        self._served: dict[tuple[str, str], RateMeter] = {}
+        self._best: dict[str, str] = {}
+        self._top: dict[str, str] = {}  # a shared deployment's label: its replicas' default variant, the most accurate
+        self._shared: set[str] = set()  # models whose replicas hold every variant (read on every batch)
+        self._autoscaled: dict[str, bool] = {}
+        for lm in repo.models.values():
+            self._setup(lm)
+
+    def _setup(self, lm: LoadedModel) -> None:
+        """The gateway's side of one model: its rate meters and how its replicas are laid out."""
+        m, cfg, over = lm.config.name, lm.config, self.settings.models.get(lm.config.name)
+        self.models[m] = lm
+        self._arrivals[m] = RateMeter(time.monotonic)
+        for v in cfg.variants:
+            self._served[(m, v.name)] = RateMeter(time.monotonic)
+        self._best[m] = cfg.best_variant
+        self._top[m] = cfg.variants_by_accuracy[0].name
+        if len(cfg.variants) > 1 and over is not None and over.shared_replicas:
+            self._shared.add(m)
+        else:
+            self._shared.discard(m)
+        self._autoscaled[m] = bool(over and over.autoscaling)
 
     # ---- life cycle -----------------------------------------------------------------------
     def device_of(self, model: str) -> str:
@@ -125,7 +136,7 @@ class RayServeBackend(BackendBase):
         if over is None or over.autoscaling is None:
             return None
         a = over.autoscaling
-        cfg = self.repo.models[model].config
+        cfg = self.models[model].config
         table = ProfileTable.load(self.repo.root)
 
         def points(v: str) -> tuple[list[int], list[float]]:
@@ -181,55 +192,125 @@ class RayServeBackend(BackendBase):
         return over.fault_delay_ms / 1e3 if over else 0.0
 
     def _init_ray(self) -> None:
-        self._started_ray = init_ray(self.settings, autoscaled=any(self._autoscaled.values()))
+        # (every model the settings autoscale, loaded at start-up or later through the repository API)
+        autoscaled = any(o.autoscaling for o in self.settings.models.values())
+        self._started_ray = init_ray(self.settings, autoscaled=autoscaled)
 
     def _deploy(self) -> None:
         from ray import serve
 
         serve.start(proxy_location="Disabled")
+        for lm in list(self.models.values()):
+            if self._cancel_deploy:
+                return
+            self._install(self._deploy_model(lm))
+
+    def _deploy_model(self, lm: LoadedModel) -> list[tuple[tuple[str, str], str, Any]]:
+        """Deploy one model's Serve applications (blocking: call it from a thread); each (model,
+        variant) with its application and handle. One path for start-up and the repository API."""
+        from ray import serve
+
         runtime = {
             "intra_op_threads": self.opts.intra_op_threads,
             "allow_spinning": self.opts.allow_spinning,
             "device": self.opts.device,
         }
-        for name, model in self.repo.models.items():
-            device = self.device_of(name)
-            shared = self.shared(name)
-            ranked = [v.name for v in model.config.variants_by_accuracy]
-            # a shared model: one deployment, its replicas holding every variant (best first, the default)
-            for v in ranked[:1] if shared else [v.name for v in model.config.variants]:
-                if self._cancel_deploy:
-                    return
-                dep = deployment_name(name, SHARED if shared else v, device)
-                app = APP_PREFIX + dep
-                if self.settings.ray_deploy:
-                    serve.run(
-                        build_app(
-                            {
-                                "repo": str(self.repo.root),
-                                "model": name,
-                                "variant": v,
-                                "device": device,
-                                "num_replicas": self.replicas_of(name),
-                                "num_cpus": self.settings.replica_num_cpus,
-                                "gpu_fraction": self.settings.replica_gpu_fraction,
-                                "pipeline_depth": self.settings.pipeline_depth,
-                                "runtime": runtime,
-                                "fault_delay_s": self._fault_delay_s(name),
-                                "autoscaling": self.autoscaling_config(name, v),
-                                "channel_host": self._channel_host(),
-                                **({"variants": ranked} if shared else {}),
-                            }
-                        ),
-                        name=app,
-                        route_prefix=None,
-                        blocking=False,
-                    )
-                handle = self._handle(serve.get_deployment_handle(dep, app_name=app))
-                for served in ranked if shared else [v]:
-                    self._apps[(name, served)] = app
-                    self._handles[(name, served)] = handle
-                    self._replicas[(name, served)] = self.replicas_of(name)
+        name, model = lm.config.name, lm
+        device = self.device_of(name)
+        shared = self.shared(name)
+        ranked = [v.name for v in model.config.variants_by_accuracy]
+        out = []
+        # a shared model: one deployment, its replicas holding every variant (best first, the default)
+        for v in ranked[:1] if shared else [v.name for v in model.config.variants]:
+            if self._cancel_deploy:
+                break
+            dep = deployment_name(name, SHARED if shared else v, device)
+            app = APP_PREFIX + dep
+            if self.settings.ray_deploy:
+                serve.run(
+                    build_app(
+                        {
+                            "repo": str(self.repo.root),
+                            "model": name,
+                            "variant": v,
+                            "device": device,
+                            "num_replicas": self.replicas_of(name),
+                            "num_cpus": self.settings.replica_num_cpus,
+                            "gpu_fraction": self.settings.replica_gpu_fraction,
+                            "pipeline_depth": self.settings.pipeline_depth,
+                            "runtime": runtime,
+                            "fault_delay_s": self._fault_delay_s(name),
+                            "autoscaling": self.autoscaling_config(name, v),
+                            "channel_host": self._channel_host(),
+                            **({"variants": ranked} if shared else {}),
+                            **({"config_override": model.override} if model.override else {}),
+                        }
+                    ),
+                    name=app,
+                    route_prefix=None,
+                    blocking=False,
+                )
+            handle = self._handle(serve.get_deployment_handle(dep, app_name=app))
+            out += [((name, served), app, handle) for served in (ranked if shared else [v])]
+        return out
+
+    def _install(self, deployed: list[tuple[tuple[str, str], str, Any]]) -> None:
+        for key, app, handle in deployed:
+            self._apps[key] = app
+            self._handles[key] = handle
+            self._replicas[key] = self.replicas_of(key[0])
+
+    async def add_model(self, lm: LoadedModel) -> None:
+        """Deploy ``lm``'s Serve applications while serving (the repository API) and wait until each
+        has a replica taking batches; :class:`ModelLoadError` (its applications deleted again) when
+        Serve cannot start them. Its old applications, if any, are gone (:meth:`remove_model`)."""
+        loop = asyncio.get_running_loop()
+        name = lm.config.name
+        self._setup(lm)
+        try:
+            deployed = await loop.run_in_executor(None, self._deploy_model, lm)
+        except Exception as e:
+            await self.remove_model(name)
+            raise ModelLoadError(f"model '{name}': Ray Serve refused its deployment: {e!s:.300}") from None
+        keys = [key for key, _, _ in deployed]
+        for key, app, handle in deployed:  # not counted as serving until a replica is connected
+            self._apps[key], self._handles[key], self._replicas[key] = app, handle, 0
+        try:
+            await self._wait_running(keys, self.settings.model_load_timeout_s)
+        except BaseException as e:
+            await self.remove_model(name)
+            if isinstance(e, ModelLoadError | TimeoutError):
+                raise ModelLoadError(f"model '{name}': {e}") from None
+            raise
+
+    async def remove_model(self, name: str) -> None:
+        """Delete ``name``'s Serve applications (its batcher has drained: no batch of it is in flight);
+        Serve stops their replicas."""
+        keys = [k for k in self._apps if k[0] == name]
+        apps = sorted({self._apps[k] for k in keys})
+        for key in keys:
+            self._apps.pop(key, None)
+            self._handles.pop(key, None)
+            self._replicas.pop(key, None)
+            self._served.pop(key, None)
+        if self.channels is not None:
+            for app in apps:
+                self.channels.sync(app, {})  # its channels close
+        lm = self.models.pop(name, None)
+        self._arrivals.pop(name, None)
+        if self.settings.ray_deploy and apps:
+            from ray import serve
+
+            def delete() -> None:
+                for app in apps:
+                    serve.delete(app, _blocking=True)
+
+            await asyncio.get_running_loop().run_in_executor(None, delete)
+        if lm is not None:
+            device = self.device_of(name).lower()
+            for v in lm.config.variants:
+                for state in ("starting", "running", "stopping"):
+                    self._report_replicas(name, v.name, device, state, 0)
 
     def _channel_host(self) -> str | None:
         """Where each replica's batch channel listens: loopback under the gateway's own embedded Ray,
@@ -264,15 +345,33 @@ class RayServeBackend(BackendBase):
         self._ready = True
         self._poller = loop.create_task(self._poll_replicas())
 
-    async def _wait_running(self, timeout_s: float = 300.0) -> None:
+    async def _wait_running(self, keys: list[tuple[str, str]] | None = None, timeout_s: float = 300.0) -> None:
+        """Until every (model, variant) of ``keys`` (default: all) has a replica taking batches; an
+        application Serve gives up on (DEPLOY_FAILED, its replicas failing to start) is a
+        :class:`ModelLoadError` with Serve's message."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
             await self._refresh()
-            if all(self._replicas.get(k, 0) >= 1 for k in self._handles):
+            wanted = list(self._handles) if keys is None else keys
+            if all(self._replicas.get(k, 0) >= 1 for k in wanted):
                 return
+            for k in wanted:
+                failed = self._deploy_failure(self._apps.get(k, ""))
+                if failed is not None:
+                    raise ModelLoadError(failed)
             await asyncio.sleep(0.25)
         raise TimeoutError("Ray Serve replicas did not start in time; see `ray status` / Serve logs")
+
+    def _deploy_failure(self, app: str) -> str | None:
+        """Serve's message when it gave up deploying ``app`` (from the latest details), else None."""
+        st = ((self._details or {}).get("applications") or {}).get(app) or {}
+        status = str(getattr(st.get("status"), "value", st.get("status")))
+        if status != "DEPLOY_FAILED":
+            return None
+        msgs = [str(d.get("message") or "") for d in (st.get("deployments") or {}).values()]
+        why = next((m for m in msgs if m), str(st.get("message") or "no message"))
+        return f"Ray Serve could not start application {app}: {why[-600:]}"
 
     async def _refresh(self) -> None:
         """Read the controller's view of the replicas (and, for the direct transport, where the new

@@ -15,7 +15,7 @@ import numpy as np
 from batching.batcher import RunResult
 from gateway.backends.base import BackendBase, ModelLoadError
 from gateway.errors import DeadlineExceeded
-from models.repository import ModelRepository
+from models.repository import LoadedModel, ModelRepository
 from models.runtime import Replica, RuntimeOptions, device_type
 
 
@@ -61,6 +61,8 @@ class InProcessBackend(BackendBase):
         shared: set[str] | None = None,
     ):
         self.repo = repo
+        # what it serves; the repository API changes it (no repository: a unit test installs replicas itself)
+        self.models: dict[str, LoadedModel] = dict(repo.models) if repo is not None else {}
         self._shared = set(shared or ())
         if self._shared and processes:
             raise ValueError("shared replicas are not supported with worker processes")
@@ -80,34 +82,73 @@ class InProcessBackend(BackendBase):
         self._fast: dict[tuple[str, str], bool] = {}
 
     async def start(self) -> None:
-        total = sum(len(m.config.variants) for m in self.repo.models.values()) * self.instances
-        self._pool = ThreadPoolExecutor(max_workers=max(2, total * self.pipeline_depth), thread_name_prefix="ort")
+        self._pool = self._new_pool(sum(len(m.config.variants) for m in self.models.values()))
         if self.processes:
-            await self._start_workers()
-            self._report()
-            self._ready = True
-            return
-        for name, model in self.repo.models.items():
-            outs = [o.name for o in model.config.outputs]
-            for v in model.config.variants:
-                reps = await self._sessions(name, model, v.name, outs, self.instances)
-                self._install(name, v.name, reps)
-                # a shared replica's batches all go through its free queue (none inline on the loop)
-                self._fast[(name, v.name)] = name not in self._shared and self._probe_fast(reps[0], model)
-        self._report()
+            await self._start_workers(self.models)
+        else:
+            for name, model in self.models.items():
+                await self._load_sessions(name, model)
+        for name in self.models:
+            self._report(name)
         self._ready = True
 
-    def _report(self) -> None:
-        """Replica counts to the gauge, once: they are fixed for the backend's life. A shared model's
-        replicas hold every variant: counted once, under its most accurate one."""
-        for name, model in self.repo.models.items():
-            ranked = [v.name for v in model.config.variants_by_accuracy]
-            for v in ranked[:1] if name in self._shared else ranked:
-                self._report_replicas(name, v, self.device_type, "running", self.replica_count(name, v))
-            for v in ranked:
-                runtimes = [(r.device, r.provider) for r in self._replicas.get((name, v), ())]
-                runtimes += [rt for w in self._workers.get((name, v), ()) if (rt := w.runtime) is not None]
-                self._report_runtime(name, v, runtimes)
+    def _new_pool(self, variants: int) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(
+            max_workers=max(2, variants * self.instances * self.pipeline_depth), thread_name_prefix="ort"
+        )
+
+    async def _load_sessions(self, name: str, model: LoadedModel) -> None:
+        outs = [o.name for o in model.config.outputs]
+        for v in model.config.variants:
+            reps = await self._sessions(name, model, v.name, outs, self.instances)
+            self._install(name, v.name, reps)
+            # a shared replica's batches all go through its free queue (none inline on the loop)
+            self._fast[(name, v.name)] = name not in self._shared and self._probe_fast(reps[0], model)
+
+    async def add_model(self, model: LoadedModel) -> None:
+        """Load ``model``'s replicas while serving (the repository API); its old ones, if any, are gone
+        (:meth:`remove_model`). The thread pool grows to hold its batches too."""
+        name = model.config.name
+        self.models[name] = model
+        pool = self._pool
+        self._pool = self._new_pool(sum(len(m.config.variants) for m in self.models.values()))
+        if pool is not None:
+            pool.shutdown(wait=False)  # batches already handed to it finish there
+        try:
+            if self.processes:
+                await self._start_workers({name: model})
+            else:
+                await self._load_sessions(name, model)
+        except BaseException:
+            await self.remove_model(name)
+            raise
+        self._report(name)
+
+    async def remove_model(self, name: str) -> None:
+        """Drop ``name``'s replicas (its batcher has drained: no batch of it is in flight)."""
+        model = self.models.pop(name, None)
+        keys = [k for k in set(self._replicas) | set(self._workers) if k[0] == name]
+        await asyncio.gather(*(w.stop() for k in keys for w in self._workers.get(k, ())))
+        for k in keys:
+            self._replicas.pop(k, None)
+            self._workers.pop(k, None)
+            self._free_q.pop(k, None)
+            self._fast.pop(k, None)
+        if model is not None:
+            for v in model.config.variants:
+                self._report_replicas(name, v.name, self.device_type, "running", 0)
+
+    def _report(self, name: str) -> None:
+        """A model's replica counts to the gauge, once: they are fixed while it is loaded. A shared
+        model's replicas hold every variant: counted once, under its most accurate one."""
+        model = self.models[name]
+        ranked = [v.name for v in model.config.variants_by_accuracy]
+        for v in ranked[:1] if name in self._shared else ranked:
+            self._report_replicas(name, v, self.device_type, "running", self.replica_count(name, v))
+        for v in ranked:
+            runtimes = [(r.device, r.provider) for r in self._replicas.get((name, v), ())]
+            runtimes += [rt for w in self._workers.get((name, v), ()) if (rt := w.runtime) is not None]
+            self._report_runtime(name, v, runtimes)
 
     def _install(self, model: str, variant: str, reps: list, free_q=None) -> None:
         """Make ``reps`` the replicas of (model, variant), free. A shared model's variants share one queue
@@ -126,7 +167,7 @@ class InProcessBackend(BackendBase):
             q.put(i)
         self._free_q[(model, variant)] = q
 
-    async def _start_workers(self) -> None:
+    async def _start_workers(self, models: dict[str, LoadedModel]) -> None:
         """A worker process per replica, except for a variant whose batches are tiny (under
         ``inline_below_s``): it stays an ORT session on the loop, as without workers, since a trip
         through a worker's socket costs the loop more than computing such a batch does. A variant
@@ -137,7 +178,7 @@ class InProcessBackend(BackendBase):
 
         started = []
         profiles = ProfileTable.load(self.repo.root) if self.inline_below_s > 0 else None
-        for name, model in self.repo.models.items():
+        for name, model in models.items():
             outs = [o.name for o in model.config.outputs]
             for v in model.config.variants:
                 curve = profiles.curves.get((name, v.name, self.device_type)) if profiles is not None else None

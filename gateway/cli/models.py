@@ -1,4 +1,5 @@
-"""``sloserve models build`` and ``sloserve profile``: the demo repository and its latency profiles."""
+"""``sloserve models build | check`` and ``sloserve profile``: the demo repository, the check of a
+repository without serving it, and latency profiles."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also profile the built models with this many batches per size (0: skip)",
     )
     b.set_defaults(func=_models_build)
+
+    c = msub.add_parser(
+        "check",
+        help="check a model repository without serving it: each config.json against its ONNX graphs "
+        "(inputs, outputs, datatypes, shapes, max_batch_size) and every variant's file; exit 1 on any problem",
+    )
+    c.add_argument("repo", metavar="DIR", help="the model repository folder")
+    c.set_defaults(func=_models_check)
 
     pr = sub.add_parser("profile", help="measure latency per batch size of every (model, variant) on this device")
     pr.add_argument("--repo", default="model_repository")
@@ -42,6 +51,32 @@ def _models_build(args: argparse.Namespace) -> int:
         profile_repo(args.repo, RuntimeOptions(), iters=args.profile_iters, warmup=3)
     print("done", flush=True)
     return 0
+
+
+def _models_check(args: argparse.Namespace) -> int:
+    """The check the server runs on every model it loads (``models.repository.load_model_dir``), one
+    line per model folder."""
+    from pathlib import Path
+
+    from models.repository import ModelRepository
+
+    repo = ModelRepository(args.repo)
+    try:
+        results = repo.check()
+    except FileNotFoundError as e:
+        print(f"sloserve models check: {e}")
+        return 2
+    others = sorted(p.name for p in repo.root.iterdir() if p.is_dir() and p.name not in results)
+    for name, problem in results.items():
+        print(f"{name}: {'ok' if problem is None else 'FAIL: ' + problem}")
+    for name in others:
+        print(f"{name}: skipped (no {Path(name) / 'config.json'}, so not a model folder)")
+    bad = sum(1 for p in results.values() if p is not None)
+    if not results:
+        print(f"sloserve models check: {repo.root} holds no <model>/config.json")
+        return 2
+    print(f"{len(results) - bad} of {len(results)} model(s) ok in {repo.root}")
+    return 1 if bad else 0
 
 
 def _profile(args: argparse.Namespace) -> int:

@@ -11,10 +11,12 @@ Tokens come from ``auth_tokens_file`` and/or ``auth_tokens`` (usually the enviro
 When no token is configured, nothing is checked and nothing is installed on the hot path.
 When one is, every request needs ``Authorization: Bearer TOKEN`` except the open endpoints:
 liveness and readiness (``/v2/health/*``, gRPC ``ServerLive``/``ServerReady``), server metadata
-(``/v2``, ``ServerMetadata``) and the API docs (``/docs``, ``/openapi.json``). ``/metrics`` needs
-the ``metrics`` scope, ``/v2/training/*`` the ``training`` scope, everything else ``infer``.
-Model endpoints (metadata, readiness, inference) also check the model against the token's
-allow-list: a missing or unknown token is 401 / UNAUTHENTICATED, a known token asking for a model
+(``/v2``, ``ServerMetadata``) and the API docs (``/docs``, ``/openapi.json``). ``/metrics`` and
+every model's statistics (``/v2/models/stats``, gRPC ``ModelStatistics`` without a name) need the
+``metrics`` scope, ``/v2/training/*`` the ``training`` scope, the repository API
+(``/v2/repository/*``, gRPC ``Repository*``) the ``models`` scope, everything else ``infer``.
+Model endpoints (metadata, config, statistics, readiness, inference, load and unload) also check
+the model against the token's allow-list: a missing or unknown token is 401 / UNAUTHENTICATED, a known token asking for a model
 outside its list or without the scope 403 / PERMISSION_DENIED (the list of served models is never
 revealed to it).
 
@@ -74,20 +76,42 @@ class BearerAuthMiddleware:
 
 
 def _scope_of(path: str) -> str:
-    """The scope an HTTP path needs (gateway/tokens.py): metrics, training, else inference."""
-    if path == "/metrics":
+    """The scope an HTTP path needs (gateway/tokens.py): metrics, training, models, else inference."""
+    if path in ("/metrics", ALL_STATS_PATH):
         return "metrics"
     if path == "/v2/training" or path.startswith("/v2/training/"):
         return "training"
+    if path == "/v2/repository" or path.startswith("/v2/repository/"):
+        return "models"
     return "infer"
+
+
+ALL_STATS_PATH = "/v2/models/stats"
 
 
 def _model_from_path(path: str) -> str | None:
     parts = path.split("/")
-    # /v2/models/{model}[/...]
-    if len(parts) >= 4 and parts[1] == "v2" and parts[2] == "models" and parts[3]:
+    # /v2/models/{model}[/...] (not /v2/models/stats, every model's), /v2/repository/models/{model}/...
+    if len(parts) >= 4 and parts[1] == "v2" and parts[2] == "models" and parts[3] and path != ALL_STATS_PATH:
         return parts[3]
+    if len(parts) >= 5 and parts[1:4] == ["v2", "repository", "models"] and parts[4]:
+        return parts[4]
     return None
+
+
+GRPC_SCOPES = {
+    _SERVICE + "RepositoryIndex": "models",
+    _SERVICE + "RepositoryModelLoad": "models",
+    _SERVICE + "RepositoryModelUnload": "models",
+}
+
+
+def _grpc_scope(method: str, request: Any) -> str:
+    """The scope a gRPC call needs: ``models`` for the repository API, ``metrics`` for every model's
+    statistics (ModelStatistics without a name), else ``infer``."""
+    if method == _SERVICE + "ModelStatistics" and not getattr(request, "name", ""):
+        return "metrics"
+    return GRPC_SCOPES.get(method, "infer")
 
 
 async def _send_error(send: Callable, e: ServingError) -> None:
@@ -150,7 +174,10 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
             # Refusals set the status and return (set_grpc_error says why not abort()).
             if table is not None:
                 try:
-                    table.authorize(auth, None)
+                    if details.method == _SERVICE + "ModelStatistics":  # its scope depends on the request
+                        table.authorize(auth, None, "metrics" if _may(table, auth, "metrics") else "infer")
+                    else:
+                        table.authorize(auth, None, GRPC_SCOPES.get(details.method, "infer"))
                 except ServingError as e:
                     return set_grpc_error(context, e)
             if isinstance(request, _Malformed):
@@ -160,7 +187,8 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
                 if model is None:
                     model = getattr(request, "name", None)
                 try:
-                    table.authorize(auth, model if isinstance(model, str) else None)
+                    scope = _grpc_scope(details.method, request)
+                    table.authorize(auth, model if isinstance(model, str) and scope != "metrics" else None, scope)
                 except ServingError as e:
                     return set_grpc_error(context, e)
             return await inner(request, context)
@@ -172,6 +200,11 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
             ),
             response_serializer=handler.response_serializer,
         )
+
+
+def _may(table: TokenTable, auth: str | None, scope: str) -> bool:
+    principal = table.lookup(bearer_token(auth))
+    return principal is not None and scope in principal.scopes
 
 
 def _deny_streaming(handler: Any, table: TokenTable, details: grpc.HandlerCallDetails) -> Any:

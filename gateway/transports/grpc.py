@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -247,6 +249,44 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             inputs=[tm(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in md["inputs"]],
             outputs=[tm(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in md["outputs"]],
         )
+
+    async def ModelConfig(self, request, context):
+        try:
+            cfg = self.dp.model_config(request.name, request.version or None)
+        except ServingError as e:
+            set_grpc_error(context, e)
+            return None
+        return pb.ModelConfigResponse(config=json_format.ParseDict(cfg, model_config_pb2.ModelConfig()))
+
+    async def ModelStatistics(self, request, context):
+        try:
+            stats = self.dp.statistics(request.name or None, request.version or None)
+        except ServingError as e:
+            set_grpc_error(context, e)
+            return None
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+
+    async def RepositoryIndex(self, request, context):
+        index = self.dp.repository.index(request.ready)
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**m) for m in index])
+
+    async def RepositoryModelLoad(self, request, context):
+        params = {k: param_value(v) for k, v in request.parameters.items()} or None
+        try:
+            await self.dp.repository.load(request.model_name, params)
+        except ServingError as e:
+            set_grpc_error(context, e)
+            return None
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):
+        params = {k: param_value(v) for k, v in request.parameters.items()} or None
+        try:
+            await self.dp.repository.unload(request.model_name, params)
+        except ServingError as e:
+            set_grpc_error(context, e)
+            return None
+        return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request, context):
         ticket = failure = None

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -158,6 +160,7 @@ def create_app(dp: DataPlane, decoder: RestDecoder) -> FastAPI:
         title="sloserve", version="0.1.0", description="KServe V2 (Open Inference Protocol) with SLO-aware batching"
     )
     _error_handlers(app)
+    _repository_routes(app, dp)  # (before the metadata routes: /v2/models/stats is not a model)
     _metadata_routes(app, dp)
     _infer_routes(app, dp, decoder)
     return app
@@ -187,6 +190,62 @@ def _error_handlers(app: FastAPI) -> None:
     async def _internal(request: Request, e: Exception):
         log.exception("internal error on %s", request.url.path)
         return JSONResponse({"error": f"internal error: {type(e).__name__}"}, status_code=500)
+
+
+MAX_CONTROL_BODY = 1 << 20  # a repository request's JSON body (a config override at most)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    """A repository request's optional JSON object body ({} when empty)."""
+    body = await read_body(request, MAX_CONTROL_BODY)
+    if not body.strip():
+        return {}
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise InvalidArgument(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    return doc
+
+
+def _repository_routes(app: FastAPI, dp: DataPlane) -> None:
+    """The V2 repository extension (gateway/repository.py) and Triton's per-model config and statistics."""
+    repo = dp.repository
+
+    @app.post("/v2/repository/index")
+    async def repository_index(request: Request):
+        return repo.index(bool((await _json_body(request)).get("ready", False)))
+
+    @app.post("/v2/repository/models/{model}/load")
+    async def repository_load(model: str, request: Request):
+        await repo.load(model, (await _json_body(request)).get("parameters"))
+        return Response(status_code=200)
+
+    @app.post("/v2/repository/models/{model}/unload")
+    async def repository_unload(model: str, request: Request):
+        await repo.unload(model, (await _json_body(request)).get("parameters"))
+        return Response(status_code=200)
+
+    @app.get("/v2/models/stats")
+    async def all_statistics():
+        return dp.statistics()
+
+    @app.get("/v2/models/{model}/stats")
+    async def model_statistics(model: str):
+        return dp.statistics(model)
+
+    @app.get("/v2/models/{model}/versions/{version}/stats")
+    async def model_version_statistics(model: str, version: str):
+        return dp.statistics(model, version)
+
+    @app.get("/v2/models/{model}/config")
+    async def model_config(model: str):
+        return dp.model_config(model)
+
+    @app.get("/v2/models/{model}/versions/{version}/config")
+    async def model_version_config(model: str, version: str):
+        return dp.model_config(model, version)
 
 
 def _metadata_routes(app: FastAPI, dp: DataPlane) -> None:

@@ -31,6 +31,7 @@ ALL = "tok-all-7f3c9e21d4"
 DIGITS = "tok-digits-5a8b0c61"
 HEAVY_ENV = "tok-heavy-env-e2d9"
 WRONG = "tok-all-7f3c9e21d5"
+ADMIN = "tok-admin-3c1d9e77"  # the repository API, for digits only
 
 
 def make_cert(d):
@@ -71,7 +72,9 @@ def secure(model_repo, tmp_path_factory):
     d = tmp_path_factory.mktemp("auth")
     cert, key = make_cert(d)
     tokens = d / "tokens"
-    tokens.write_text(f"# test tokens\n{ALL} * infer,metrics\n{DIGITS} digits   # digits only\n")
+    tokens.write_text(
+        f"# test tokens\n{ALL} * infer,metrics\n{DIGITS} digits   # digits only\n{ADMIN} digits infer,models\n"
+    )
     tokens.chmod(0o600)
     srv = ServerProcess(
         model_repo,
@@ -200,8 +203,8 @@ def test_rest_infer_refused(secure, model, token, code):
 
 def test_rest_unknown_paths_are_protected_too(secure):
     """Default deny: only the listed endpoints are open; anything else needs a token first."""
-    assert _get(secure, "/v2/repository/index")[0] == 401
-    assert _get(secure, "/v2/repository/index", ALL)[0] == 404
+    assert _get(secure, "/v2/no/such/endpoint")[0] == 401
+    assert _get(secure, "/v2/no/such/endpoint", ALL)[0] == 404
     assert _get(secure, "/v2/models/heavy/ready", DIGITS)[0] == 403
     assert _get(secure, "/v2/models/nope/ready", DIGITS)[0] == 403  # no probing the model list
 
@@ -237,6 +240,46 @@ def test_grpc_infer_and_metadata_with_right_token(secure):
         c.get_model_metadata("digits")
     with pytest.raises(InferenceServerException, match="PERMISSION_DENIED|may not use"):
         c.is_model_ready("heavy", headers={"authorization": f"Bearer {DIGITS}"})
+
+
+def _post(secure, path, token=None, body=b"{}"):
+    srv, _, ctx = secure
+    req = urllib.request.Request(f"https://{srv.http_url}{path}", data=body, method="POST")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_the_repository_api_needs_the_models_scope_and_the_allow_list(secure):
+    """Loading and unloading change the server: only a token with the ``models`` scope may, and only
+    for the models of its list; every model's statistics need the ``metrics`` scope."""
+    assert _post(secure, "/v2/repository/index")[0] == 401
+    status, body = _post(secure, "/v2/repository/index", ALL)
+    assert status == 403 and b"'models' scope" in body
+    status, body = _post(secure, "/v2/repository/index", ADMIN)
+    assert status == 200 and {m["name"] for m in json.loads(body)} >= {"digits", "heavy"}
+    status, body = _post(secure, "/v2/repository/models/heavy/unload", ADMIN)
+    assert status == 403 and b"may not use model 'heavy'" in body
+    assert _post(secure, "/v2/repository/models/digits/load", ADMIN)[0] == 200  # unchanged: stays loaded
+    assert _get(secure, "/v2/models/stats", DIGITS)[0] == 403
+    assert _get(secure, "/v2/models/stats", ALL)[0] == 200
+    assert _get(secure, "/v2/models/digits/stats", DIGITS)[0] == 200
+    assert _get(secure, "/v2/models/heavy/config", DIGITS)[0] == 403
+    c = grpc_client(secure)
+    with pytest.raises(InferenceServerException, match="'models' scope"):
+        c.get_model_repository_index(headers={"authorization": f"Bearer {ALL}"})
+    names = [m.name for m in c.get_model_repository_index(headers={"authorization": f"Bearer {ADMIN}"}).models]
+    assert "digits" in names
+    with pytest.raises(InferenceServerException, match="may not use model 'heavy'"):
+        c.unload_model("heavy", headers={"authorization": f"Bearer {ADMIN}"})
+    with pytest.raises(InferenceServerException, match="'metrics' scope"):
+        c.get_inference_statistics(headers={"authorization": f"Bearer {DIGITS}"})
+    assert c.get_inference_statistics(headers={"authorization": f"Bearer {ALL}"}).model_stats
+    assert c.get_inference_statistics("digits", headers={"authorization": f"Bearer {DIGITS}"}).model_stats
 
 
 def test_grpc_garbage_protobuf_is_invalid_argument(secure):

@@ -415,3 +415,24 @@ async def test_a_variant_without_replicas_fails_its_requests_promptly_never_hang
     out = await b.submit(x(3), 1, clock.now() + 100.0, ("v",))
     assert float(out.outputs["y"][0, 0]) == 6.0
     await b.close()
+
+
+async def test_drain_answers_what_was_admitted_and_refuses_new_requests():
+    """An unload drains the model's batcher: the requests queued and in a batch are answered, a new
+    one is refused at once (503) with the reason given."""
+    runner = Runner()
+    runner.gate = asyncio.Event()
+    b = Batcher("m", make_policy("timeout", max_batch_size=2, max_wait_ms=0, default_variant="v"), runner, ["v"], 2)
+    b.start()
+    admitted = [asyncio.create_task(b.submit(x(i), 1, 1e9, ("v",))) for i in range(3)]
+    await asyncio.sleep(0)
+    draining = asyncio.create_task(b.drain(30.0, "model 'm' was unloaded"))
+    await asyncio.sleep(0)
+    with pytest.raises(Unavailable, match="model 'm' was unloaded") as ei:
+        await b.submit(x(9), 1, 1e9, ("v",))
+    assert http_status(ei.value) == 503
+    assert not draining.done()
+    runner.gate.set()
+    outs = await asyncio.gather(*admitted)
+    await draining
+    assert [float(o.outputs["y"][0, 0]) for o in outs] == [0.0, 2.0, 4.0]
