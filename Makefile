@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 REPO   ?= model_repository
 
-.PHONY: run test lint install models unit integration bench clean
+.PHONY: run test lint install models unit integration bench clean dashboards
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ models: $(REPO)/.built
 # Serve the demo models on 127.0.0.1:8000 (HTTP) and :8001 (gRPC), replicas on a local Ray Serve.
 run: models
 	$(VENV)/bin/sloserve serve --repo $(REPO)
+
+# Gateway (make run's server), a bounded Locust load (DURATION seconds, at most 600) and Prometheus,
+# all on 127.0.0.1; prints the Prometheus UI and the main SLO queries. Ctrl-C stops everything.
+# docs/operations.md, "Watching it under load". Extra flags: DASHBOARDS_ARGS="--config deploy/sloserve.example.yaml".
+DURATION ?= 300
+dashboards: models
+	$(PY) -m loadtests.dashboards --repo $(REPO) --duration $(DURATION) $(DASHBOARDS_ARGS)
 
 # The whole suite: the standing checks, unit tests (no Ray, no sleeps) and integration tests
 # (real servers, real Ray).

@@ -18,12 +18,8 @@ If Prometheus cannot be installed the test fails and says so; it never skips.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,12 +32,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from loadtests import dashboards
+from loadtests.dashboards import (
+    PROM_DIR,
+    alerts_firing,
+    free_port,
+    prometheus_command,
+    query,
+    stop,
+    wait_for,
+    write_prometheus_config,
+)
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-PROM_DIR = ROOT / "deploy" / "prometheus"
 DASH_DIR = ROOT / "deploy" / "grafana" / "dashboards"
 RULE_FILES = sorted(PROM_DIR.glob("*rules.yml"))
 
@@ -77,77 +83,11 @@ GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "5s", "$__range": "5m",
 
 
 # ---------------------------------------------------------------- helpers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except OSError:
-        return 0, b""
-
-
-def wait_for(url: str, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-            raise AssertionError(f"{what} exited with {proc.returncode} before it was ready:\n{out[-3000:]}")
-        if http_get(url, 1.0)[0] == 200:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not ready at {url} after {timeout_s:.0f} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
 def ensure_prometheus() -> tuple[str, str]:
-    """Return the paths of prometheus and promtool, installing Debian's package if needed."""
-    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
-    if prom and tool:
-        return prom, tool
-    sudo: list[str] = []
-    if os.geteuid() != 0:
-        if shutil.which("sudo") is None:
-            pytest.fail(
-                "Prometheus is not installed and cannot be installed: not root and no sudo. "
-                "Install it with `apt-get install --no-install-recommends prometheus`."
-            )
-        sudo = ["sudo", "-n"]
-    apt = shutil.which("apt-get")
-    if apt is None:
-        pytest.fail(
-            "Prometheus is not installed and cannot be installed: no apt-get on this machine. "
-            "Put prometheus and promtool (2.x) on PATH."
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    log = []
-    for cmd in (
-        [*sudo, apt, "update", "-q"],
-        [*sudo, apt, "install", "-y", "-q", "--no-install-recommends", "prometheus"],
-    ):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        log.append(f"$ {' '.join(cmd)}\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
-        if r.returncode != 0:
-            pytest.fail("Prometheus is not installed and installing Debian's package failed:\n" + "\n".join(log))
-    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
-    if not (prom and tool):
-        pytest.fail("apt-get installed `prometheus` but prometheus/promtool are not on PATH:\n" + "\n".join(log))
-    return prom, tool
+    try:
+        return dashboards.ensure_prometheus()
+    except dashboards.PrometheusUnavailable as e:
+        pytest.fail(str(e))
 
 
 def rule_exprs() -> list[tuple[str, str, str]]:
@@ -267,21 +207,9 @@ def stack(promtools, model_repo, tmp_path_factory):
     http_port, grpc_port, prom_port = srv.http_port, srv.grpc_port, free_port()
     prom = None
     try:
-        cfg = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
-        cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
-        cfg["rule_files"] = [str(PROM_DIR / f) for f in cfg["rule_files"]]
-        jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-        jobs["sloserve"]["static_configs"][0]["targets"] = [f"127.0.0.1:{http_port}"]
-        jobs["ray"]["file_sd_configs"][0]["files"] = [str(tmp / "ray_sd.json")]  # no Ray here
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        config = write_prometheus_config([f"127.0.0.1:{http_port}"], tmp)  # 1 s scrapes; no Ray here
         prom = subprocess.Popen(
-            [
-                prom_bin,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--log.level=warn",
-            ],
+            prometheus_command(prom_bin, config, tmp / "data", prom_port),
             cwd=tmp,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -302,23 +230,6 @@ def stack(promtools, model_repo, tmp_path_factory):
         if prom is not None:
             stop(prom)
         srv.stop()
-
-
-def query(base: str, expr: str) -> list:
-    status, body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-    data = json.loads(body or b"{}")
-    if status != 200 or data.get("status") != "success":
-        raise AssertionError(f"query failed ({status}): {data.get('errorType')}: {data.get('error')}\n  {expr}")
-    return data["data"]["result"]
-
-
-def alerts_firing(base: str) -> set[str]:
-    _, body = http_get(f"{base}/api/v1/alerts")
-    try:
-        alerts = json.loads(body)["data"]["alerts"]
-    except (ValueError, KeyError):
-        return set()
-    return {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
 
 
 # ---------------------------------------------------------------- tests

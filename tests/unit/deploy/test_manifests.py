@@ -6,6 +6,7 @@ settings are ones sloserve itself accepts and that find the deployed application
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from types import SimpleNamespace
@@ -151,7 +152,13 @@ def test_import_path_builds_an_application_without_starting_ray(which, app_cfg):
     assert dep.name == deployment_name(args["model"], args["variant"], args["device"])
     # The app name is the one the gateway looks for: sloserve-<deployment name>.
     assert app_cfg["name"] == "sloserve-" + dep.name
-    assert dep.num_replicas == args["num_replicas"]
+    auto = dep._deployment_config.autoscaling_config  # Ray's own AutoscalingConfig, validated by .options()
+    assert auto is not None, f"{app_cfg['name']}: autoscaling is off"
+    assert (auto.min_replicas, auto.max_replicas) == (
+        args["autoscaling"]["min_replicas"],
+        args["autoscaling"]["max_replicas"],
+    )
+    assert auto.policy.policy_function == "autoscaler.ray_policy:SwayamRayPolicy"
     assert dep.max_ongoing_requests == args["pipeline_depth"]
     assert dep.init_args[:4] == (args["repo"], args["model"], args["variant"], args["device"])
 
@@ -161,6 +168,50 @@ def test_builder_args_name_real_runtime_options():
 
     for _, app_cfg in _applications():
         RuntimeOptions(**app_cfg["args"].get("runtime", {}))  # unknown keys would raise TypeError
+
+
+BUILD_APP_ARGS = {
+    "repo",
+    "model",
+    "variant",
+    "variants",
+    "device",
+    "num_replicas",
+    "autoscaling",
+    "num_cpus",
+    "gpu_fraction",
+    "pipeline_depth",
+    "runtime",
+    "health_check_period_s",
+    "fault_delay_s",
+    "channel_host",
+}
+
+
+def test_builder_args_are_ones_build_app_reads():
+    """build_app reads its args with .get(): a misspelt key would be ignored silently, so check them."""
+    import inspect
+
+    from models.ray_replica import build_app
+
+    src = inspect.getsource(build_app)
+    assert all(f'"{k}"' in src for k in BUILD_APP_ARGS), "BUILD_APP_ARGS lists a key build_app does not read"
+    for _, app_cfg in _applications():
+        unknown = set(app_cfg["args"]) - BUILD_APP_ARGS
+        assert not unknown, f"{app_cfg['name']}: args build_app does not read: {sorted(unknown)}"
+
+
+def test_swayam_policy_accepts_its_kwargs():
+    """Each application's policy_kwargs build the policy Ray's controller instantiates (SwayamRayPolicy,
+    its swayam knobs through SwayamConfig). That they are what the gateway itself would deploy is
+    tests/integration/test_deploy_configs.py (it needs the built repository)."""
+    from autoscaler.ray_policy import SwayamRayPolicy
+
+    for _, app_cfg in _applications():
+        kwargs = app_cfg["args"]["autoscaling"]["policy"]["policy_kwargs"]
+        policy = SwayamRayPolicy(**kwargs)
+        assert policy.service.slo_s * 1e3 == pytest.approx(kwargs["slo_ms"])
+        assert len(kwargs["batch_sizes"]) == len(kwargs["p99_ms"])
 
 
 # ---- resources: what the replicas ask for, the worker groups offer ----------------------------------
@@ -188,7 +239,7 @@ def test_each_gpu_type_has_room_for_its_replicas():
     demand: dict[str, dict[str, float]] = {}
     for app_cfg in apps:
         opts = _actor_options(app_cfg)
-        n = app_cfg["args"]["num_replicas"]
+        n = app_cfg["args"]["autoscaling"]["min_replicas"]  # the replicas that start; the autoscaler adds pods
         for res in opts.get("resources", {}):
             d = demand.setdefault(res, {"GPU": 0.0, "CPU": 0.0, "max_gpu": 0.0, "max_cpu": 0.0})
             d["GPU"] += n * opts.get("num_gpus", 0)
@@ -237,12 +288,13 @@ def _pod_specs() -> dict[str, dict]:
     specs = {"head": rc["headGroupSpec"]["template"]["spec"]}
     specs.update({f"worker:{g['groupName']}": g["template"]["spec"] for g in rc["workerGroupSpecs"]})
     specs["gateway"] = _kind("Deployment", "sloserve-gateway")["spec"]["template"]["spec"]
+    specs["harvest"] = _kind("Deployment", "sloserve-harvest")["spec"]["template"]["spec"]
     return specs
 
 
 def test_every_pod_mounts_the_model_repository_where_the_replicas_read_it():
-    claim = _kind("PersistentVolumeClaim")["metadata"]["name"]
-    assert "ReadWriteMany" in _kind("PersistentVolumeClaim")["spec"]["accessModes"]
+    claim = _kind("PersistentVolumeClaim", "sloserve-models")["metadata"]["name"]
+    assert "ReadWriteMany" in _kind("PersistentVolumeClaim", claim)["spec"]["accessModes"]
     repos = {a["args"]["repo"] for a in _embedded_serve_config()["applications"]}
     assert len(repos) == 1
     (repo,) = repos
@@ -258,23 +310,23 @@ def test_every_pod_mounts_the_model_repository_where_the_replicas_read_it():
 
 
 # ---- the gateways -----------------------------------------------------------------------------------
-def _gateway_container() -> dict:
-    (c,) = _containers(_kind("Deployment", "sloserve-gateway")["spec"]["template"]["spec"])
+def _gateway_container(deployment: str = "sloserve-gateway") -> dict:
+    (c,) = _containers(_kind("Deployment", deployment)["spec"]["template"]["spec"])
     return c
 
 
-def _gateway_settings(tmp_path: Path, monkeypatch):
+def _gateway_settings(tmp_path: Path, monkeypatch, deployment: str = "sloserve-gateway"):
     """What `sloserve serve` resolves in the gateway pod: its command line parsed by sloserve's own
     parser, over the ConfigMap's settings file mounted where the command says."""
     from gateway.cli.main import build_parser
     from gateway.cli.serve import settings_from_args
 
-    c = _gateway_container()
+    c = _gateway_container(deployment)
     argv = c["command"] + c.get("args", [])
     assert argv[0] == "sloserve"
     args = build_parser().parse_args(argv[1:])
     assert args.cmd == "serve"
-    spec = _kind("Deployment", "sloserve-gateway")["spec"]["template"]["spec"]
+    spec = _kind("Deployment", deployment)["spec"]["template"]["spec"]
     vols = {v["name"]: v for v in spec["volumes"]}
     (mount,) = [m for m in c["volumeMounts"] if "configMap" in vols[m["name"]]]
     cm = _kind("ConfigMap", vols[mount["name"]]["configMap"]["name"])
@@ -324,31 +376,138 @@ def test_gateway_finds_exactly_the_applications_the_rayservice_deploys(tmp_path,
     assert s.repo == Path(apps[0]["args"]["repo"])
 
 
+def test_the_gateways_run_the_slo_policy_and_feed_the_autoscaler(tmp_path, monkeypatch):
+    """The front door batches with the SLO policy and stamps its rates for swayam (models.<m>.autoscaling,
+    with the bounds serveConfigV2 deploys), at its 1/N share of the traffic."""
+    _, s = _gateway_settings(tmp_path, monkeypatch)
+    assert s.default_policy == "slo"
+    assert not s.training.enabled, "the harvest runs in one pod only (sloserve-harvest)"
+    n = _kind("Deployment", "sloserve-gateway")["spec"]["replicas"]
+    assert s.gateway_share == pytest.approx(1 / n, abs=1e-3), "gateway_share must be 1/N for N gateway pods"
+    for a in _embedded_serve_config()["applications"]:
+        args = a["args"]
+        auto = s.models[args["model"]].autoscaling
+        assert auto is not None, f"{args['model']}: the gateways do not stamp rates for its autoscaler"
+        assert (auto.min_replicas, auto.max_replicas) == (
+            args["autoscaling"]["min_replicas"],
+            args["autoscaling"]["max_replicas"],
+        ), a["name"]
+
+
+def test_one_harvest_gateway_runs_the_training_harvest(tmp_path, monkeypatch):
+    """sloserve-harvest: one pod (Recreate), the training harvest on, its jobs_dir on a ReadWriteMany
+    volume that every GPU worker mounts at the same path (the jobs run there and write their
+    checkpoints), attached to the same applications, sending no rate stamps (it takes no traffic)."""
+    from gateway.backends.ray import APP_PREFIX, RayServeBackend
+    from models.ray_replica import deployment_name
+
+    dep = _kind("Deployment", "sloserve-harvest")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    args, s = _gateway_settings(tmp_path, monkeypatch, "sloserve-harvest")
+    assert args.cmd == "serve"
+    assert s.training.enabled and s.backend == "ray" and s.ray_deploy is False
+    assert all(o.autoscaling is None for o in s.models.values())
+    apps = _embedded_serve_config()["applications"]
+    assert {a["args"]["gpu_fraction"] for a in apps} == {s.replica_gpu_fraction}
+    backend = RayServeBackend(repo=SimpleNamespace(models={}), opts=None, settings=s)
+    assert {
+        APP_PREFIX + deployment_name(a["args"]["model"], a["args"]["variant"], backend.device_of(a["args"]["model"]))
+        for a in apps
+    } == {a["name"] for a in apps}
+    claim = "sloserve-training"
+    assert "ReadWriteMany" in _kind("PersistentVolumeClaim", claim)["spec"]["accessModes"]
+    for name, spec in _pod_specs().items():
+        if name == "harvest" or name.startswith("worker:"):
+            vols = {v["name"]: v for v in spec.get("volumes", [])}
+            mounts = [
+                m["mountPath"]
+                for c in _containers(spec)
+                for m in c.get("volumeMounts", [])
+                if vols.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") == claim
+                and not m.get("readOnly")
+            ]
+            assert mounts == [str(s.training.jobs_dir)], name
+    svc = _kind("Service", "sloserve-harvest")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    front = _kind("Service", "sloserve-gateway")["spec"]["selector"]
+    assert not front.items() <= dep["spec"]["template"]["metadata"]["labels"].items(), "no inference to the harvest"
+
+
+def test_gpu_workers_push_autoscaling_metrics_often():
+    """The swayam policy's look-back (10 s) needs the replicas' metric pushes more often than Ray's 10 s."""
+    look_back = {a["args"]["autoscaling"]["look_back_period_s"] for a in _embedded_serve_config()["applications"]}
+    for g in _groups():
+        (c,) = _containers(g["template"]["spec"])
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert float(env["RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"]) < min(look_back), g["groupName"]
+
+
+def _uncomment_examples(text: str) -> str:
+    """The example file with its commented `key: value` lines (at any indentation) switched on."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^( {0,6})# ([a-z_]+):( .*)?$", line)  # not the notes that continue a line, further right
+        if m and not m[2].startswith("example"):
+            line = f"{m[1]}{m[2]}:{m[3] or ''}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def test_example_settings_file_validates_including_its_commented_examples(tmp_path):
     from gateway.config import load_settings
 
     s = load_settings(EXAMPLE)
     assert s.backend == "ray" and s.ray_deploy is True
-    # Uncomment the "example:" blocks and lines: they must validate too.
-    text = EXAMPLE.read_text()
-    lines = []
-    for line in text.splitlines():
-        stripped = line.lstrip()
-        if (
-            stripped.startswith("# ")
-            and ":" in stripped
-            and not stripped.startswith("# example")
-            and line.startswith(("# ", "#   "))
-            and not stripped[2:].startswith(("-", "("))
-        ):
-            body = line.split("# ", 1)[1]
-            if body.split(":", 1)[0].strip().replace("_", "").isalnum():
-                lines.append(body)
-                continue
-        lines.append(line)
-    uncommented = "\n".join(lines).replace("\nmodels: {}\n", "\n")
     f = tmp_path / "example.yaml"
-    f.write_text(uncommented)
+    f.write_text(_uncomment_examples(EXAMPLE.read_text()))
     s2 = load_settings(f)
     assert s2.ray_address == "auto" and s2.ray_num_cpus == 2
     assert s2.models["digits"].device_type == "T4" and s2.models["heavy"].device_type == "A100"
+    assert s2.models["digits"].slo_ms == 20 and s2.models["digits"].instances == 2
+
+
+def test_example_settings_turn_the_features_on():
+    from gateway.config import load_settings
+
+    s = load_settings(EXAMPLE)
+    assert s.default_policy == "slo"
+    assert s.training.enabled
+    for model in _demo_models():
+        assert s.models[model].autoscaling is not None, model
+
+
+# The example's values that are not the defaults: each is marked "on here" in the file.
+ON_HERE = {"models", "training.enabled"}
+
+
+def test_example_values_are_the_defaults_except_those_marked_on_here():
+    """The file says its values are the defaults except the lines marked "on here": check it, key by
+    key, against the pydantic defaults (autoscaling knobs against AutoscalingSettings')."""
+    from gateway.config import AutoscalingSettings, Settings, TrainingSettings
+
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    text = EXAMPLE.read_text()
+    defaults = Settings.model_construct()
+    differ = []
+    for key, value in raw.items():
+        if key == "models":
+            continue
+        if key == "training":
+            tdef = TrainingSettings()
+            for k, v in value.items():
+                if TrainingSettings.model_validate({k: v}).model_dump()[k] != tdef.model_dump()[k]:
+                    differ.append(f"training.{k}")
+            continue
+        field = Settings.model_fields[key]
+        want = field.get_default(call_default_factory=True)
+        got = Settings.model_validate({"host": defaults.host, key: value}).model_dump()[key]
+        if got != (want if not hasattr(want, "model_dump") else want.model_dump()):
+            differ.append(key)
+    assert set(differ) <= ON_HERE, f"not defaults, yet not marked 'on here': {sorted(set(differ) - ON_HERE)}"
+    for key in ON_HERE:
+        leaf = key.split(".")[-1]
+        assert re.search(rf"^\s*{leaf}:.*# on here \(default", text, re.M), f"{key} is not marked 'on here'"
+    auto_def = AutoscalingSettings().model_dump()
+    for model, over in raw["models"].items():
+        auto = over["autoscaling"]
+        assert all(AutoscalingSettings.model_validate(auto).model_dump()[k] == auto_def[k] for k in auto), model
