@@ -28,6 +28,7 @@ from gateway.errors import (
     TooManyRequests,
     Unavailable,
 )
+from gateway.limits import size_limits
 from gateway.looplag import LoopLag
 from gateway.metrics import Metrics
 from gateway.modelinfo import ModelStats, triton_config
@@ -222,6 +223,8 @@ class DataPlane:
             for name, m in repo.models.items()
         }
         self.metrics.watch_policies({name: m.policy for name, m in self.models.items()})
+        # fixed for the gateway's life (grpc's receive limit cannot move): a model loaded later must fit
+        self.size_limits = size_limits(settings, (m.config for m in self.models.values()))
         self.repository = ModelManager(self)  # the repository API: index, load, unload (gateway/repository.py)
         self.inflight = InflightBytes(settings.max_inflight_bytes, self._refused_bytes)
         self.open_requests = 0  # requests past the door and not yet answered (tickets not released)

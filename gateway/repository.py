@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.backends.base import ModelLoadError
 from gateway.errors import InvalidArgument, NotFound, ServingError, Unavailable
+from gateway.limits import size_limits
 from models.repository import LoadedModel, ModelProblem, check_name, load_model_dir
 
 if TYPE_CHECKING:
@@ -157,6 +158,7 @@ class ModelManager:
                 )
                 if current is not None and self._files.get(name) == fingerprint(loaded):
                     return "unchanged"
+                self._check_fits(loaded)
                 self.dp.new_state(loaded)  # the batching settings, checked before the old one goes
             except FileNotFoundError as e:
                 raise NotFound(f"cannot load model '{name}': {e}") from None
@@ -182,6 +184,19 @@ class ModelManager:
             self._state.pop(name, None)
             log.info("model %r %s", name, "reloaded" if current is not None else "loaded")
             return "reloaded" if current is not None else "loaded"
+
+    def _check_fits(self, loaded: LoadedModel) -> None:
+        """The request sizes the gateway reads are fixed when it starts (grpc's receive limit cannot
+        move): a model whose largest request is bigger is refused, naming the setting that moves them."""
+        need = size_limits(self.dp.settings, [loaded.config])
+        have = self.dp.size_limits
+        if not have.fits(need):
+            raise ModelProblem(
+                f"its largest request ({loaded.config.max_batch_size} rows) takes up to {need.body:,} bytes in "
+                f"JSON and {need.grpc:,} on gRPC, more than this gateway reads ({have.body:,} and {have.grpc:,}, "
+                "set when it started from the largest request of the models it served then): restart it with "
+                "max_request_bytes set that high, or lower the model's max_batch_size"
+            )
 
     async def unload(self, name: str, params: Any = None) -> str:
         """Stop serving ``name``: no new request from now on, the ones admitted answered (for at most

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import orjson
 
 from gateway.errors import InvalidArgument, PayloadTooLarge
+from gateway.limits import SizeLimits
 from gateway.types import (
     NUMPY_TO_V2,
     V2_TO_NUMPY,
@@ -29,40 +29,6 @@ from gateway.types import (
 MAX_DIMS = 16
 MAX_ELEMENTS = 1 << 28
 
-# The most bytes one tensor element takes in each encoding: JSON text ("-1.2345678901234567e-308, ")
-# and gRPC's wire (a varint int64; packed floats take 4 or 8); the raw binary extension takes <= 8.
-JSON_BYTES_PER_ELEMENT = 32
-GRPC_BYTES_PER_ELEMENT = 10
-REQUEST_HEADROOM_BYTES = 64 * 1024  # names, shapes, parameters
-MAX_BODY_BYTES = 64 * 1024 * 1024
-MAX_JSON_BYTES = 32 * 1024 * 1024
-
-
-class SizeLimits(NamedTuple):
-    """The largest REST body, JSON part and gRPC message the gateway reads (413 / RESOURCE_EXHAUSTED above)."""
-
-    body: int
-    json: int
-    grpc: int
-
-
-def size_limits(settings: Any, configs: Iterable[Any]) -> SizeLimits:
-    """The settings' limits, or where they are unset (the default) what the largest request any of
-    ``configs`` accepts needs in each encoding, capped: nothing bigger could be served, so nothing
-    bigger is read. A model whose inputs have no bound (a variable dimension, BYTES) leaves the caps."""
-    counts = [c.max_request_elements(settings.max_batch_rows) for c in configs]
-    largest = max(counts) if counts and None not in counts else None
-
-    def need(per_element: int, cap: int) -> int:
-        return cap if largest is None else min(cap, largest * per_element + REQUEST_HEADROOM_BYTES)
-
-    body = settings.max_request_bytes or need(JSON_BYTES_PER_ELEMENT, MAX_BODY_BYTES)
-    return SizeLimits(
-        body=body,
-        json=settings.max_json_bytes or min(body, need(JSON_BYTES_PER_ELEMENT, MAX_JSON_BYTES)),
-        grpc=settings.max_request_bytes or need(GRPC_BYTES_PER_ELEMENT, MAX_BODY_BYTES),
-    )
-
 
 def body_too_large(limit: int, declared: int | None = None) -> PayloadTooLarge:
     """The 413 for a REST body over ``limit``, declared up front or found while it streams."""
@@ -71,11 +37,6 @@ def body_too_large(limit: int, declared: int | None = None) -> PayloadTooLarge:
         f"{what} over the {limit:,}-byte limit (max_request_bytes; by default the most the largest request "
         "the served models accept takes): send smaller batches"
     )
-
-
-def served_size_limits(dp: Any) -> SizeLimits:
-    """:func:`size_limits` for a data plane's settings and the models it serves."""
-    return size_limits(dp.settings, (m.config for m in dp.models.values()))
 
 
 # numpy dtype kinds a JSON list may hold for each target kind
@@ -407,6 +368,7 @@ class InputLimits:
 
     @classmethod
     def from_settings(cls, s: Any, sizes: SizeLimits | None = None) -> InputLimits:
+        """The settings' bounds; ``sizes.json`` (the data plane's :class:`~gateway.limits.SizeLimits`) caps JSON."""
         return cls(s.max_tensor_elements, s.max_batch_rows, s.allow_nonfinite, sizes.json if sizes else None)
 
     def check_json(self, n_bytes: int) -> None:

@@ -22,7 +22,7 @@ import orjson
 
 from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, ServingError
-from gateway.transports.codec import InputLimits, body_too_large, served_size_limits  # noqa: F401 - InputLimits: the type the caller passes
+from gateway.transports.codec import InputLimits, body_too_large  # noqa: F401 - InputLimits: the type the caller passes
 from gateway.transports.status import http_status, retry_after_header
 
 log = logging.getLogger("sloserve.rest")
@@ -92,7 +92,7 @@ class InferFastPath:
         self.app = app
         self.dp = dp
         self.decoder = decoder
-        self.max_bytes = served_size_limits(dp).body
+        self.max_bytes = dp.size_limits.body
         self.body_timeout_s = dp.settings.body_timeout_s
         self.bodies = _BodyWatch(self.body_timeout_s)
 

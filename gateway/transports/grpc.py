@@ -28,7 +28,6 @@ from gateway.transports.codec import (
     array_from_binary,
     parse_params,
     raw_bytes,
-    served_size_limits,
 )
 from gateway.transports.status import set_grpc_error
 from gateway.types import NUMPY_TO_V2, V2_TO_NUMPY, InferRequest, InferResponse, RequestedOutput
@@ -216,7 +215,7 @@ def _set_param(p: pb.InferParameter, v: Any) -> None:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dp: DataPlane):
         self.dp = dp
-        self.limits = InputLimits.from_settings(dp.settings, served_size_limits(dp))
+        self.limits = InputLimits.from_settings(dp.settings, dp.size_limits)
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.dp.live())
@@ -332,7 +331,7 @@ MAX_STREAMS_PER_CONNECTION = 128
 
 
 def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:
-    limit = served_size_limits(dp).grpc
+    limit = dp.size_limits.grpc
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),

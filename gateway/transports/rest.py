@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.dataplane import DataPlane, Ticket
 from gateway.errors import InvalidArgument, RequestTimeout, ServingError
 from gateway.transports.auth import BearerAuthMiddleware, TokenTable
-from gateway.transports.codec import InputLimits, body_too_large, encode_rest, served_size_limits
+from gateway.transports.codec import InputLimits, body_too_large, encode_rest
 from gateway.transports.restdecode import RestDecoder
 from gateway.transports.status import http_status, retry_after_header
 
@@ -135,7 +135,7 @@ async def infer_body(
 
 def rest_decoder(dp: DataPlane) -> RestDecoder:
     """The REST body decoder for these settings (its worker starts with :meth:`RestDecoder.start`)."""
-    return RestDecoder(InputLimits.from_settings(dp.settings, served_size_limits(dp)), dp.settings.json_offload_bytes)
+    return RestDecoder(InputLimits.from_settings(dp.settings, dp.size_limits), dp.settings.json_offload_bytes)
 
 
 def create_asgi(dp: DataPlane, routers=(), decoder: RestDecoder | None = None):
@@ -144,7 +144,7 @@ def create_asgi(dp: DataPlane, routers=(), decoder: RestDecoder | None = None):
     from gateway.transports.fastpath import InferFastPath
 
     if decoder is None:
-        decoder = RestDecoder(InputLimits.from_settings(dp.settings, served_size_limits(dp)), None)
+        decoder = RestDecoder(InputLimits.from_settings(dp.settings, dp.size_limits), None)
     api = create_app(dp, decoder)
     for r in routers:
         api.include_router(r)
@@ -283,7 +283,7 @@ def _metadata_routes(app: FastAPI, dp: DataPlane) -> None:
 
 
 def _infer_routes(app: FastAPI, dp: DataPlane, decoder: RestDecoder) -> None:
-    limit = served_size_limits(dp).body
+    limit = dp.size_limits.body
 
     async def _infer(request: Request, model: str, version: str | None) -> Response:
         cl = request.headers.get("content-length", "")

@@ -132,6 +132,11 @@ def test_a_model_that_fails_to_load_is_a_400_naming_it_and_the_others_serve(serv
     with pytest.raises(InferenceServerException, match="'max_batch_size'"):
         h.load_model("digits", config=json.dumps({"max_batch_size": 0}))
     assert infer(g, "digits").as_numpy("label").shape == (1,)
+    # the request sizes the gateway reads were set at start by the largest request it served then
+    add_model(src, repo, "wide", lambda c: c.update(max_batch_size=1024))
+    with pytest.raises(InferenceServerException, match="max_request_bytes") as ei:
+        h.load_model("wide")
+    assert ei.value.status() == "400" and "1024 rows" in ei.value.message(), ei.value
     assert h.is_server_ready()
 
 

@@ -193,7 +193,7 @@ def _config(shape, datatype="FP32", max_batch=64):
 
 def test_size_limits_are_what_the_largest_servable_request_needs():
     from gateway.config import Settings
-    from gateway.transports.codec import MAX_BODY_BYTES, REQUEST_HEADROOM_BYTES, size_limits
+    from gateway.limits import MAX_BODY_BYTES, REQUEST_HEADROOM_BYTES, size_limits
 
     s = Settings()
     digits, heavy = _config([64]), _config([1024])

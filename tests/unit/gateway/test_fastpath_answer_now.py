@@ -8,6 +8,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
 from gateway.errors import DeadlineUnreachable
+from gateway.limits import SizeLimits
 from gateway.transports.fastpath import _AnswerNow
 
 
@@ -143,13 +144,11 @@ async def test_paused_after_the_status_line_the_handler_sends_the_body_under_uvi
             pass
 
     class Settings:
-        max_request_bytes = 1 << 20
-        max_json_bytes = None
-        max_batch_rows = None
         body_timeout_s = 30.0
 
     dp = DP()
-    dp.settings, dp.models, dp.admit = Settings(), {}, lambda model, declared=0: Ticket()
+    dp.settings, dp.admit = Settings(), lambda model, declared=0: Ticket()
+    dp.size_limits = SizeLimits(body=1 << 20, json=1 << 20, grpc=1 << 20)
     app = fp.InferFastPath(None, dp, None)
     c.scope["headers"] = [(b"content-length", b"2")]
     await c.run_asgi(app)
