@@ -34,7 +34,7 @@ EXPECTED = {
     "chunked": {"413", "429", "reset", "closed"},
     # over the served models' largest request: 413 from its Content-Length (with a larger
     # max_request_bytes: decoded in the worker, then its shape is refused; 429 past max_inflight_bytes)
-    "json": {"413", "400", "429"},
+    "json": {"413", "reset", "closed", "400", "429"},
     "grpc": {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"},
 }
 

@@ -27,9 +27,17 @@ pytestmark = pytest.mark.integration
 async def gateway(model_repo, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(model_repo / "digits", repo / "digits")
-    gw = Gateway(
-        Settings(repo=repo, backend="inprocess", http_port=0, grpc_port=0, body_timeout_s=0.5, max_json_bytes=4096)
+    # (the test's clients share the gateway's event loop, so its lag is theirs too: no lag shedding)
+    settings = Settings(
+        repo=repo,
+        backend="inprocess",
+        http_port=0,
+        grpc_port=0,
+        body_timeout_s=0.5,
+        max_json_bytes=4096,
+        loop_lag_shed_ms=0,
     )
+    gw = Gateway(settings)
     await gw.start()
     yield gw
     await gw.stop()
