@@ -90,7 +90,7 @@ class SwayamConfig(BaseModel):
         description="One seasonal sample per this many seconds (bounds the history whatever the call rate).",
     )
     burst_z: float = Field(
-        default=2.5,
+        default=2.75,
         ge=0,
         description="Standard deviations of the per-second rate's excess over Poisson to plan for "
         "(clumped arrivals: the gateways' index of dispersion; 0: off).",
@@ -412,7 +412,14 @@ def decide(
     season = state.season
     horizon_s = config.startup_s + config.interval_s
     if rate is not None:
-        history = _drop_before(history, now - config.window_s) + ((now, rate),)
+        # one point per interval_s, the latest rate in it, whatever the call rate (as the bursts):
+        # Ray calls a policy several times a second, and points a tenth of a second apart would turn
+        # a step into a steep trend
+        history = _drop_before(history, now - config.window_s)
+        if history and now - history[-1][0] < config.interval_s - 1e-6:
+            history = history[:-1] + ((history[-1][0], rate),)
+        else:
+            history = history + ((now, rate),)
         if config.season_periods_s:
             bucket = config.season_bucket_s
             span = max(config.season_periods_s) * config.season_cycles + config.season_base_s + bucket

@@ -1,24 +1,25 @@
 """Swayam live under clumped arrivals: a Locust run replaying a timestamp trace second by second
 against ``sloserve serve`` (Ray replicas, autoscaling on), with and without the burst term.
 
-    python -m loadtests.burst_live --out docs/data/burst_live          # both runs, ~12 minutes
-    python -m loadtests.burst_live --burst-z 2.5 --minutes 2 --out /tmp/b  # one short run
+    python -m loadtests.burst_live --out docs/data/burst_live          # both runs, ~14 minutes
+    python -m loadtests.burst_live --burst-z 2.5 --minutes 1 --calm-minutes 1 --out /tmp/b  # one short run
 
 Each run starts a fresh server on a repository holding digits/small whose replicas take
 ``--delay-ms`` a batch of at most ``--max-batch`` rows (``fault_delay_ms``; the profile says so),
 standing in for a GPU-bound model: on a 2-core box a real CPU model gains nothing from a second
 replica, an emulated batch time does. The model scales with the swayam policy at its defaults
-(``models.digits.autoscaling``: only the replica bounds set, and ``burst_z`` per run). Locust's
-trace shape replays minutes of the Azure LLM 2023 conversation trace at its own pace (one test
-second a trace second), scaled so the busiest second asks ``--peak-rps``. A sampler reads the
-running replica count from /metrics every second. Per minute: requests, the share within
-``--slo-ms``, whether the minute met the SLA (99%), the replicas; ``result.json`` and
-``burst_live.png`` in ``--out``.
+(``models.digits.autoscaling``: only the replica bounds set, and ``burst_z`` per run). The load is
+``--calm-minutes`` at ``--mean-rps`` with Poisson arrivals, then ``--minutes`` of the Azure LLM
+2023 conversation trace at its own pace (one test second a trace second), scaled to the same mean:
+the same rate, now in clumps. A sampler reads the running replica count from /metrics every second.
+Per minute: requests, the share within ``--slo-ms``, whether the minute met the SLA (99%), the
+replicas; ``result.json`` and ``burst_live.png`` in ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from autoscaler.swayam import SwayamConfig
 from loadtests.bench.systems import free_ports
 from loadtests.emulated import slow_variant_repo
 from loadtests.promtext import prom_sum
@@ -82,10 +84,31 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def calm_then_clumps(trace: Path, start_minute: int, minutes: int, calm_minutes: int, dst: Path) -> tuple[int, int]:
+    """``dst``: a timestamp trace of ``calm_minutes`` at the slice's mean rate, evenly spread (sent
+    open loop, that is Poisson arrivals), then the slice's own timestamps. Returns the calm
+    per-second count and the slice's busiest second, in trace requests."""
+    with open(trace, newline="") as f:
+        times = [float(r["t_s"]) for r in csv.DictReader(f)]
+    t0, t1 = 60.0 * start_minute, 60.0 * (start_minute + minutes)
+    part = sorted(t - t0 for t in times if t0 <= t < t1)
+    per_second = [0] * (60 * minutes)
+    for t in part:
+        per_second[int(t)] += 1
+    calm = max(1, round(len(part) / (60 * minutes)))
+    lead = 60 * calm_minutes
+    stamps = [i + j / calm for i in range(lead) for j in range(calm)] + [lead + t for t in part]
+    dst.write_text("t_s\n" + "".join(f"{t:.6f}\n" for t in stamps))
+    return calm, max(per_second)
+
+
 def one_run(a: argparse.Namespace, burst_z: float, out: Path) -> dict:
     """A fresh server, the Locust replay, the replica samples; the run's per-minute table."""
     work = Path(tempfile.mkdtemp(prefix="sloserve-burst-"))
     try:
+        trace = work / "trace.csv"
+        calm, busiest = calm_then_clumps(a.trace, a.start_minute, a.minutes, a.calm_minutes, trace)
+        peak_rps = a.mean_rps * busiest / calm  # the calm rate is the mean: the busiest second scales alike
         repo = slow_variant_repo(ROOT / a.repo, work / "repo", "digits", "small", a.delay_ms, a.max_batch)
         settings = work / "settings.json"
         auto = {"min_replicas": 1, "max_replicas": a.max_replicas, "burst_z": burst_z}
@@ -106,13 +129,14 @@ def one_run(a: argparse.Namespace, burst_z: float, out: Path) -> dict:
         sampler.start()
         results = out / f"locust_z{burst_z:g}.json"
         cmd = [sys.executable, str(ROOT / "loadtests" / "run.py"), "--host", f"http://{http}"]
-        cmd += ["--transport", "http", "--shape", "trace", "--trace-file", str(a.trace), "--trace-kind", "timestamps"]
-        cmd += ["--trace-column", "t_s", "--trace-start-minute", str(a.start_minute), "--seconds-per-minute", "60"]
-        cmd += ["--duration", str(60 * a.minutes), "--peak-rps", str(a.peak_rps), "--rps-per-user", str(a.rps_per_user)]
+        cmd += ["--transport", "http", "--shape", "trace", "--trace-file", str(trace), "--trace-kind", "timestamps"]
+        cmd += ["--trace-column", "t_s", "--trace-start-minute", "0", "--seconds-per-minute", "60"]
+        cmd += ["--duration", str(60 * (a.calm_minutes + a.minutes)), "--peak-rps", f"{peak_rps:.1f}"]
+        cmd += ["--rps-per-user", str(a.rps_per_user)]
         cmd += ["--slo-ms", str(a.slo_ms), "--min-attainment", "0", "--max-error-rate", "1", "-q"]
         cmd += ["--results-json", str(results)]
         try:
-            subprocess.run(cmd, cwd=ROOT, check=False, timeout=60 * a.minutes + 120)
+            subprocess.run(cmd, cwd=ROOT, check=False, timeout=60 * (a.calm_minutes + a.minutes) + 120)
         finally:
             stop.set()
             sampler.join(5)
@@ -120,7 +144,14 @@ def one_run(a: argparse.Namespace, burst_z: float, out: Path) -> dict:
         timeline = json.loads(results.read_text())["timeline"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"burst_z": burst_z, "per_second": timeline, "replicas": samples, "minutes": per_minute(timeline, samples)}
+    return {
+        "burst_z": burst_z,
+        "calm_s": 60 * a.calm_minutes,
+        "peak_rps": peak_rps,
+        "per_second": timeline,
+        "replicas": samples,
+        "minutes": per_minute(timeline, samples),
+    }
 
 
 def per_minute(timeline: list[dict], samples: list[tuple[float, int | None]]) -> list[dict]:
@@ -173,6 +204,7 @@ def plot(runs: list[dict], path: Path) -> None:
             ax.text(
                 60 * row["minute"] + 3, ax.get_ylim()[1] * 0.9, f"{100 * (att or 0):.2f}%", color=colour, fontsize=8
             )
+        ax.axvline(run["calm_s"], color="black", lw=0.8, ls="--")
         met = sum(r["sla_met"] for r in run["minutes"])
         ax.set_title(
             f"burst_z = {run['burst_z']:g}: {met} of {len(run['minutes'])} minutes within the SLA", fontsize=10
@@ -186,11 +218,16 @@ def plot(runs: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtests.burst_live", description=__doc__.split("\n\n")[0])
-    p.add_argument("--burst-z", default="2.5,0", help="burst_z of each run, comma-separated (2.5: the default)")
+    p.add_argument(
+        "--burst-z",
+        default=f"{SwayamConfig().burst_z:g},0",
+        help="burst_z of each run, comma-separated (default: the policy's default, then 0: the term off)",
+    )
     p.add_argument("--trace", type=Path, default=TRACE, help="timestamp trace CSV with a t_s column")
     p.add_argument("--start-minute", type=int, default=18, help="first trace minute replayed")
-    p.add_argument("--minutes", type=int, default=5, help="minutes replayed (real time)")
-    p.add_argument("--peak-rps", type=float, default=450.0, help="the slice's busiest second asks this rate")
+    p.add_argument("--minutes", type=int, default=4, help="minutes of the trace replayed (real time)")
+    p.add_argument("--calm-minutes", type=int, default=2, help="minutes at the slice's mean rate, unclumped, first")
+    p.add_argument("--mean-rps", type=float, default=100.0, help="the slice's mean rate (and the calm minutes')")
     p.add_argument("--rps-per-user", type=float, default=10.0, help="each Locust user's share of the peak rate")
     p.add_argument("--slo-ms", type=float, default=200.0)
     p.add_argument("--delay-ms", type=float, default=20.0, help="emulated batch time of a replica")

@@ -67,7 +67,7 @@ def test_clumped_arrivals_get_more_replicas_and_poisson_ones_none_extra():
     clumped, state = decide(_snap(300.0), cfg, SwayamState(), now=10.0)
     assert poisson.target_replicas == plain.target_replicas
     assert clumped.target_replicas > poisson.target_replicas
-    assert clumped.planned_rps == pytest.approx(poisson.planned_rps + 2.5 * np.sqrt(299.0 * 2000.0), rel=1e-6)
+    assert clumped.planned_rps == pytest.approx(poisson.planned_rps + cfg.burst_z * np.sqrt(299.0 * 2000.0), rel=1e-6)
     assert state.bursts == ((10.0, pytest.approx(299.0)),)
 
 

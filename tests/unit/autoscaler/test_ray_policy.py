@@ -1,5 +1,6 @@
 """The Ray adapter, called with an AutoscalingContext built the way Ray 2.60's controller builds it."""
 
+import pytest
 from ray.serve._private.autoscaling_state import _resolve_policy_callable
 from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.autoscaling_policy import _apply_autoscaling_config
@@ -149,3 +150,32 @@ def test_the_gateway_passes_the_next_variant_down_as_the_fallback_of_a_shared_mo
         assert ("fallback_p99_ms" in kw) is shared
         assert b.shared("digits") is shared
         assert "fallback_p99_ms" not in b.autoscaling_config("digits", "small")["policy"]["policy_kwargs"]
+
+
+def test_calls_between_rounds_do_not_turn_a_step_into_a_trend():
+    """Ray calls a policy several times a second: a step from 0 to 100 requests/s seen ten times a
+    second plans as the same step seen once a round, not as a steep trend to extrapolate."""
+    from autoscaler.swayam import SwayamConfig, SwayamState, decide
+    from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+    from batching.profile import Curve
+
+    svc = ServiceModel(Curve((1, 4), (0.021, 0.023), (0.024, 0.026)), slo_s=0.2, max_batch_size=4)
+    cfg = SwayamConfig(burst_z=0)  # rounds of interval_s 10
+
+    def snap(rate: float, target: int) -> ScalingSnapshot:
+        w = (RateWindow("g", 0.0, 10.0, rate * 10, 1.0),)
+        return ScalingSnapshot("m", target, target, svc, windows=w, max_replicas=50)
+
+    def run(calls_per_s: float):
+        state, target, d = SwayamState(), 1, None
+        for t in range(0, 60, 10):  # a minute at 0
+            d, state = decide(snap(0.0, target), cfg, state, now=float(t))
+        t = 60.0
+        while t < 65.0:  # then 100 requests/s
+            d, state = decide(snap(100.0, target), cfg, state, now=t)
+            t += 1 / calls_per_s
+        return d
+
+    often, once = run(10.0), run(0.2)
+    assert often.planned_rps == pytest.approx(once.planned_rps, rel=0.05)
+    assert often.target_replicas == once.target_replicas <= 3
