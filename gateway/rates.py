@@ -27,8 +27,11 @@ class RateMeter:
         self._keep_s = max(self.window_s, self.dispersion_s)
         self._buckets: deque[list[float]] = deque()  # [second, rows]
         self._start = clock()
+        self._first: float | None = None  # the first arrival's time
 
     def add(self, rows: int) -> None:
+        if self._first is None:
+            self._first = self.clock()
         sec = int(self.clock())
         b = self._buckets
         if b and b[-1][0] == sec:
@@ -47,9 +50,13 @@ class RateMeter:
 
     def dispersion(self) -> float:
         """Index of dispersion of the per-second counts over the last ``dispersion_s`` complete
-        seconds (empty ones included; ``autoscaler.burst``): 1 for Poisson arrivals, more when they clump."""
+        seconds since the first arrival (empty ones included; ``autoscaler.burst``): 1 for Poisson
+        arrivals, more when they clump. The idle seconds before the first request are left out: a
+        gateway started before its traffic would otherwise report the start as one big clump."""
+        if self._first is None:
+            return 1.0
         now = int(self.clock())
-        lo = max(now - self.dispersion_s, int(self._start) + 1)  # whole seconds only: the first may be partial
+        lo = max(now - self.dispersion_s, int(self._first) + 1)  # whole seconds only: the first may be partial
         if now - lo < 2:
             return 1.0
         per = dict((s, r) for s, r in self._buckets if lo <= s < now)

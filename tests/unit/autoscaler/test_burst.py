@@ -107,3 +107,14 @@ def test_scaled_timestamps_keep_per_second_counts_without_millisecond_clumps():
     assert counts.tolist() == [10, 5, 0, 5]
     assert np.ptp(s.timestamps[s.timestamps < 1]) > 0.1  # spread over the second, not within a millisecond
     assert np.all(np.isin(ts, s.timestamps))  # the originals keep their times
+
+
+def test_rate_meter_leaves_out_the_idle_seconds_before_the_first_arrival():
+    """A gateway started before its traffic: a steady 100 rows/s that began at 5.5 s is not a clump."""
+    t = [0.0]
+    m = RateMeter(lambda: t[0], window_s=5, dispersion_s=10)
+    for tenth in range(55, 120):
+        t[0] = tenth / 10
+        m.add(10)
+    t[0] = 12.0
+    assert m.dispersion() == pytest.approx(0.0)  # 100 in each whole second since the first
