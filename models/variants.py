@@ -22,6 +22,7 @@ writes nothing, and the model folder appears whole or not at all.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from models.repository import ModelConfig, ModelProblem, TensorSpec, VariantConf
 from models.runtime import CPU, CUDA, RuntimeOptions, gpu_present, ort
 
 KINDS = ("fp32", "fp16", "int8")
+logger = logging.getLogger(__name__)
 
 
 class VariantsError(ValueError):
@@ -183,8 +185,17 @@ def parse_extras(items: Sequence[str], kinds: Sequence[str]) -> dict[str, Path]:
 
 
 def quantize_int8(src: Path, dst: Path, input_name: str, calib_x: np.ndarray, batch: int = 32) -> None:
-    """Static INT8 quantization (QDQ, per-channel weights), activation ranges from ``calib_x``."""
+    """Static INT8 quantization (QDQ, per-channel weights), activation ranges from ``calib_x``, after
+    ONNX Runtime's pre-processing (shape inference and graph optimization) where it succeeds."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = dst.with_name("preprocessed.onnx")
+    try:  # symbolic shape inference would need sympy; ONNX's own shape inference is enough for static shapes
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+        src = pre
+    except Exception as e:  # an op the optimizer cannot take: quantize the graph as given
+        logger.info("int8: pre-processing %s failed (%s: %s); quantizing it as given", src, type(e).__name__, e)
 
     class Calibration(CalibrationDataReader):
         """The calibration rows, ``batch`` at a time."""
@@ -204,6 +215,7 @@ def quantize_int8(src: Path, dst: Path, input_name: str, calib_x: np.ndarray, ba
         weight_type=QuantType.QInt8,
         per_channel=True,
     )
+    pre.unlink(missing_ok=True)
 
 
 def convert_fp16(src: Path, dst: Path) -> None:
