@@ -520,3 +520,23 @@ def generate_variants(
 
 def _config_json(plan: Plan, variants: Sequence[Variant], max_batch: int, slo_ms: float) -> str:
     return json.dumps(model_config(plan, variants, max_batch, slo_ms).model_dump(mode="json"), indent=2) + "\n"
+
+
+def export_demo_validation(out_dir: str | Path, seed: int = 0) -> list[Path]:
+    """The demo models' held-out rows (the split ``sloserve models build`` scores them on) as
+    ``<out_dir>/digits_val.npz`` and ``<out_dir>/heavy_val.npz``: the inputs of a ``models variants`` run
+    on the demo models."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from models.build import _upsample
+
+    data = load_digits()
+    _, x, _, y = train_test_split(
+        data.data.astype(np.float32), data.target, test_size=0.25, random_state=seed, stratify=data.target
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "digits_val.npz", x=x, y=y)
+    np.savez(out / "heavy_val.npz", x=_upsample(x), y=y)
+    return [out / "digits_val.npz", out / "heavy_val.npz"]

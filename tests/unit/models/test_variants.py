@@ -224,3 +224,15 @@ def test_split_is_seeded_and_disjoint():
 def test_flops_count_matmuls_at_batch_one(user_model):
     _, tiny, _ = user_model
     assert flops_per_row(onnx.load(str(tiny))) == 2 * 64 * 10
+
+
+def test_the_demo_validation_sets_fit_the_demo_models(tmp_path, model_repo):
+    from models.repository import ModelRepository
+    from models.variants import export_demo_validation, load_validation
+
+    paths = export_demo_validation(tmp_path)
+    for path in paths:
+        name = path.name.split("_")[0]
+        m = ModelRepository(model_repo).load().models[name]
+        x, y = load_validation(path, graph_signature(onnx.load(str(m.onnx_path("small"))), name))
+        assert len(x) == len(y) == 450 and y.max() == 9
