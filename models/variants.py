@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from models.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
 from models.repository import ModelConfig, ModelProblem, TensorSpec, VariantConfig, check_name, load_model_dir
-from models.runtime import CPU, CUDA, RuntimeOptions, gpu_present, ort
+from models.runtime import CPU, CUDA, RuntimeOptions, gpu_present, make_session, ort
 
 KINDS = ("fp32", "fp16", "int8")
 logger = logging.getLogger(__name__)
@@ -232,8 +232,7 @@ def cuda_available() -> bool:
 
 def predict(path: Path, x: np.ndarray, input_name: str, output: TensorSpec, device: str = "cpu") -> np.ndarray:
     """The class each row gets: the argmax of ``output`` (or the output itself if it is a label)."""
-    providers = [CUDA, CPU] if device == "cuda" else [CPU]
-    sess = ort.InferenceSession(str(path), providers=providers)
+    sess = make_session(path, RuntimeOptions(device=device))  # the serving session's providers and options
     outs = [sess.run([output.name], {input_name: x[i : i + 256]})[0] for i in range(0, len(x), 256)]
     out = np.concatenate(outs)
     return out.astype(np.int64) if out.ndim == 1 else out.argmax(axis=1)
