@@ -1,5 +1,5 @@
-"""``sloserve models build | check`` and ``sloserve profile``: the demo repository, the check of a
-repository without serving it, and latency profiles."""
+"""``sloserve models build | check | variants`` and ``sloserve profile``: the demo repository, the check
+of a repository without serving it, measured accuracy variants of a user's model, and latency profiles."""
 
 from __future__ import annotations
 
@@ -27,6 +27,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("repo", metavar="DIR", help="the model repository folder")
     c.set_defaults(func=_models_check)
+
+    v = msub.add_parser(
+        "variants",
+        help="turn one ONNX model and a labelled validation set into a served model with measured accuracy "
+        "variants (fp32, int8 by static quantization, fp16 on a GPU, and your own smaller models)",
+    )
+    v.add_argument("--onnx", required=True, metavar="PATH", help="the model (one input, a dynamic batch dimension)")
+    v.add_argument(
+        "--val",
+        required=True,
+        metavar="VAL.npz",
+        help="validation set: x (rows of the model's input) and y (an integer label a row)",
+    )
+    v.add_argument("--name", required=True, help="the model's name in the repository")
+    v.add_argument("--repo", required=True, metavar="DIR", help="the model repository to write DIR/NAME into")
+    v.add_argument(
+        "--kinds",
+        type=lambda s: [k.strip() for k in s.split(",") if k.strip()],
+        default=None,
+        help="variants to build, of fp32,fp16,int8 (default: all; fp16 only where a GPU runs it)",
+    )
+    v.add_argument(
+        "--extra-variant",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also serve this ONNX model (same inputs and outputs) as variant NAME (repeatable)",
+    )
+    v.add_argument("--output", help="the output whose argmax is the class (default: the first)")
+    v.add_argument("--max-batch", type=int, default=64, help="max_batch_size of the config (and the profiles)")
+    v.add_argument("--slo-ms", type=float, default=50.0, help="slo_ms of the config")
+    v.add_argument("--calib-fraction", type=float, default=0.3, help="share of VAL.npz that calibrates int8")
+    v.add_argument("--seed", type=int, default=0, help="seed of the calibration / held-out split")
+    v.add_argument("--profile-iters", type=int, default=30, help="timed batches per batch size (0: no profiles)")
+    v.add_argument("--force", action="store_true", help="replace DIR/NAME if it exists")
+    v.set_defaults(func=_models_variants)
 
     pr = sub.add_parser("profile", help="measure latency per batch size of every (model, variant) on this device")
     pr.add_argument("--repo", default="model_repository")
@@ -77,6 +113,33 @@ def _models_check(args: argparse.Namespace) -> int:
         return 2
     print(f"{len(results) - bad} of {len(results)} model(s) ok in {repo.root}")
     return 1 if bad else 0
+
+
+def _models_variants(args: argparse.Namespace) -> int:
+    import sys
+
+    from models.variants import VariantsError, generate_variants
+
+    try:
+        generate_variants(
+            args.onnx,
+            args.val,
+            args.name,
+            args.repo,
+            args.kinds,
+            args.extra_variant,
+            output=args.output,
+            force=args.force,
+            max_batch=args.max_batch,
+            slo_ms=args.slo_ms,
+            calib_fraction=args.calib_fraction,
+            seed=args.seed,
+            profile_iters=args.profile_iters,
+        )
+    except VariantsError as e:
+        print(f"sloserve models variants: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _profile(args: argparse.Namespace) -> int:
