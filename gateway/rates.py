@@ -24,7 +24,7 @@ class RateMeter:
         self.clock = clock
         self.window_s = int(max(1, window_s))
         self.dispersion_s = int(max(3, dispersion_s))
-        self._keep_s = max(self.window_s, self.dispersion_s)
+        self._keep_s = max(self.window_s, self.dispersion_s) + 1  # (+1: the second being counted)
         self._buckets: deque[list[float]] = deque()  # [second, rows]
         self._start = clock()
         self._first: float | None = None  # the first arrival's time

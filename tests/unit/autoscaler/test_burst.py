@@ -118,3 +118,14 @@ def test_rate_meter_leaves_out_the_idle_seconds_before_the_first_arrival():
         m.add(10)
     t[0] = 12.0
     assert m.dispersion() == pytest.approx(0.0)  # 100 in each whole second since the first
+
+
+def test_rate_meter_keeps_every_second_of_the_window_while_counting_the_current_one():
+    """Steady arrivals, the latest in the current second: the window's oldest second is still there
+    (dropping it read as one empty second in ten, an index of dispersion of 10 at 100 rows/s)."""
+    t = [0.0]
+    m = RateMeter(lambda: t[0], window_s=5, dispersion_s=10)
+    for tenth in range(0, 305):
+        t[0] = tenth / 10
+        m.add(10)
+    assert m.dispersion() == pytest.approx(0.0)
