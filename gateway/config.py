@@ -97,6 +97,16 @@ class TrainingSettings(BaseModel):
         default="cost-aware", description="Placement policy (autoscaler/placement/policy.py)."
     )
     gpu_memory_mib: int = Field(default=16384, ge=1, description="Memory of one (emulated) GPU, for placement.")
+    queue: Literal["las", "fifo", "srtf"] = Field(
+        default="las",
+        description="Order of the jobs on harvested GPUs: las (Tiresias' 2D-LAS, with a starvation guard), "
+        "fifo, srtf (least remaining GPU-seconds first, for jobs that declare their length).",
+    )
+    tenant_shares: dict[str, float] = Field(
+        default_factory=dict,
+        description="Most of the harvested GPUs each tenant may hold, e.g. {team-a: 0.5, '*': 0.25} ('*' = "
+        "every tenant not listed); a tenant at its share waits.",
+    )
 
 
 class Settings(BaseSettings):

@@ -9,9 +9,12 @@ simulator calls ``allocate(wants, holding, now_s)``; the hook
 2. builds a ``PlacementSnapshot`` (inventory, one ``ReplicaTarget`` per model on the model's GPU
    type, its replicas, queued and running ``TrainingJob``s with their progress) and calls the
    registered policy (``cost-aware``, ``static``, ``cost-blind``; ``none`` = no training at all,
-   the inference baseline);
+   the inference baseline), whose training queue (``PlacementConfig.training_queue``: 2D-LAS, FIFO,
+   SRTF) orders the jobs and may preempt one for a job ahead of it; the policy is called again when
+   the queue says a job changes LAS queue, even if nothing else happened;
 3. applies the decision with its delays: a preempted job keeps its GPUs for
-   ``min(iteration + checkpoint write, grace)``; if that fits in the grace period it checkpoints
+   ``min(iteration + checkpoint write, grace)`` (a job preempted for one ahead of it in the queue
+   gets the grace to checkpoint); if that fits in the grace period it checkpoints
    and loses nothing, else it is killed and loses its work since the last checkpoint; either way it
    goes back to the queue and resumes from its checkpoint (after ``restart_overhead_s``) when the
    policy places it again. A replica waiting for a preempted GPU starts that much later
@@ -96,7 +99,7 @@ class _Job:
     s0: float | None = None  # start of the current run (None: queued)
     overhead_s: float = 0.0  # restart overhead of the current run
     gpu_ids: tuple[str, ...] = ()
-    attained_gpu_s: float = 0.0  # GPU-seconds held in finished runs
+    attained_gpu_s: float = 0.0  # GPU-seconds held in finished runs (and before the slice)
     release_s: float | None = None  # preempting: when its GPUs are released
     run: int = 0
     finished_s: float | None = None
@@ -162,6 +165,7 @@ class HarvestPlacement:
                 float(it),
                 checkpoint_interval_iterations(float(it), self.cfg.checkpoint_every_s),
                 self.cfg.checkpoint_write_s,
+                attained_gpu_s=s.attained_gpu_s,
             )
             for s, it in zip(specs, iters, strict=True)
         ]
@@ -189,12 +193,14 @@ class HarvestPlacement:
         self._dirty = True
         self._usage = self._count()
         self.rounds = 0
+        self._queue_change_s = math.inf  # the queue moves a job between LAS queues then
+        self.priority_preemptions = 0
 
     # ------------------------------------------------------------ the hook
     def allocate(self, wants: Mapping[str, int], holding: Mapping[str, int], now_s: float) -> dict[str, int]:
         self.advance(now_s)
         self.start_delay_s = {}
-        if self._dirty or dict(wants) != self._last_wants:
+        if self._dirty or dict(wants) != self._last_wants or now_s >= self._queue_change_s:
             self._round(wants, now_s)
         self._last_wants = dict(wants)
         self._dirty = False
@@ -218,10 +224,12 @@ class HarvestPlacement:
         )
         decision, self.state = self.policy(snap, self.pcfg, self.state, now_s)
         self.rounds += 1
+        self._queue_change_s = decision.queue_next_change_s
+        self.priority_preemptions += sum(1 for p in decision.preempt if p.reason == "priority")
         for stop in decision.stop_replicas:
             del self.replicas[stop.replica_id]
         for p in decision.preempt:
-            self._preempt(self.jobs[p.job_id], now_s)
+            self._preempt(self.jobs[p.job_id], now_s, p.grace_s)
         for s in decision.start_replicas:
             self._rid += 1
             rid = f"r{self._rid}"
@@ -251,6 +259,7 @@ class HarvestPlacement:
             total_iterations=math.ceil(j.spec.work_s / j.iter_s) if self.cfg.known_durations else None,
             attained_gpu_s=j.attained_gpu_s + held,
             submit_time_s=j.spec.submit_s,
+            tenant=j.spec.tenant,
             gpu_ids=j.gpu_ids,
             started_s=j.s0,
             preempting=j.release_s is not None,
@@ -262,8 +271,7 @@ class HarvestPlacement:
         j.overhead_s = self.pcfg.restart_overhead_s if j.base_s > 0 else 0.0
         heapq.heappush(self._events, (j.finish_time(), 1, j.spec.job_id, j.run))
 
-    def _preempt(self, j: _Job, now_s: float) -> None:
-        grace = self.pcfg.preempt_grace_s
+    def _preempt(self, j: _Job, now_s: float, grace: float) -> None:
         graceful = j.iter_s + j.write_s <= grace
         j.release_s = now_s + (j.iter_s + j.write_s if graceful else grace)
         if graceful:
@@ -366,9 +374,13 @@ class HarvestPlacement:
         )
         window = [j for j in self.done if j.spec.job_id.startswith("j")]
         jct = np.array([j.finished_s - j.spec.submit_s for j in window if j.finished_s is not None])  # all done
+        # every job submitted in the window, those still running or queued counted up to the end (a lower bound)
+        open_jct = [self.t - j.spec.submit_s for j in self.jobs.values() if j.spec.job_id.startswith("j")]
+        jct_all = np.concatenate([jct, np.array(open_jct)]) if len(jct) or open_jct else np.empty(0)
         li = np.array(self.lost_intervals)
         return {
             "placement": self.name,
+            "training_queue": None if self.name == "none" else self.pcfg.training_queue,
             "gpus": dict(self.cfg.gpus),
             "inference_gpu_hours": h["inference"],
             "training_gpu_hours": h["training"],
@@ -387,6 +399,11 @@ class HarvestPlacement:
             "jct_jobs_finished": len(window),
             "jct_mean_s": float(jct.mean()) if len(jct) else None,
             "jct_median_s": float(np.median(jct)) if len(jct) else None,
+            "jct_p95_s": float(np.percentile(jct, 95)) if len(jct) else None,
+            "jct_jobs_submitted": len(jct_all),
+            "jct_all_mean_s": float(jct_all.mean()) if len(jct_all) else None,
+            "jct_all_p95_s": float(np.percentile(jct_all, 95)) if len(jct_all) else None,
+            "priority_preemptions": self.priority_preemptions,
             "peak_inference_gpus_by_type": dict(self.peak_inference_gpus),
             "placement_rounds": self.rounds,
             "series": self.series,

@@ -1,6 +1,7 @@
-"""Run the harvest experiment: every (autoscaler, placement) pair on the same arrivals and jobs.
+"""Run the harvest experiment: every (autoscaler, placement, training queue) on the same arrivals and jobs.
 
-Results are keyed ``"<autoscaler>/<placement>"``. When ``static`` is asked for, the ``none`` run
+Results are keyed ``"<autoscaler>/<placement>"``, or ``"<autoscaler>/<placement>/<queue>"`` when
+more than one training queue is asked for (``none``, which runs no training, has no queue). When ``static`` is asked for, the ``none`` run
 (no training; inference alone on the typed pool, the baseline) goes first and sizes the static
 partition: each type's inference share is the peak number of GPUs inference held in that run.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from autoscaler.placement.queue import QUEUES
 from autoscaler.placement.types import PlacementConfig
 from sim.control import ModelSpec
 from sim.engine import SimConfig
@@ -37,6 +39,11 @@ HARVEST_KEYS = (
     "jct_jobs_finished",
     "jct_mean_s",
     "jct_median_s",
+    "jct_p95_s",
+    "jct_jobs_submitted",
+    "jct_all_mean_s",
+    "jct_all_p95_s",
+    "priority_preemptions",
 )
 
 
@@ -62,25 +69,32 @@ def run_harvest(
     mode: str = "fluid",
     show_progress: bool = True,
     static_margin: float = 0.0,
+    queues: list[str] | None = None,
 ) -> dict[str, Any]:
+    """``queues``: training queues to run each placement with (default: ``pcfg``'s own)."""
     pcfg = pcfg or PlacementConfig(pack_small_replicas=False, substitute_types=False)
+    queues = list(dict.fromkeys(queues or [pcfg.training_queue]))
+    bad = [q for q in queues if q not in QUEUES]
+    if bad:
+        raise ValueError(f"unknown training queue(s) {bad}; known: {list(QUEUES)}")
     types = {s.name: s.device_type for s in specs}
     out: dict[str, Any] = {}
     for a in autoscalers:
         peak: dict[str, int] | None = None
         for p in order_placements(placements):
-            pc = pcfg
-            if p == "static":
-                pc = static_config(pcfg, peak, static_margin) if peak else pcfg
-            runs = run_experiment(
-                specs, [a], cfg, mode, lambda p=p, pc=pc: HarvestPlacement(p, jobs, types, hcfg, pc), show_progress
-            )
-            res = runs[a]
-            if p == "none":
-                peak = res["placement"]["peak_inference_gpus_by_type"]
-            if p == "static":
-                res["placement"]["static_inference_gpus"] = dict(pc.static_inference_gpus)
-            out[f"{a}/{p}"] = res
+            for q in queues if p != "none" else queues[:1]:
+                pc = pcfg.model_copy(update={"training_queue": q})
+                if p == "static":
+                    pc = static_config(pc, peak, static_margin) if peak else pc
+                runs = run_experiment(
+                    specs, [a], cfg, mode, lambda p=p, pc=pc: HarvestPlacement(p, jobs, types, hcfg, pc), show_progress
+                )
+                res = runs[a]
+                if p == "none":
+                    peak = res["placement"]["peak_inference_gpus_by_type"]
+                if p == "static":
+                    res["placement"]["static_inference_gpus"] = dict(pc.static_inference_gpus)
+                out[f"{a}/{p}/{q}" if len(queues) > 1 and p != "none" else f"{a}/{p}"] = res
     return out
 
 
@@ -94,6 +108,7 @@ def summary_rows(runs: dict[str, Any]) -> list[dict]:
         rows.append(
             {
                 "policy": key,
+                "training_queue": rep.get("training_queue"),
                 "slo_attainment": s["slo_attainment"],
                 "delta_points": None if b is None else 100 * (s["slo_attainment"] - b),
                 **{k: rep.get(k) for k in HARVEST_KEYS},

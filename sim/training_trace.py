@@ -2,8 +2,9 @@
 
 A job is (submit time, duration, GPU count). ``load_training_jobs`` takes the jobs submitted in
 ``[start_s, start_s + window_s)`` and, with ``backlog=True``, also the jobs submitted earlier that
-the trace shows still running at ``start_s``: they arrive at time 0 with their remaining duration,
-so the cluster starts loaded instead of empty. Submit times are shifted to the window
+the trace shows still running at ``start_s``: they arrive at time 0 with their remaining duration
+and the service they have had (GPUs x time run), so the cluster starts loaded instead of empty.
+``tenant_col`` names a column that says whose job it is (Philly's ``vc``, its virtual cluster). Submit times are shifted to the window
 (``submit_s - start_s``) and may be compressed by ``time_scale`` (0.5 = arrivals twice as dense);
 GPU counts are capped at ``max_gpus`` (a gang never larger than one GPU type's pool).
 
@@ -32,6 +33,8 @@ class JobSpec:
     submit_s: float  # arrival in simulated time
     work_s: float  # seconds of computation on its GPUs (the trace's duration, or what is left of it)
     num_gpus: int
+    tenant: str = "default"  # the trace's tenant column (e.g. Philly's virtual cluster), if read
+    attained_gpu_s: float = 0.0  # service received before the slice (backlog jobs: GPUs x time run)
 
 
 def load_training_jobs(
@@ -42,6 +45,7 @@ def load_training_jobs(
     submit_col: str = "submit_s",
     duration_col: str = "duration_s",
     gpus_col: str = "num_gpus",
+    tenant_col: str | None = None,
     backlog: bool = True,
     time_scale: float = 1.0,
     max_gpus: int | None = None,
@@ -53,10 +57,9 @@ def load_training_jobs(
             rows = list(csv.DictReader(f))
     else:
         rows = list(csv.DictReader(source))
-    if rows and not {submit_col, duration_col, gpus_col} <= set(rows[0]):
-        raise ValueError(
-            f"training trace needs columns {submit_col}, {duration_col}, {gpus_col}; has {sorted(rows[0])}"
-        )
+    need = {submit_col, duration_col, gpus_col} | ({tenant_col} if tenant_col else set())
+    if rows and not need <= set(rows[0]):
+        raise ValueError(f"training trace needs columns {sorted(need)}; has {sorted(rows[0])}")
     end_s = start_s + window_s
     jobs: list[JobSpec] = []
     for i, r in enumerate(rows):
@@ -65,10 +68,11 @@ def load_training_jobs(
             continue
         if max_gpus is not None:
             g = min(g, max_gpus)
+        tenant = (r[tenant_col] or "default") if tenant_col else "default"
         if start_s <= sub < end_s:
-            jobs.append(JobSpec(f"j{i}", (sub - start_s) * time_scale, dur, g))
+            jobs.append(JobSpec(f"j{i}", (sub - start_s) * time_scale, dur, g, tenant))
         elif backlog and sub < start_s and sub + dur > start_s:
-            jobs.append(JobSpec(f"b{i}", 0.0, sub + dur - start_s, g))
+            jobs.append(JobSpec(f"b{i}", 0.0, sub + dur - start_s, g, tenant, (start_s - sub) * g))
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))
     return jobs
 

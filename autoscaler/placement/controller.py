@@ -8,7 +8,8 @@ A small controller thread in the gateway process (started by :class:`gateway.ser
    including those pending for lack of a GPU, plus running) and the replica actors that hold a GPU
    (ALIVE in the actor table), and the training jobs of a :class:`TrainingManager` with their
    progress (``TrainingActor.progress``);
-2. builds a :class:`PlacementSnapshot` and calls the pure placement policy (``cost-aware``);
+2. builds a :class:`PlacementSnapshot` and calls the pure placement policy (``cost-aware``), whose
+   training queue (``training.queue``: 2D-LAS by default; ``training.tenant_shares``) orders the jobs;
 3. **carries out** the decision: ``preempt`` -> the job checkpoints at its next iteration boundary
    and stops (killed after ``grace_s``), so Ray schedules the pending replica on the freed GPU;
    ``start_training`` -> a queued or preempted job starts (resuming from its checkpoint) once Ray
@@ -91,6 +92,7 @@ class _Job:
     attained_gpu_s: float = 0.0
     started_s: float | None = None
     seen_at: float | None = None
+    submitted_s: float = 0.0  # when the controller first saw it: the queue's submit order
 
 
 class HarvestJobs:
@@ -148,6 +150,8 @@ class HarvestController:
             pack_small_replicas=False,
             substitute_types=False,
             max_replicas_per_gpu=max(1, math.floor(1 / frac + 1e-9)),
+            training_queue=t.queue,
+            tenant_shares=t.tenant_shares,
         )
         self.state = PlacementState()
         self.reclaims: list[Reclaim] = []
@@ -210,6 +214,17 @@ class HarvestController:
                 "start_training": [s.job_id for s in d.start_training],
                 "start_replicas": [f"{s.model}/{s.variant}@{s.gpu_id}" for s in d.start_replicas],
                 "unplaced": [f"{u.model}/{u.variant}x{u.count}" for u in d.unplaced],
+                "training_queue": [
+                    {
+                        "job_id": e.job_id,
+                        "position": e.position,
+                        "level": e.level,
+                        "action": e.action,
+                        "reason": e.reason,
+                        "tenant": e.tenant,
+                    }
+                    for e in d.training_queue
+                ],
             },
         }
 
@@ -283,6 +298,7 @@ class HarvestController:
                     TrainingSpec.model_validate_json(d.read_text()),
                     iteration=infos[job_id].iteration,
                     checkpoint_iteration=infos[job_id].checkpoint_iteration,
+                    submitted_s=now,
                 )
         running = {j: h for j in infos if infos[j].state == "running" and (h := self.manager.handle(j)) is not None}
         refs = {j: h.actor.progress.remote() for j, h in running.items() if hasattr(h, "actor")}
@@ -351,6 +367,7 @@ class HarvestController:
                     checkpoint_write_s=0.05,
                     total_iterations=s.total_iterations,
                     attained_gpu_s=mem.attained_gpu_s,
+                    submit_time_s=mem.submitted_s,
                     gpu_type=s.gpu_type,
                     gpu_ids=mem.gpu_ids if info.state == "running" else (),
                     started_s=mem.started_s,

@@ -189,19 +189,43 @@ class Cluster:
             if g in self.slots:
                 self.slots[g].job = None
                 self.slots[g].freeing = job.job_id
-        self.preempts.append(
-            Preempt(job.job_id, job.gpu_ids, reason, self.cfg.preempt_grace_s, preemption_cost(job, self.cfg))
-        )
+        cfg = self.cfg
+        if reason == "priority":  # no replica waits: the job may finish its iteration and checkpoint
+            grace = max(cfg.preempt_grace_s, job.iteration_time_s + job.checkpoint_write_s)
+            cfg = cfg.model_copy(update={"preempt_grace_s": grace})
+        self.preempts.append(Preempt(job.job_id, job.gpu_ids, reason, cfg.preempt_grace_s, preemption_cost(job, cfg)))
 
     # ------------------------------------------------------------ training steps
-    def place_training(self, job: TrainingJob, headroom: dict[str, int]) -> tuple[str, ...] | None:
-        """GPUs of one type for the whole gang, or None. Best fit: the type with the fewest spare GPUs
-        that still fit the job, fully idle GPUs before GPUs shared with small replicas."""
-        shape = (job.num_gpus, job.memory_mib, job.gpu_type)
+    def training_capacity(self, headroom: dict[str, int]) -> dict[str, int]:
+        """GPUs of each type that training may use now: those its running jobs hold, plus the idle ones
+        beyond ``headroom`` and those shared with small replicas (GPUs being freed are not counted)."""
+        out: dict[str, int] = {}
+        for t in self.types():
+            held = idle = shared = 0
+            for g in self.of_type(t):
+                s = self.slots[g]
+                if self.mode.training_gpus is not None and g not in self.mode.training_gpus:
+                    continue
+                if s.job is not None:
+                    held += 1
+                elif s.freeing is None and not s.replicas:
+                    idle += 1
+                elif s.freeing is None and all(self._small(m) for _, _, m in s.replicas):
+                    shared += 1
+            out[t] = held + max(idle - headroom.get(t, 0), 0) + shared
+        return out
+
+    def place_training(
+        self, job: TrainingJob, headroom: dict[str, int], types: list[str] | None = None
+    ) -> tuple[str, ...] | None:
+        """GPUs of one type (of ``types``, default all) for the whole gang, or None. Best fit: the type
+        with the fewest spare GPUs that still fit the job, fully idle GPUs before GPUs shared with small
+        replicas."""
+        shape = (job.num_gpus, job.memory_mib, job.gpu_type, tuple(types or ()))
         if shape in self._no_fit:  # capacity only shrinks within a round
             return None
         best: tuple[int, str, list[str]] | None = None
-        for t in self.types():
+        for t in types if types is not None else self.types():
             ok = [
                 g
                 for g in self.of_type(t)

@@ -11,7 +11,9 @@ Registry (``POLICIES`` / ``get_policy(name)``):
 * ``cost-aware`` (ours): replicas go to the GPU type with the best profile throughput per unit of
   price (Gavel), onto a free GPU, else beside a training job when the replica is small (AntMan),
   else onto the GPUs of the training job whose preemption costs least (``placement_cost``);
-  training jobs start least-attained-service first (Tiresias) on a best-fit GPU type.
+  training jobs are ordered by the training queue (``autoscaler.placement.queue``: 2D-LAS as in
+  Tiresias, FIFO or shortest-remaining-first; tenant shares), start on a best-fit GPU type and are
+  preempted for a job ahead of them in the queue.
 * ``static``: a fixed share of each GPU type for inference, the rest for training; no sharing,
   no preemption.
 * ``cost-blind``: as cost-aware, but preempts the most recently started job (or a random one,
@@ -38,11 +40,14 @@ import numpy as np
 
 from autoscaler.placement.cost import preemption_cost, rank_types
 from autoscaler.placement.engine import Cluster, Mode
+from autoscaler.placement.queue import plan as queue_plan
 from autoscaler.placement.types import (
     PlacementConfig,
     PlacementDecision,
     PlacementSnapshot,
     PlacementState,
+    QueueEntry,
+    QueueState,
     Replica,
     ReplicaTarget,
     StartTraining,
@@ -131,8 +136,8 @@ def _run(
         for r in sorted(vacated, key=lambda r: r.replica_id)
     )
 
-    # 5. training: least attained service first (Tiresias), backfilling what does not fit
-    started = _start_training(c, snap, cfg, types)
+    # 5. training: the queue (2D-LAS by default) on what inference leaves idle
+    started, queue, qstate, next_change = _schedule_training(c, snap, cfg, types, state.queue, now_s)
 
     requested = dict(in_flight)
     requested.update({p.job_id: now_s for p in c.preempts})
@@ -143,8 +148,10 @@ def _run(
         start_replicas=tuple(c.starts),
         start_training=tuple(started),
         unplaced=tuple(unplaced),
+        training_queue=queue,
+        queue_next_change_s=next_change,
     )
-    return decision, PlacementState(round=state.round + 1, preempt_requested_s=requested)
+    return decision, PlacementState(round=state.round + 1, preempt_requested_s=requested, queue=qstate)
 
 
 def _claim(c: Cluster, snap: PlacementSnapshot, explicit: list[ReplicaTarget]) -> tuple[set[str], list[Replica]]:
@@ -183,16 +190,36 @@ def _reclaim(c: Cluster, vacated: list[Replica], model: str, variant: str, mem: 
     return False
 
 
-def _start_training(c: Cluster, snap: PlacementSnapshot, cfg: PlacementConfig, types) -> list[StartTraining]:
-    """Queued jobs, least attained service first (Tiresias), on what inference leaves idle."""
+def _schedule_training(
+    c: Cluster, snap: PlacementSnapshot, cfg: PlacementConfig, types, state: QueueState, now_s: float
+) -> tuple[list[StartTraining], tuple[QueueEntry, ...], QueueState, float]:
+    """The training queue (``autoscaler.placement.queue``) on what inference leaves idle: jobs start
+    where it says (on the type it chose), jobs behind a higher-priority one are preempted for it."""
     headroom = {ty: cfg.training_headroom_gpus for ty in types}
+    leaving = {p.job_id for p in c.preempts} | {
+        j.job_id for j in snap.jobs if j.running and any(c.slots[g].job != j.job_id for g in j.gpu_ids if g in c.slots)
+    }
+    jobs = [j for j in snap.jobs if j.job_id not in leaving and all(g in c.slots for g in j.gpu_ids)]
+    gpu_types = {g: c.gpus[g].gpu_type for g in c.gpus}
+    qp = queue_plan(
+        jobs, c.training_capacity(headroom), gpu_types, cfg, state, now_s, preempt=c.mode.choose_victim is not None
+    )
+    by_id = {j.job_id: j for j in jobs}
+    for e in qp.entries:
+        if e.action == "preempt":
+            c.preempt(by_id[e.job_id], reason="priority")
     started: list[StartTraining] = []
-    queued = [j for j in snap.jobs if not j.running]
-    for j in sorted(queued, key=lambda j: (j.attained_gpu_s, j.submit_time_s, j.job_id)):
-        gids = c.place_training(j, headroom)
-        if gids is not None:
-            started.append(StartTraining(j.job_id, gids, "resume" if j.checkpoint_iteration > 0 else "idle-gpus"))
-    return started
+    entries: list[QueueEntry] = []
+    for e in qp.entries:
+        if e.action == "start":
+            j = by_id[e.job_id]
+            gids = c.place_training(j, headroom, [e.gpu_type] if e.gpu_type is not None else None)
+            if gids is None:  # its GPUs are still held by the jobs preempted for it
+                e = replace(e, action="wait", reason="waiting-for-gpus")
+            else:
+                started.append(StartTraining(j.job_id, gids, "resume" if j.checkpoint_iteration > 0 else "idle-gpus"))
+        entries.append(e)
+    return started, tuple(entries), qp.state, qp.next_change_s
 
 
 # ------------------------------------------------------------------ the policies

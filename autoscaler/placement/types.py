@@ -15,6 +15,7 @@ seconds, work in GPU-seconds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -82,6 +83,7 @@ class TrainingJob:
     gpu_ids: tuple[str, ...] = ()  # where it runs now; () = queued
     started_s: float | None = None  # when its current run started
     preempting: bool = False  # asked to stop, still holding its GPUs (grace period)
+    tenant: str = "default"  # whose job it is (``PlacementConfig.tenant_shares`` caps each tenant)
 
     @property
     def running(self) -> bool:
@@ -179,13 +181,45 @@ class PlacementConfig(BaseModel):
         default="most-recent", description="cost-blind policy: which running job it preempts."
     )
     seed: int = Field(default=0, description="Seed of the cost-blind random choice (with the round number).")
+    training_queue: Literal["las", "fifo", "srtf"] = Field(
+        default="las",
+        description="Order of the training jobs on harvested GPUs (autoscaler/placement/queue.py): las = "
+        "Tiresias' discretized two-dimensional least attained service; fifo = submit order; srtf = least "
+        "remaining GPU-seconds first (jobs that declare their length; the others after, in submit order).",
+    )
+    las_thresholds_gpu_s: tuple[float, ...] = Field(
+        default=(3250.0,),
+        description="las: attained service (GPU-seconds) at which a job moves down to the next queue; "
+        "K-1 increasing thresholds make K queues (Tiresias: two queues, 3,250 GPU-s in its simulator).",
+    )
+    las_starvation_multiple: float = Field(
+        default=4.0,
+        ge=0,
+        description="las: a job waiting longer than this many times its run time (since its last promotion) "
+        "goes back to the top queue; 0 turns the guard off.",
+    )
+    tenant_shares: dict[str, float] = Field(
+        default_factory=dict,
+        description="Most of the harvested GPUs each tenant may hold, as a share in (0, 1]; '*' sets it for "
+        "tenants not listed; a tenant not covered has no cap.",
+    )
 
     @model_validator(mode="after")
     def _positive_costs(self) -> PlacementConfig:
         bad = {k: v for k, v in self.gpu_cost_per_hour.items() if v <= 0}
         if bad:
             raise ValueError(f"gpu_cost_per_hour must be positive, got {bad}")
+        th = self.las_thresholds_gpu_s
+        if any(t <= 0 for t in th) or any(b <= a for a, b in zip(th, th[1:], strict=False)):
+            raise ValueError(f"las_thresholds_gpu_s must be positive and increasing, got {list(th)}")
+        bad = {k: v for k, v in self.tenant_shares.items() if not 0 < v <= 1}
+        if bad:
+            raise ValueError(f"tenant_shares must be in (0, 1], got {bad}")
         return self
+
+    def tenant_share(self, tenant: str) -> float | None:
+        """The tenant's cap as a share of the harvested GPUs, or None (no cap)."""
+        return self.tenant_shares.get(tenant, self.tenant_shares.get("*"))
 
     def cost_per_hour(self, gpu_type: str) -> float:
         return self.gpu_cost_per_hour.get(gpu_type, self.default_gpu_cost_per_hour)
@@ -195,11 +229,26 @@ class PlacementConfig(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class QueueState:
+    """What the training queue remembers: per job, the attained service at its last promotion (its
+    LAS queue counts from there) and the last time it was seen running (or first seen, if never)."""
+
+    promoted_gpu_s: Mapping[str, float] = field(default_factory=dict)
+    last_run_s: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "promoted_gpu_s", MappingProxyType(dict(self.promoted_gpu_s)))
+        object.__setattr__(self, "last_run_s", MappingProxyType(dict(self.last_run_s)))
+
+
+@dataclass(frozen=True, slots=True)
 class PlacementState:
-    """What a policy remembers between calls: the round number and preemptions still in flight."""
+    """What a policy remembers between calls: the round number, preemptions still in flight and the
+    training queue's own state."""
 
     round: int = 0
     preempt_requested_s: Mapping[str, float] = field(default_factory=dict)  # job id -> when asked
+    queue: QueueState = field(default_factory=QueueState)
 
     def __post_init__(self):
         object.__setattr__(self, "preempt_requested_s", MappingProxyType(dict(self.preempt_requested_s)))
@@ -210,7 +259,16 @@ class PlacementState:
 ReplicaReason = Literal["idle-gpu", "shared-gpu", "packed-beside-training", "after-preemption", "substitute-type"]
 StopReason = Literal["scale-in", "no-target", "substitute-not-needed"]
 TrainingReason = Literal["idle-gpus", "resume"]
-PreemptReason = Literal["reclaim-for-inference", "partition"]
+PreemptReason = Literal["reclaim-for-inference", "partition", "priority"]
+QueueAction = Literal["run", "start", "preempt", "wait"]
+QueueReason = Literal[
+    "running",  # keeps its GPUs
+    "start",  # starts now
+    "priority",  # preempted for a job ahead of it in the queue
+    "no-capacity",  # not enough harvested GPUs of a type it can use
+    "tenant-share",  # its tenant holds its share of the harvested GPUs
+    "waiting-for-gpus",  # placed, starts once the GPUs of preempted jobs are released
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +332,19 @@ class Unplaced:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """One training job's place in the queue this round, and what the queue does with it."""
+
+    job_id: str
+    position: int  # 0 = head of the queue
+    level: int  # las: the queue it is in (0 = top); fifo and srtf: 0
+    action: QueueAction
+    reason: QueueReason
+    tenant: str
+    gpu_type: str | None = None  # the type it runs on, or is started on
+
+
+@dataclass(frozen=True, slots=True)
 class PlacementDecision:
     """One round's decision. A driver applies it in order: stop replicas, preempt jobs, start replicas
     (those with ``after_preempt`` once that job has freed its GPUs), then start training."""
@@ -284,6 +355,8 @@ class PlacementDecision:
     start_replicas: tuple[StartReplica, ...] = ()
     start_training: tuple[StartTraining, ...] = ()
     unplaced: tuple[Unplaced, ...] = ()
+    training_queue: tuple[QueueEntry, ...] = ()  # every training job not being preempted, head first
+    queue_next_change_s: float = math.inf  # when a job changes LAS queue without any other event
 
     @property
     def empty(self) -> bool:

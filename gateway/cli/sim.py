@@ -70,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--training-submit-col", default="submit_s", help="column: submit time, seconds")
     t.add_argument("--training-duration-col", default="duration_s", help="column: duration, seconds")
     t.add_argument("--training-gpus-col", default="num_gpus", help="column: GPUs per job")
+    t.add_argument("--training-tenant-col", default="", help="column: whose job it is (Philly: vc); default none")
     t.add_argument("--training-start-s", type=float, default=0.0, help="slice of the training trace: start")
     t.add_argument("--training-window-s", type=float, default=0.0, help="slice length (0 = the inference duration)")
     t.add_argument("--training-time-scale", type=float, default=1.0, help="multiply submit offsets (0.5 = 2x denser)")
@@ -82,6 +83,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--placement",
         default="none,static,cost-blind,cost-aware",
         help="NAME[,NAME...]: cost-aware, static, cost-blind (none = no training, the baseline)",
+    )
+    t.add_argument(
+        "--training-queue",
+        default="las",
+        help="NAME[,NAME...]: las (2D-LAS, Tiresias), fifo, srtf; each runs every placement",
+    )
+    t.add_argument(
+        "--tenant-shares",
+        default="",
+        help="TENANT:SHARE[,...]: most of the harvested GPUs a tenant may hold ('*' = every other tenant)",
     )
     t.add_argument("--gpu-mix", default="t4:600,a100:400", help="typed inventory TYPE:N[,TYPE:N]")
     t.add_argument("--checkpoint-every-s", type=float, default=600.0, help="training work between checkpoints")
@@ -192,6 +203,24 @@ def main(a: argparse.Namespace) -> int:
     return 0
 
 
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}s"
+
+
+def _tenant_shares(text: str) -> dict[str, float]:
+    """``"a:0.5,*:0.25"`` -> {"a": 0.5, "*": 0.25}."""
+    out = {}
+    for part in (p for p in text.split(",") if p):
+        name, _, share = part.rpartition(":")
+        try:
+            out[name] = float(share)
+        except ValueError:
+            raise SystemExit(f"sloserve sim: --tenant-shares wants TENANT:SHARE[,...], got {part!r}") from None
+        if not name:
+            raise SystemExit(f"sloserve sim: --tenant-shares wants TENANT:SHARE[,...], got {part!r}")
+    return out
+
+
 def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) -> int:
     """``--training-trace``: every (autoscaler, placement) pair on typed GPUs shared with training."""
     from autoscaler.placement.types import PlacementConfig
@@ -205,17 +234,21 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
     missing = {s.device_type for s in specs} - set(mix)
     if missing:
         raise SystemExit(f"sloserve sim: --gpu-mix has no GPUs of type(s) {sorted(missing)}")
-    jobs = load_training_jobs(
-        a.training_trace,
-        start_s=a.training_start_s,
-        window_s=a.training_window_s or horizon / a.training_time_scale,
-        submit_col=a.training_submit_col,
-        duration_col=a.training_duration_col,
-        gpus_col=a.training_gpus_col,
-        backlog=not a.no_training_backlog,
-        time_scale=a.training_time_scale,
-        max_gpus=max(mix.values()),
-    )
+    try:
+        jobs = load_training_jobs(
+            a.training_trace,
+            start_s=a.training_start_s,
+            window_s=a.training_window_s or horizon / a.training_time_scale,
+            submit_col=a.training_submit_col,
+            duration_col=a.training_duration_col,
+            gpus_col=a.training_gpus_col,
+            tenant_col=a.training_tenant_col or None,
+            backlog=not a.no_training_backlog,
+            time_scale=a.training_time_scale,
+            max_gpus=max(mix.values()),
+        )
+    except ValueError as e:
+        raise SystemExit(f"sloserve sim: --training-trace: {e}") from None
     lo, hi = (float(x) for x in a.iteration_time_s.split(","))
     hcfg = HarvestConfig(
         gpus=mix,
@@ -225,24 +258,31 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
         known_durations=not a.unknown_durations,
         seed=a.seed,
     )
-    pcfg = PlacementConfig(
-        pack_small_replicas=False,
-        substitute_types=False,
-        preempt_grace_s=a.grace_s,
-        restart_overhead_s=a.restart_overhead_s,
-        seed=a.seed,
-        training_headroom_gpus=a.training_headroom_gpus,
-    )
+    try:
+        pcfg = PlacementConfig(
+            pack_small_replicas=False,
+            substitute_types=False,
+            preempt_grace_s=a.grace_s,
+            restart_overhead_s=a.restart_overhead_s,
+            seed=a.seed,
+            training_headroom_gpus=a.training_headroom_gpus,
+            tenant_shares=_tenant_shares(a.tenant_shares),
+        )
+    except ValueError as e:
+        raise SystemExit(f"sloserve sim: {e}") from None
     placements = [p for p in a.placement.split(",") if p]
+    queues = [q for q in a.training_queue.split(",") if q]
     print(
         f"sloserve sim: harvest, {len(jobs)} training jobs ({demand_gpu_hours(jobs, horizon):,.0f} GPU-h of demand "
-        f"within the run), GPUs {mix}, placements {placements}",
+        f"within the run), GPUs {mix}, placements {placements}, training queues {queues}",
         file=sys.stderr,
     )
     t = time.perf_counter()
-    runs = run_harvest(
-        specs, policies, placements, cfg, jobs, hcfg, pcfg, a.mode if a.mode != "auto" else "fluid", not a.no_progress
-    )
+    mode = a.mode if a.mode != "auto" else "fluid"
+    try:
+        runs = run_harvest(specs, policies, placements, cfg, jobs, hcfg, pcfg, mode, not a.no_progress, queues=queues)
+    except ValueError as e:
+        raise SystemExit(f"sloserve sim: {e}") from None
     title = f"{a.trace or a.synthetic} + {a.training_trace}"
     meta = {
         "argv": sys.argv[1:],
@@ -262,7 +302,9 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
             f"preempt={r['preemptions']} lost_h={r['lost_work_gpu_hours']:.2f} "
             f"lost/preempt mean={r['lost_per_preemption_intervals_mean']:.3f} "
             f"max={r['lost_per_preemption_intervals_max']:.3f} ckpt-intervals "
-            f"finished={r['jobs_finished']} jct_med={r['jct_median_s']} wall={r['wall_s']:.1f}s"
+            f"finished={r['jobs_finished']} jct_mean={_s(r['jct_mean_s'])} jct_p95={_s(r['jct_p95_s'])} "
+            f"jct_all_mean={_s(r['jct_all_mean_s'])} priority_preempt={r['priority_preemptions']} "
+            f"wall={r['wall_s']:.1f}s"
         )
     print(f"wrote {path}")
     return 0

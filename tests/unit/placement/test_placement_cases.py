@@ -112,11 +112,11 @@ def test_preemption_in_flight_is_not_repeated_and_its_gpu_is_reused():
     assert dict(s3.preempt_requested_s) == {}
 
 
-def test_training_las_order_best_fit_and_resume():
-    queued = (
-        job("big", (), num_gpus=2, attained_gpu_s=100.0),
-        job("small", (), num_gpus=1, attained_gpu_s=0.0),
-        job("back", (), num_gpus=1, attained_gpu_s=50.0, checkpoint_iteration=40),
+def test_training_queue_order_best_fit_and_resume():
+    queued = (  # all in LAS's top queue (under 3,250 GPU-s): submit order
+        job("big", (), num_gpus=2, attained_gpu_s=100.0, submit_time_s=20.0),
+        job("small", (), num_gpus=1, attained_gpu_s=0.0, submit_time_s=0.0),
+        job("back", (), num_gpus=1, attained_gpu_s=50.0, checkpoint_iteration=40, submit_time_s=10.0),
     )
     snap = PlacementSnapshot(gpus(t4=2, a100=1), jobs=queued)
     d, _ = decide("cost-aware", snap, CFG, PlacementState(), 0.0)
@@ -124,6 +124,11 @@ def test_training_las_order_best_fit_and_resume():
     assert got["small"].gpu_ids == ("a0",)  # best fit: the type with fewest spare GPUs
     assert got["back"].reason == "resume" and got["back"].gpu_ids == ("t0",)
     assert "big" not in got  # needs 2 GPUs of one type, only one T4 left
+    assert [(e.job_id, e.action, e.reason) for e in d.training_queue] == [
+        ("small", "start", "start"),
+        ("back", "start", "start"),
+        ("big", "wait", "no-capacity"),
+    ]
 
 
 def test_static_partition_keeps_training_off_inference_gpus():

@@ -212,3 +212,95 @@ def test_cli_harvest_writes_the_goal_metrics(tmp_path):
     assert doc["policies"]["swayam/none"]["training_gpu_hours"] == 0
     assert doc["policies"]["swayam/cost-aware"]["training_gpu_hours"] > 0
     assert (out / "harvest.png").exists()
+
+
+def _cli_args(trace, out, *extra):
+    return [
+        "sim",
+        "--synthetic",
+        "diurnal",
+        "--rate",
+        "40",
+        "--duration-s",
+        "900",
+        "--model-class",
+        "resnet50",
+        "--device",
+        "t4",
+        "--slo-ms",
+        "100",
+        "--autoscaler",
+        "swayam",
+        "--mode",
+        "fluid",
+        "--tick-s",
+        "30",
+        "--training-trace",
+        str(trace),
+        "--training-submit-col",
+        "submit",
+        "--training-duration-col",
+        "dur",
+        "--training-gpus-col",
+        "gpus",
+        "--gpu-mix",
+        "t4:8",
+        "--checkpoint-every-s",
+        "120",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
+
+
+def test_cli_harvest_runs_each_training_queue_with_tenants(tmp_path):
+    from gateway.cli import main
+
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(
+        "submit,dur,gpus,team\n" + "".join(f"{i * 20},{600 + 37 * i},{1 + i % 2},{'ab'[i % 2]}\n" for i in range(30))
+    )
+    out = tmp_path / "out"
+    extra = ["--placement", "none,cost-aware", "--training-queue", "las,fifo,srtf", "--training-tenant-col", "team"]
+    assert main(_cli_args(trace, out, *extra, "--tenant-shares", "a:0.5")) == 0
+    doc = json.loads((out / "result.json").read_text())
+    assert set(doc["policies"]) == {
+        "swayam/none",
+        "swayam/cost-aware/las",
+        "swayam/cost-aware/fifo",
+        "swayam/cost-aware/srtf",
+    }
+    for q in ("las", "fifo", "srtf"):
+        s = doc["policies"][f"swayam/cost-aware/{q}"]
+        assert s["training_queue"] == q and s["training_gpu_hours"] > 0
+        for k in ("jct_mean_s", "jct_p95_s", "jct_all_mean_s", "jct_all_p95_s", "harvest_fraction"):
+            assert k in s, (q, k)
+    assert doc["meta"]["harvest"]["tenant_shares"] == {"a": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--training-queue", "sjf"], "unknown training queue"),
+        (["--tenant-shares", "a:2"], "tenant_shares"),
+        (["--tenant-shares", "a"], "TENANT:SHARE"),
+        (["--training-tenant-col", "vc"], "vc"),
+    ],
+)
+def test_cli_harvest_bad_queue_input_is_a_clear_error(tmp_path, extra, says):
+    from gateway.cli import main
+
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("submit,dur,gpus\n0,600,1\n")
+    with pytest.raises(SystemExit, match=says):
+        main(_cli_args(trace, tmp_path / "out", "--placement", "cost-aware", *extra))
+
+
+def test_trace_tenant_column_and_backlog_service(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("s,d,g,vc\n0,1000,2,x\n150,10,1,\n")
+    jobs = load_training_jobs(
+        str(p), start_s=100, window_s=400, submit_col="s", duration_col="d", gpus_col="g", tenant_col="vc"
+    )
+    assert [(j.job_id, j.tenant, j.attained_gpu_s) for j in jobs] == [("b0", "x", 200.0), ("j1", "default", 0.0)]
