@@ -61,7 +61,9 @@ def _sha256(path: Path) -> str:
 def write_manifest(directory: str | os.PathLike, iteration: int, metrics: Mapping[str, object]) -> dict:
     """Checksum every file in ``directory`` (written by the job) into its ``sloserve.json``."""
     d = Path(directory)
-    files = {p.relative_to(d).as_posix(): _sha256(p) for p in sorted(d.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    files = {
+        p.relative_to(d).as_posix(): _sha256(p) for p in sorted(d.rglob("*")) if p.is_file() and p.name != MANIFEST
+    }
     doc = {"iteration": int(iteration), "metrics": dict(metrics), "files": files}
     (d / MANIFEST).write_text(json.dumps(doc, sort_keys=True))
     return doc

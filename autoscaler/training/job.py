@@ -75,7 +75,11 @@ class TrainingSpec(BaseModel):
         return module, fn
 
 
-class EntryError(ValueError):
+class JobRejected(ValueError):
+    """A job that can never run as submitted (the message says what to fix): a 400, not a 409."""
+
+
+class EntryError(JobRejected):
     """The entry cannot be imported or is not a function."""
 
 

@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.training.checkpoint import latest_good, next_run, write_json_atomic
-from autoscaler.training.job import PreemptOutcome, TrainingSpec, preempt_then_kill, resolve_entry, traceback_tail
+from autoscaler.training.job import (
+    JobRejected,
+    PreemptOutcome,
+    TrainingSpec,
+    preempt_then_kill,
+    resolve_entry,
+    traceback_tail,
+)
 
 WORKER_CPUS = 0.25  # logical CPUs per gang worker besides its GPU
 
@@ -45,9 +52,9 @@ def resources_per_worker(gpu_type: str) -> dict[str, float]:
 
 def _train_loop_per_worker(cfg: dict) -> None:
     """What every Ray Train worker runs: bind the session to the driver, call the user's function."""
-    from autoscaler.training import session
-
     import ray
+
+    from autoscaler.training import session
 
     pg = ray.util.get_current_placement_group()
     if pg is not None:  # the gang's GPUs: freed by hand if the run is killed (Ray scopes them to the gateway)
@@ -182,7 +189,10 @@ class TrainingDriver:
             checkpoint=f"{good.path.parent.name}/{good.path.name}" if good else None,
             corrupt_checkpoints=seen + [c for c in corrupt if c not in seen],
         )
-        env = {"env_vars": {"PYTHONPATH": self.pythonpath}} if self.pythonpath else None
+        # the workers import the entry from where this process found it
+        extra: dict[str, Any] = {}
+        if self.pythonpath:
+            extra["worker_runtime_env"] = {"env_vars": {"PYTHONPATH": self.pythonpath}}
         trainer = TorchTrainer(
             _train_loop_per_worker,
             train_loop_config={
@@ -194,14 +204,16 @@ class TrainingDriver:
             },
             torch_config=TorchConfig(backend=self.backend) if self.backend else None,
             scaling_config=ScalingConfig(
-                num_workers=self.spec.workers, use_gpu=True, resources_per_worker=resources_per_worker(self.spec.gpu_type)
+                num_workers=self.spec.workers,
+                use_gpu=True,
+                resources_per_worker=resources_per_worker(self.spec.gpu_type),
             ),
             run_config=RunConfig(
                 name=f"run-{n}",
                 storage_path=str(self.storage),
                 checkpoint_config=CheckpointConfig(num_to_keep=2),
                 failure_config=FailureConfig(max_failures=0),
-                worker_runtime_env=env,
+                **extra,
             ),
         )
         try:
@@ -335,10 +347,10 @@ class RayLauncher:
         total = ray.cluster_resources()
         if total.get(f"accelerator_type:{spec.gpu_type}", 0.0) <= 0:
             have = sorted(k.split(":", 1)[1] for k in total if k.startswith("accelerator_type:"))
-            raise ValueError(f"the cluster has no {spec.gpu_type} GPUs (it has: {', '.join(have) or 'none'})")
+            raise JobRejected(f"the cluster has no {spec.gpu_type} GPUs (it has: {', '.join(have) or 'none'})")
         gpus = int(total.get("GPU", 0))
         if spec.workers > gpus:
-            raise ValueError(f"job {spec.job_id} asks for {spec.workers} GPUs; the cluster has {gpus}")
+            raise JobRejected(f"job {spec.job_id} asks for {spec.workers} GPUs; the cluster has {gpus}")
         resolve_entry(spec.entry)
 
     def start(self, spec: TrainingSpec, job_dir: Path) -> RayJobHandle:
@@ -347,7 +359,7 @@ class RayLauncher:
 
         resolve_entry(spec.entry)
         cls = ray.remote(TrainingDriver)
-        actor = cls.options(  # type: ignore[attr-defined]
+        actor: Any = cls.options(
             num_cpus=0,
             max_concurrency=8,
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
