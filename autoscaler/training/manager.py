@@ -218,7 +218,9 @@ class TrainingManager:
                     preemptions=int(rec.get("preemptions", 0)) + 1,
                     lost_iterations=int(rec.get("lost_iterations", 0)) + lost,
                 )
-            if self.get(job_id).state not in ("finished", "failed"):
+            self._handles.pop(job_id, None)
+            if outcome is not None or self.get(job_id).state not in ("finished", "failed"):
+                # stopped by us (a kill leaves no status of its own), or not running at all
                 self._save(job_id, state=new_state, last_stop=outcome)
             self._handles.pop(job_id, None)
             return self.get(job_id)
