@@ -10,7 +10,7 @@ REPO   ?= model_repository
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[cpu,test]'
+	$(PY) -m pip install --quiet -e '.[cpu,test,train]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -7,7 +7,7 @@ A small controller thread in the gateway process (started by :class:`gateway.ser
    ``accelerator_type:<T>`` resources), each GPU model's Serve replica target (replicas starting,
    including those pending for lack of a GPU, plus running) and the replica actors that hold a GPU
    (ALIVE in the actor table), and the training jobs of a :class:`TrainingManager` with their
-   progress (``TrainingActor.progress``);
+   progress (``TrainingDriver.progress``);
 2. builds a :class:`PlacementSnapshot` and calls the pure placement policy (``cost-aware``), whose
    training queue (``training.queue``: 2D-LAS by default; ``training.tenant_shares``) orders the jobs;
 3. **carries out** the decision: ``preempt`` -> the job checkpoints at its next iteration boundary
@@ -15,13 +15,13 @@ A small controller thread in the gateway process (started by :class:`gateway.ser
    ``start_training`` -> a queued or preempted job starts (resuming from its checkpoint) once Ray
    reports the GPU free. Replicas themselves are started and stopped by Ray Serve's autoscaler.
 
-Training actors and GPU replicas ask Ray for the same resources: ``num_gpus`` plus
-``accelerator_type:<T>`` (``RayLauncher(real_gpus=True)``; a replica takes ``replica_gpu_fraction``
-GPUs), so a GPU held by training is a GPU Serve cannot schedule a replica on.
+Training gangs (Ray Train workers) and GPU replicas ask Ray for the same resources: ``GPU`` plus
+``accelerator_type:<T>`` (``autoscaler/training/runtime.py``: one GPU per worker; a replica takes
+``replica_gpu_fraction`` GPUs), so a GPU held by training is a GPU Serve cannot schedule a replica on.
 
 GPU ids in the snapshot are the controller's own bookkeeping (``T4:0``, ``T4:1``...): on one node
 Ray pools GPUs, so which physical GPU a job holds does not matter, only how many of each type.
-Times are measured from the decision: ``freed_s`` (training actor dead, its GPU released) and
+Times are measured from the decision: ``freed_s`` (the job's driver dead and its gang's placement group removed: its GPUs released) and
 ``ready_s`` (the replica that waited for it RUNNING in Serve). ``GET /v2/training/placement``
 returns them.
 """
@@ -134,11 +134,13 @@ class HarvestController:
     """
 
     def __init__(self, settings, backend, metrics, clock=time.monotonic):
-        from autoscaler.training.actor import RayLauncher
+        from autoscaler.training.runtime import RayLauncher
 
         t = settings.training
         self.settings, self.backend, self.metrics, self.clock = settings, backend, metrics, clock
-        self.manager = TrainingManager(t.jobs_dir, launcher=RayLauncher(real_gpus=True), grace_s=t.grace_s)
+        # emulated GPUs on a CPU box: the gang's collectives on gloo; real GPUs: Ray Train's choice (NCCL)
+        launcher = RayLauncher(backend="gloo" if settings.emulated_gpus else None)
+        self.manager = TrainingManager(t.jobs_dir, launcher=launcher, grace_s=t.grace_s)
         self.jobs_api = HarvestJobs(self.manager, on_change=lambda: self._wake.set())
         self.policy_name = t.policy
         self._policy = get_policy(t.policy)
@@ -352,7 +354,7 @@ class HarvestController:
                 mem.started_s = now
                 taken.update(mem.gpu_ids)
             s = mem.spec
-            it_s = mem.iteration_time_s or (s.iteration_delay_s + 1e-3)
+            it_s = mem.iteration_time_s or 0.01
             if info.state == "running" and self._last_tick is not None:
                 mem.attained_gpu_s += (now - self._last_tick) * s.num_gpus
             jobs.append(
@@ -372,6 +374,7 @@ class HarvestController:
                     gpu_ids=mem.gpu_ids if info.state == "running" else (),
                     started_s=mem.started_s,
                     preempting=job_id in self._preempting,
+                    tenant=s.tenant or "default",
                 )
             )
         replicas, targets = [], []

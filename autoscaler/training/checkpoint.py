@@ -1,44 +1,38 @@
-"""Atomic, verified checkpoints for training jobs.
+"""Verified checkpoint directories for Ray Train jobs, and small atomic status files.
 
-Protocol (docs/placement.md): a checkpoint is written to a temporary file in the checkpoint
-directory (``.ckpt-<iteration>.<pid>.tmp``), flushed and fsync'ed, renamed over its final name
-``ckpt-<iteration>.ckpt`` (atomic on POSIX), and the directory is fsync'ed so the rename itself
-survives a crash. A reader only looks at final names, newest first, and accepts a file only when
-its magic, length and SHA-256 match; temporary files are torn writes of a crashed writer and are
-removed by ``clean_temp``. Older checkpoints are pruned only after a newer one is durable, so at
-every instant at least one complete checkpoint exists once the first is written.
+A checkpoint is a directory that Ray Train persists (``ray.train.report(checkpoint=...)``) under
+the job's storage path as ``<storage>/<run>/checkpoint_<iteration>``. ``session.save`` writes the
+job's files into it plus a manifest, ``sloserve.json``: the iteration, the metrics and the SHA-256 of
+every file. A reader accepts a directory only when the manifest parses and every checksum matches;
+``latest_good`` walks the checkpoints newest first and names the corrupt ones it skips, so a job
+resumes from the previous good one. Ray Train writes a checkpoint directory before it registers it,
+so a crash in the middle of an upload leaves a directory that fails verification, never a half-read.
 
-File layout: ``MAGIC`` (8 bytes) | header length (8 bytes, big-endian) | header JSON
-(``iteration``, ``sha256``, ``payload_bytes``, ``meta``) | payload (``numpy.savez`` bytes).
-
->>> import tempfile, numpy as np
->>> d = tempfile.mkdtemp()
->>> _ = write_checkpoint(d, 10, {"w": np.ones(3)}, {"loss": 0.5})
->>> c = load_latest(d)
->>> c.iteration, c.arrays["w"].tolist(), c.meta["loss"]
-(10, [1.0, 1.0, 1.0], 0.5)
+>>> import tempfile, pathlib
+>>> root = pathlib.Path(tempfile.mkdtemp())
+>>> d = root / "run-1" / checkpoint_dir_name(10); d.mkdir(parents=True)
+>>> _ = (d / "state.pt").write_bytes(b"weights")
+>>> write_manifest(d, 10, {"loss": 0.5})["iteration"]
+10
+>>> (d / "state.pt").write_bytes(b"torn") and None
+>>> bad = []
+>>> latest_good(root, lambda p, e: bad.append(p.name)) is None, bad
+(True, ['checkpoint_0000000010'])
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-MAGIC = b"SLOCKPT1"
-FINAL_RE = re.compile(r"^ckpt-(\d{10})\.ckpt$")
-TEMP_RE = re.compile(r"^\.ckpt-\d+\.\d+\.tmp$")
-
-# called with the temp path after part of the payload is written (tests make a crash land there)
-MidWriteHook = Callable[[Path], None]
+MANIFEST = "sloserve.json"
+DIR_RE = re.compile(r"^checkpoint_(\d{10})$")
+RUN_RE = re.compile(r"^run-(\d+)$")
 
 
 class CorruptCheckpoint(ValueError):
@@ -46,128 +40,92 @@ class CorruptCheckpoint(ValueError):
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class GoodCheckpoint:
     iteration: int
-    arrays: Mapping[str, np.ndarray]
-    meta: Mapping[str, object]
     path: Path
+    metrics: Mapping[str, object]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def checkpoint_dir_name(iteration: int) -> str:
+    return f"checkpoint_{iteration:010d}"
 
 
-def encode(iteration: int, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object]) -> tuple[bytes, bytes]:
-    """(prefix: magic + length + header, payload)."""
-    buf = io.BytesIO()
-    # Any: numpy's stubs (>= 2.1) would match a name against savez's own ``allow_pickle`` keyword,
-    # which numpy 1.26 (supported) does not have; every key here names an array.
-    named: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items()}
-    np.savez(buf, **named)
-    payload = buf.getvalue()
-    header = json.dumps(
-        {
-            "iteration": int(iteration),
-            "sha256": hashlib.sha256(payload).hexdigest(),
-            "payload_bytes": len(payload),
-            "meta": dict(meta),
-        },
-        sort_keys=True,
-    ).encode()
-    return MAGIC + len(header).to_bytes(8, "big") + header, payload
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
-def decode(data: bytes, path: Path) -> Checkpoint:
-    if len(data) < 16 or data[:8] != MAGIC:
-        raise CorruptCheckpoint(f"{path}: bad magic or too short")
-    n = int.from_bytes(data[8:16], "big")
-    try:
-        header = json.loads(data[16 : 16 + n])
-    except ValueError as e:
-        raise CorruptCheckpoint(f"{path}: unreadable header") from e
-    payload = data[16 + n :]
-    if len(payload) != header.get("payload_bytes") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-        raise CorruptCheckpoint(f"{path}: length or checksum mismatch")
-    with np.load(io.BytesIO(payload), allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    return Checkpoint(int(header["iteration"]), arrays, header.get("meta", {}), path)
-
-
-def write_checkpoint(
-    directory: str | os.PathLike,
-    iteration: int,
-    arrays: Mapping[str, np.ndarray],
-    meta: Mapping[str, object] | None = None,
-    keep: int = 2,
-    mid_write_hook: MidWriteHook | None = None,
-) -> Path:
-    """Write one checkpoint atomically and durably; keep the newest ``keep`` ones. Returns its path."""
+def write_manifest(directory: str | os.PathLike, iteration: int, metrics: Mapping[str, object]) -> dict:
+    """Checksum every file in ``directory`` (written by the job) into its ``sloserve.json``."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    prefix, payload = encode(iteration, arrays, meta or {})
-    tmp = d / f".ckpt-{iteration}.{os.getpid()}.tmp"
-    final = d / f"ckpt-{iteration:010d}.ckpt"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    files = {
+        p.relative_to(d).as_posix(): _sha256(p) for p in sorted(d.rglob("*")) if p.is_file() and p.name != MANIFEST
+    }
+    doc = {"iteration": int(iteration), "metrics": dict(metrics), "files": files}
+    (d / MANIFEST).write_text(json.dumps(doc, sort_keys=True))
+    return doc
+
+
+def verify(directory: str | os.PathLike) -> GoodCheckpoint:
+    """The checkpoint in ``directory`` if its manifest and every checksum match, else ``CorruptCheckpoint``."""
+    d = Path(directory)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(prefix)
-            half = len(payload) // 2
-            f.write(payload[:half])
-            if mid_write_hook is not None:
-                f.flush()
-                mid_write_hook(tmp)
-            f.write(payload[half:])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(d)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    for old in list_checkpoints(d)[keep:]:
-        old.unlink(missing_ok=True)
-    return final
+        doc = json.loads((d / MANIFEST).read_text())
+        files = doc["files"]
+        iteration = int(doc["iteration"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CorruptCheckpoint(f"unreadable manifest {MANIFEST} ({e.__class__.__name__})") from None
+    if not files:
+        raise CorruptCheckpoint("the manifest lists no files")
+    for name, digest in files.items():
+        p = d / name
+        if not p.is_file():
+            raise CorruptCheckpoint(f"{name} is missing")
+        if _sha256(p) != digest:
+            raise CorruptCheckpoint(f"{name} fails its checksum")
+    return GoodCheckpoint(iteration, d, doc.get("metrics", {}))
 
 
-def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """Final checkpoint files, newest (highest iteration) first."""
-    d = Path(directory)
-    if not d.is_dir():
-        return []
-    return sorted((p for p in d.iterdir() if FINAL_RE.match(p.name)), key=lambda p: p.name, reverse=True)
+def list_checkpoints(storage: str | os.PathLike) -> list[Path]:
+    """Checkpoint directories of every run of a job, newest first (iteration, then run)."""
+    root = Path(storage)
+    found = []
+    if root.is_dir():
+        for run in root.iterdir():
+            m = RUN_RE.match(run.name)
+            if m and run.is_dir():
+                for c in run.iterdir():
+                    k = DIR_RE.match(c.name)
+                    if k and c.is_dir():
+                        found.append(((int(k.group(1)), int(m.group(1))), c))
+    return [c for _, c in sorted(found, key=lambda t: t[0], reverse=True)]
 
 
-def clean_temp(directory: str | os.PathLike) -> list[Path]:
-    """Remove torn temporary files left by a crashed writer; returns what was removed."""
-    d = Path(directory)
-    if not d.is_dir():
-        return []
-    gone = [p for p in d.iterdir() if TEMP_RE.match(p.name)]
-    for p in gone:
-        p.unlink(missing_ok=True)
-    return gone
-
-
-def load_latest(
-    directory: str | os.PathLike, on_corrupt: Callable[[Path, Exception], None] | None = None
-) -> Checkpoint | None:
-    """The newest checkpoint whose checksum verifies, or None. Corrupt files are skipped (reported
-    through ``on_corrupt``), never deleted: a person may want to look at them."""
-    for path in list_checkpoints(directory):
+def latest_good(
+    storage: str | os.PathLike, on_corrupt: Callable[[Path, Exception], None] | None = None
+) -> GoodCheckpoint | None:
+    """The newest checkpoint that verifies. Corrupt ones are reported and left for a person to look at."""
+    for path in list_checkpoints(storage):
         try:
-            return decode(path.read_bytes(), path)
-        except (CorruptCheckpoint, OSError, ValueError, KeyError) as e:
+            return verify(path)
+        except CorruptCheckpoint as e:
             if on_corrupt is not None:
                 on_corrupt(path, e)
     return None
 
 
+def next_run(storage: str | os.PathLike) -> int:
+    """The number of the next Ray Train run of a job (``run-<n>``: one per start or resume)."""
+    root = Path(storage)
+    runs = [int(m.group(1)) for p in root.iterdir() if (m := RUN_RE.match(p.name))] if root.is_dir() else []
+    return max(runs, default=0) + 1
+
+
 def write_json_atomic(path: str | os.PathLike, doc: Mapping[str, object]) -> None:
-    """Small status files (job state, progress) with the same temp-fsync-rename protocol."""
+    """Small status files (job state, progress): temp file, fsync, rename."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
@@ -176,4 +134,3 @@ def write_json_atomic(path: str | os.PathLike, doc: Mapping[str, object]) -> Non
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, p)
-    _fsync_dir(p.parent)

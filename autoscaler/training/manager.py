@@ -1,17 +1,11 @@
 """Submit, list, preempt, resume and cancel training jobs; the CLI and the HTTP endpoint use this.
 
 Jobs live in a directory (one sub-directory per job: ``spec.json``, ``job.json`` with the
-manager's view, ``status.json`` with the runner's progress, ``checkpoints/``), so a manager in a
-short-lived CLI process and one in the gateway see the same jobs. How a job runs is a
-``Launcher``: ``SubprocessLauncher`` (an OS process per job, the default), ``ThreadLauncher``
-(in-process, for tests and notebooks) or ``training_actor.RayLauncher`` (a Ray actor on
-``gpu_<type>`` resources).
-
->>> import tempfile
->>> m = TrainingManager(tempfile.mkdtemp(), launcher=ThreadLauncher())
->>> info = m.submit(TrainingSpec(job_id="j1", dataset="synthetic", total_iterations=20, checkpoint_every=10))
->>> m.wait("j1", timeout_s=60).state
-'finished'
+manager's view, ``status.json`` with the run's progress, ``storage/`` with Ray Train's runs and
+checkpoints), so a manager in a short-lived CLI process and one in the gateway see the same jobs.
+How a job runs is a ``Launcher``: ``runtime.RayLauncher`` (a Ray Train run on the connected Ray
+cluster: the gateway's harvest controller) or ``SubprocessLauncher`` (``sloserve train`` without a
+gateway: an OS process per job that starts a local Ray with the job's GPUs, emulated on a CPU box).
 """
 
 from __future__ import annotations
@@ -26,20 +20,14 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import psutil
 
 from autoscaler.training.checkpoint import write_json_atomic
-from autoscaler.training.job import (
-    PreemptOutcome,
-    PreemptSignal,
-    TrainingRunner,
-    TrainingSpec,
-    preempt_then_kill,
-)
+from autoscaler.training.job import PreemptOutcome, TrainingSpec, preempt_then_kill, resolve_entry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 JOB_ID_RE = re.compile(TrainingSpec.model_fields["job_id"].metadata[0].pattern)
 
 
@@ -49,15 +37,11 @@ class JobHandle(Protocol):
     def preempt(self, grace_s: float) -> PreemptOutcome: ...
 
 
-@runtime_checkable
-class _Joinable(Protocol):
-    """A handle that can block until its job ends (an in-process thread)."""
-
-    def join(self, timeout_s: float) -> None: ...
-
-
 class Launcher(Protocol):
     name: str
+
+    def check(self, spec: TrainingSpec) -> None:
+        """Raise ``ValueError`` naming what to fix when the job can never run here."""
 
     def start(self, spec: TrainingSpec, job_dir: Path) -> JobHandle: ...
 
@@ -76,14 +60,20 @@ class JobInfo:
     gpu_type: str
     num_gpus: int
     launcher: str | None
-    # checkpoints found corrupt when the job last resumed ("<file>: <why>"); an older good one was used
+    entry: str = ""
+    checkpoint: str | None = None  # the last checkpoint: <run>/checkpoint_<iteration> under the job's storage
+    preemptions: int = 0
+    lost_iterations: int = 0  # work lost to preemptions (iterations past the last checkpoint), all together
+    # checkpoints found corrupt when the job last resumed ("<run>/<dir>: <why>"); an older good one was used
     corrupt_checkpoints: list[str] = field(default_factory=list)
+    error: str | None = None  # a failed job's traceback tail
+    tenant: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-# ------------------------------------------------------------------ launchers
+# ------------------------------------------------------------------ the standalone launcher
 
 
 class _ProcessHandle:
@@ -105,31 +95,35 @@ class _ProcessHandle:
         while self.alive():
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(0.01)
+            time.sleep(0.02)
         return True
 
     def preempt(self, grace_s: float) -> PreemptOutcome:
         def send(sig):
             try:
-                os.kill(self.pid, sig)
+                os.killpg(self.pid, sig)  # its own session: the local Ray it started goes with it
             except ProcessLookupError:
                 pass
 
         outcome = preempt_then_kill(lambda: send(signal.SIGTERM), self._wait, lambda: send(signal.SIGKILL), grace_s)
-        self._wait(5.0)
+        self._wait(10.0)
         return outcome
 
 
 class SubprocessLauncher:
-    """One ``python -m autoscaler.training.worker`` process per job, detached from the caller."""
+    """One ``python -m autoscaler.training.worker`` process per job, detached from the caller; it
+    starts a local Ray with the job's GPUs (emulated when the box has none) and runs the job on it."""
 
     name = "subprocess"
+
+    def check(self, spec: TrainingSpec) -> None:
+        resolve_entry(spec.entry)
 
     def start(self, spec: TrainingSpec, job_dir: Path) -> JobHandle:
         with open(job_dir / "worker.log", "ab") as log:  # the child keeps its own descriptor
             p = subprocess.Popen(
                 [sys.executable, "-m", "autoscaler.training.worker", "--job-dir", str(job_dir)],
-                cwd=ROOT,
+                cwd=os.getcwd(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -138,45 +132,6 @@ class SubprocessLauncher:
 
     def attach(self, record: dict) -> JobHandle | None:
         return _ProcessHandle(record["pid"]) if record.get("pid") else None
-
-
-class _ThreadHandle:
-    def __init__(self, runner: TrainingRunner):
-        self.runner = runner
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"train-{runner.spec.job_id}")
-        self.error: BaseException | None = None
-        self.thread.start()
-
-    def _run(self):
-        try:
-            self.runner.run()
-        except BaseException as e:  # recorded for list()
-            self.error = e
-            self.runner.write_status("failed")
-
-    def alive(self) -> bool:
-        return self.thread.is_alive()
-
-    def join(self, timeout_s: float) -> None:
-        self.thread.join(timeout_s)
-
-    def preempt(self, grace_s: float) -> PreemptOutcome:
-        # a thread cannot be killed: past the grace period it is abandoned and stops at its next boundary
-        def stopped_within(t: float) -> bool:
-            self.thread.join(t)
-            return not self.alive()
-
-        return preempt_then_kill(self.runner.signal.request, stopped_within, lambda: None, grace_s)
-
-
-class ThreadLauncher:
-    name = "thread"
-
-    def start(self, spec: TrainingSpec, job_dir: Path) -> JobHandle:
-        return _ThreadHandle(TrainingRunner(spec, job_dir, signal=PreemptSignal()))
-
-    def attach(self, record: dict) -> JobHandle | None:
-        return None
 
 
 # ------------------------------------------------------------------ the manager
@@ -188,7 +143,7 @@ class TrainingManager:
     def __init__(self, jobs_dir: str | os.PathLike, launcher: Launcher | None = None, grace_s: float = 1.0):
         self.dir = Path(jobs_dir).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.launcher = launcher or SubprocessLauncher()
+        self.launcher: Launcher = launcher or SubprocessLauncher()
         self.grace_s = grace_s
         self._handles: dict[str, JobHandle] = {}
         self._lock = threading.RLock()
@@ -215,28 +170,33 @@ class TrainingManager:
             h = self.launcher.attach(rec)
         return h
 
+    def spec(self, job_id: str) -> TrainingSpec:
+        return TrainingSpec.model_validate_json((self._job_dir(job_id) / "spec.json").read_text())
+
     def submit(self, spec: TrainingSpec, start: bool = True) -> JobInfo:
+        """Queue a job (and start it). ``ValueError`` when it exists, its entry does not import, or
+        it asks for more GPUs of its type than the cluster has."""
         with self._lock:
             d = self._job_dir(spec.job_id)
             if (d / "job.json").exists():
                 raise ValueError(f"training job {spec.job_id!r} exists; cancel it or pick another id")
+            self.launcher.check(spec)
             d.mkdir(parents=True, exist_ok=True)
             write_json_atomic(d / "spec.json", spec.model_dump(mode="json"))
-            self._save(spec.job_id, state="queued", launcher=None, pid=None)
+            self._save(spec.job_id, state="queued", launcher=None, pid=None, preemptions=0, lost_iterations=0)
             return self.start(spec.job_id) if start else self.get(spec.job_id)
 
     def start(self, job_id: str) -> JobInfo:
-        """Start (or resume from its latest checkpoint) a queued or preempted job."""
+        """Start (or resume from its latest good checkpoint) a queued, preempted or failed job."""
         with self._lock:
             info = self.get(job_id)
             if info.state == "running":
                 return info
             if info.state in ("finished", "cancelled"):
                 raise ValueError(f"training job {job_id!r} is {info.state}")
-            spec = TrainingSpec.model_validate_json((self._job_dir(job_id) / "spec.json").read_text())
-            h = self.launcher.start(spec, self._job_dir(job_id))
+            h = self.launcher.start(self.spec(job_id), self._job_dir(job_id))
             self._handles[job_id] = h
-            self._save(job_id, state="running", launcher=self.launcher.name, pid=getattr(h, "pid", None))
+            self._save(job_id, state="running", launcher=self.launcher.name, pid=getattr(h, "pid", None), error=None)
             return self.get(job_id)
 
     def _stop(self, job_id: str, new_state: str, grace_s: float | None) -> JobInfo:
@@ -245,8 +205,22 @@ class TrainingManager:
             h = self._handle(job_id, rec)
             outcome = None
             if h is not None and h.alive():
+                before = self.get(job_id).iteration
+                live = getattr(h, "progress", None)
+                p = live() if live is not None else None
+                if p:
+                    before = max(before, int(p.get("iteration", 0)))
                 outcome = h.preempt(self.grace_s if grace_s is None else grace_s)
-            if self.get(job_id).state != "finished":
+                after = self.get(job_id)
+                lost = max(before - after.checkpoint_iteration, 0) if outcome == "killed" else 0
+                self._save(
+                    job_id,
+                    preemptions=int(rec.get("preemptions", 0)) + 1,
+                    lost_iterations=int(rec.get("lost_iterations", 0)) + lost,
+                )
+            self._handles.pop(job_id, None)
+            if outcome is not None or self.get(job_id).state not in ("finished", "failed"):
+                # stopped by us (a kill leaves no status of its own), or not running at all
                 self._save(job_id, state=new_state, last_stop=outcome)
             self._handles.pop(job_id, None)
             return self.get(job_id)
@@ -262,24 +236,39 @@ class TrainingManager:
         rec = self._record(job_id)
         d = self._job_dir(job_id)
         spec = json.loads((d / "spec.json").read_text())
-        st: dict[str, Any] = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
+        st: dict[str, Any] = {}
+        try:
+            st = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
+        except ValueError:
+            pass
         state = rec.get("state", "queued")
+        error = rec.get("error")
         if state == "running":
             h = self._handle(job_id, rec)
             if h is None or not h.alive():  # it ended on its own: finished, failed, or died
                 status = st.get("status")
-                state = status if status in ("finished", "preempted") else "failed"
+                state = status if status in ("finished", "preempted", "failed") else "failed"
+                if state == "failed" and not st.get("error"):
+                    error = "the job's driver ended without a status (killed, or its Ray cluster went away)"
+        if state == "failed":
+            error = st.get("error") or error
         return JobInfo(
             job_id,
             state,
-            st.get("iteration", 0),
-            st.get("checkpoint_iteration", 0),
+            int(st.get("iteration", 0)),
+            int(st.get("checkpoint_iteration", 0)),
             spec.get("total_iterations"),
             st.get("loss"),
             spec["gpu_type"],
-            spec["num_gpus"],
+            spec["workers"],
             rec.get("launcher"),
-            list(st.get("corrupt_checkpoints", [])),
+            entry=spec["entry"],
+            checkpoint=st.get("checkpoint"),
+            preemptions=int(rec.get("preemptions", 0)),
+            lost_iterations=int(rec.get("lost_iterations", 0)),
+            corrupt_checkpoints=list(st.get("corrupt_checkpoints", [])),
+            error=error if state == "failed" else None,
+            tenant=spec.get("tenant"),
         )
 
     def handle(self, job_id: str) -> JobHandle | None:
@@ -295,10 +284,7 @@ class TrainingManager:
 
     def wait(self, job_id: str, timeout_s: float) -> JobInfo:
         """Block until the job is no longer running (or the timeout passes)."""
-        h = self._handles.get(job_id)
-        if isinstance(h, _Joinable):
-            h.join(timeout_s)
         deadline = time.monotonic() + timeout_s
         while (info := self.get(job_id)).state == "running" and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.05)
         return info

@@ -1,74 +1,64 @@
-"""A training job as an OS process: ``python -m autoscaler.training.worker --job-dir DIR``.
+"""A training job without a gateway: ``python -m autoscaler.training.worker --job-dir DIR``.
 
-``DIR/spec.json`` holds the ``TrainingSpec``; checkpoints go to ``DIR/checkpoints``, progress to
-``DIR/status.json``. SIGTERM (or SIGINT) asks for a checkpoint at the next iteration boundary
-and a clean exit (code 0, status ``preempted``); the launcher sends SIGKILL if the grace period
-runs out. The process resumes from the latest valid checkpoint when started again.
-
-Test hooks (used by tests/integration/test_checkpoint_crash.py to make a crash land in the middle
-of a checkpoint write, deterministically): ``--crash-mid-write-at N`` with ``--crash-mode kill``
-SIGKILLs the process itself after half of the first checkpoint at iteration >= N is written;
-``--crash-mode pause`` creates ``<temp file>.paused`` and blocks there, so that another process
-can SIGKILL it.
+Starts a local Ray (``RAY_ADDRESS`` set: joins that cluster instead) with the job's GPUs: the real
+ones when torch sees CUDA, else ``workers`` emulated GPUs of the job's type (``GPU`` +
+``accelerator_type:<T>``, as the gateway's ``emulated_gpus``), runs the job on Ray Train
+(``runtime.RayLauncher``) and exits when it ends. SIGTERM (or SIGINT) asks the gang to checkpoint
+at its next iteration boundary and stop; ``sloserve train`` sends SIGKILL to the process group
+after the grace period, which takes the local Ray down with it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
-from autoscaler.training.job import PreemptSignal, TrainingRunner, TrainingSpec
-
-
-def _crash_hook(mode: str):
-    def hook(tmp: Path) -> None:
-        if mode == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        Path(f"{tmp}.paused").touch()
-        threading.Event().wait()  # until SIGKILL
-
-    return hook
+from autoscaler.training.job import TrainingSpec
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autoscaler.training.worker")
     p.add_argument("--job-dir", required=True)
-    p.add_argument("--crash-mid-write-at", type=int, default=None, help="test hook: iteration")
-    p.add_argument("--crash-mode", choices=["kill", "pause"], default="kill")
     args = p.parse_args(argv)
     job_dir = Path(args.job_dir)
-    spec = TrainingSpec.model_validate(json.loads((job_dir / "spec.json").read_text()))
-    sig = PreemptSignal()
+    spec = TrainingSpec.model_validate_json((job_dir / "spec.json").read_text())
+    stop = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, lambda *_: sig.request())
-    hook = _crash_hook(args.crash_mode) if args.crash_mid_write_at is not None else None
-    runner = TrainingRunner(
-        spec, job_dir, signal=sig, mid_write_hook=hook, mid_write_at_iteration=args.crash_mid_write_at
-    )
+        signal.signal(s, lambda *_: stop.set())
+
+    import ray
+    import torch
+
+    from autoscaler.training.runtime import RayLauncher
+
+    cuda = torch.cuda.is_available()
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    else:
+        n = torch.cuda.device_count() if cuda else spec.workers
+        ray.init(
+            address="local",
+            num_cpus=max(2, os.cpu_count() or 2),
+            num_gpus=n,
+            resources={f"accelerator_type:{spec.gpu_type}": float(n)},
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    launcher = RayLauncher(backend=None if cuda else "gloo")
     try:
-        result = runner.run()
-    except Exception as e:  # record the failure where `train list` sees it
-        runner.write_status("failed")
-        print(f"training job {spec.job_id} failed: {e!r}", file=sys.stderr)
-        return 1
-    print(
-        json.dumps(
-            {
-                "job_id": spec.job_id,
-                "status": result.status,
-                "iteration": result.iteration,
-                "checkpoint_iteration": result.checkpoint_iteration,
-                "resumed_from": result.resumed_from,
-                "corrupt_skipped": runner.corrupt,
-            }
-        ),
-        flush=True,
-    )
+        launcher.check(spec)
+    except ValueError as e:
+        print(f"training job {spec.job_id}: {e}", file=sys.stderr)
+        return 2
+    h = launcher.start(spec, job_dir)
+    while h.alive():
+        if stop.wait(0.1):
+            h.preempt(grace_s=3600.0)  # the CLI kills the whole process group past its own grace period
+            break
     return 0
 
 

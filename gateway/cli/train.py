@@ -1,8 +1,10 @@
 """``sloserve train submit | list | preempt | resume | cancel`` over a jobs directory.
 
-Jobs run as detached local processes (``autoscaler.training.worker``) unless ``--foreground``;
-``cancel`` and ``preempt`` send SIGTERM (checkpoint at the next iteration boundary) and SIGKILL
-after ``--grace-s``.
+A job is the user's own training function (``--entry package.module:function``) and its JSON
+config (``--config``), run by Ray Train on ``--workers`` GPUs of ``--gpu-type``. Without a gateway,
+each job runs as a detached local process (``autoscaler.training.worker``) that starts a local Ray
+with the job's GPUs (emulated on a CPU box); ``cancel`` and ``preempt`` send SIGTERM (the gang
+checkpoints at its next iteration boundary) and SIGKILL after ``--grace-s``.
 """
 
 from __future__ import annotations
@@ -25,49 +27,62 @@ def _print(infos, as_json: bool) -> None:
     if as_json:
         print(json.dumps([i.to_dict() for i in infos], indent=1))
         return
-    print(f"{'JOB':<20} {'STATE':<10} {'ITER':>8} {'CKPT':>8} {'TOTAL':>8} {'LOSS':>8} GPUS")
+    print(f"{'JOB':<20} {'STATE':<10} {'ITER':>8} {'CKPT':>8} {'TOTAL':>8} {'LOSS':>8} {'LOST':>6} GPUS")
     for i in infos:
         loss = f"{i.loss:.4f}" if i.loss is not None else "-"
         print(
             f"{i.job_id:<20} {i.state:<10} {i.iteration:>8} {i.checkpoint_iteration:>8} "
-            f"{i.total_iterations or '-':>8} {loss:>8} {i.num_gpus}x{i.gpu_type}"
+            f"{i.total_iterations or '-':>8} {loss:>8} {i.lost_iterations:>6} {i.num_gpus}x{i.gpu_type}"
         )
+        if i.checkpoint:
+            print(f"{'':<20} last checkpoint: {i.checkpoint}")
         for bad in i.corrupt_checkpoints:
             print(f"{'':<20} corrupt checkpoint skipped: {bad}")
+        if i.error:
+            print(f"{'':<20} failed:")
+            for line in i.error.splitlines()[-10:]:
+                print(f"{'':<22}{line}")
+
+
+def _config(text: str | None) -> dict:
+    """``--config``: inline JSON or @path to a JSON file."""
+    if not text:
+        return {}
+    if text.startswith("@"):
+        with open(text[1:]) as f:
+            text = f.read()
+    doc = json.loads(text)
+    if not isinstance(doc, dict):
+        raise ValueError("--config must be a JSON object")
+    return doc
 
 
 def _submit(args) -> int:
-    from autoscaler.training.job import TrainingRunner, TrainingSpec
+    from pydantic import ValidationError
 
-    spec = TrainingSpec(
-        job_id=args.job_id,
-        dataset=args.dataset,
-        hidden=args.hidden,
-        total_iterations=args.iterations or None,
-        checkpoint_every=args.checkpoint_every,
-        iteration_delay_s=args.iteration_delay_s,
-        num_gpus=args.gpus,
-        gpu_type=args.gpu_type,
-        memory_mib=args.memory_mib,
-        seed=args.seed,
-    )
-    m = _manager(args)
+    from autoscaler.training.job import TrainingSpec
+
     try:
-        info = m.submit(spec, start=not args.foreground)
-    except ValueError as e:
+        spec = TrainingSpec(
+            job_id=args.job_id,
+            entry=args.entry,
+            config=_config(args.config),
+            workers=args.workers,
+            min_workers=args.min_workers,
+            gpu_type=args.gpu_type,
+            memory_mib=args.memory_mib,
+            total_iterations=args.iterations,
+            checkpoint_every=args.checkpoint_every,
+            tenant=args.tenant,
+        )
+        info = _manager(args).submit(spec)
+    except ValidationError as e:
+        why = "; ".join(f"{x['loc'][0] if x['loc'] else 'job'}: {x['msg']}" for x in e.errors())
+        print(f"sloserve: bad job: {why}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as e:
         print(f"sloserve: {e}", file=sys.stderr)
         return 2
-    if args.foreground:  # Ctrl-C checkpoints at the next iteration boundary
-        import signal
-
-        from autoscaler.training.job import PreemptSignal
-
-        sig = PreemptSignal()
-        signal.signal(signal.SIGINT, lambda *_: sig.request())
-        m._save(spec.job_id, state="running", launcher="foreground")
-        r = TrainingRunner(spec, m.dir / spec.job_id, signal=sig).run()
-        m._save(spec.job_id, state=r.status if r.status != "stopped" else "preempted")
-        info = m.get(spec.job_id)
     _print([info], args.json)
     return 0
 
@@ -103,18 +118,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--json", action="store_true", help="print JSON")
         return p
 
-    s = common(tsub.add_parser("submit", help="submit a job (runs as a detached local process)"))
+    s = common(tsub.add_parser("submit", help="submit a job (runs as a detached local process on a local Ray)"))
     s.add_argument("job_id")
-    s.add_argument("--dataset", choices=["digits", "synthetic"], default="digits")
-    s.add_argument("--hidden", type=int, default=64)
-    s.add_argument("--iterations", type=int, default=2000, help="0: until cancelled")
-    s.add_argument("--checkpoint-every", type=int, default=50)
-    s.add_argument("--iteration-delay-s", type=float, default=0.0, help="emulate a heavier model")
-    s.add_argument("--gpus", type=int, default=1)
+    s.add_argument(
+        "--entry",
+        default="autoscaler.training.demo:train",
+        help="the training function, package.module:function (default: the PyTorch CNN demo on digits)",
+    )
+    s.add_argument("--config", default=None, help="JSON config for the function: inline, or @file.json")
+    s.add_argument("--workers", type=int, default=1, help="gang size: Ray Train workers, one GPU each")
+    s.add_argument("--min-workers", type=int, default=None, help="elastic: the fewest workers the job runs on")
     s.add_argument("--gpu-type", default="T4")
-    s.add_argument("--memory-mib", type=int, default=2048)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--foreground", action="store_true", help="train in this process (Ctrl-C checkpoints)")
+    s.add_argument("--memory-mib", type=int, default=2048, help="device memory per GPU (placement)")
+    s.add_argument("--iterations", type=int, default=None, help="the job's length, if known (placement hint)")
+    s.add_argument("--checkpoint-every", type=int, default=50, help="iterations between checkpoints (placement hint)")
+    s.add_argument("--tenant", default=None, help="the team the job belongs to")
     s.set_defaults(func=_submit)
     common(tsub.add_parser("list", help="list jobs and their progress")).set_defaults(func=_list)
     for verb, method, helptext in (

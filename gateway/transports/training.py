@@ -8,11 +8,11 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 
-from autoscaler.training.job import TrainingSpec
+from autoscaler.training.job import JobRejected, TrainingSpec
 
 
 def training_router(jobs: Any, report: Callable[[], dict], prefix: str = "/v2/training") -> APIRouter:
-    """``POST {prefix}/jobs`` (a TrainingSpec), ``GET {prefix}/jobs``, ``GET {prefix}/jobs/{id}``,
+    """``POST {prefix}/jobs`` (a TrainingSpec: ``job_id``, ``entry``, ``config``, ``workers``, ``gpu_type``...), ``GET {prefix}/jobs``, ``GET {prefix}/jobs/{id}``,
     ``POST {prefix}/jobs/{id}/preempt``, ``POST {prefix}/jobs/{id}/resume``, ``DELETE {prefix}/jobs/{id}``,
     and ``GET {prefix}/placement`` (``report()``). ``jobs`` is a ``TrainingManager`` or the placement
     controller's view of it (the same methods)."""
@@ -23,6 +23,8 @@ def training_router(jobs: Any, report: Callable[[], dict], prefix: str = "/v2/tr
             return fn(*a).to_dict()
         except KeyError as e:
             raise HTTPException(404, str(e.args[0])) from None
+        except JobRejected as e:  # an entry that does not import, more GPUs than the cluster has
+            raise HTTPException(400, str(e)) from None
         except ValueError as e:
             raise HTTPException(409, str(e)) from None
 

@@ -1,4 +1,4 @@
-"""Live reclaim: a training job harvests the idle emulated T4, a load step makes the swayam
+"""Live reclaim: a training job (the PyTorch demo CNN on Ray Train) harvests the idle emulated T4, a load step makes the swayam
 autoscaler want a second replica, no GPU is free, the harvest controller preempts the job
 (checkpoint at an iteration boundary), Ray schedules the pending replica on the freed GPU; when load
 stops and the replica scales in, the job resumes from its checkpoint.
@@ -135,10 +135,9 @@ def test_load_step_preempts_training_then_training_resumes(harvest_server):
         "/v2/training/jobs",
         {
             "job_id": "harvest-1",
-            "dataset": "digits",
-            "total_iterations": None,
+            "entry": "autoscaler.training.demo:train",
+            "config": {"iterations": 0, "checkpoint_every": CHECKPOINT_EVERY, "iteration_delay_s": 0.01},
             "checkpoint_every": CHECKPOINT_EVERY,
-            "iteration_delay_s": 0.01,
             "gpu_type": "T4",
         },
     )

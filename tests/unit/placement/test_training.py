@@ -1,100 +1,67 @@
-"""The training loop and its checkpoints, in-process: no Ray, no sleeps."""
+"""The pure parts of the training runtime: job specs, entries, verified checkpoint directories, the
+preemption protocol, the demo's config and model (no Ray)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from autoscaler.training.checkpoint import (
-    clean_temp,
+    CorruptCheckpoint,
+    checkpoint_dir_name,
+    latest_good,
     list_checkpoints,
-    load_latest,
-    write_checkpoint,
+    next_run,
+    verify,
+    write_manifest,
 )
-from autoscaler.training.job import (
-    PreemptSignal,
-    TrainingRunner,
-    TrainingSpec,
-    preempt_then_kill,
-)
-
-SPEC = dict(dataset="synthetic", hidden=16, batch_size=32)
+from autoscaler.training.job import EntryError, TrainingSpec, preempt_then_kill, resolve_entry
 
 
-def _spec(**kw) -> TrainingSpec:
-    return TrainingSpec(job_id="t", **{**SPEC, **kw})
+def _ckpt(root, run, iteration, payload=b"w"):
+    d = root / f"run-{run}" / checkpoint_dir_name(iteration)
+    d.mkdir(parents=True)
+    (d / "state.pt").write_bytes(payload)
+    write_manifest(d, iteration, {"loss": 1.0 / iteration})
+    return d
 
 
-@settings(max_examples=8, deadline=None)
-@given(kill_at=st.integers(1, 35), every=st.integers(3, 15))
-def test_crash_and_resume_loses_at_most_one_interval_and_is_exact(tmp_path_factory, kill_at, every):
-    spec = _spec(total_iterations=40, checkpoint_every=every)
-    d = tmp_path_factory.mktemp("job")
-    crashed = TrainingRunner(spec, d)
-    assert crashed.run(max_iterations=kill_at).iteration == kill_at  # then "crash": no final checkpoint
-    again = TrainingRunner(spec, d)
-    resumed = again.resume()
-    assert kill_at - every <= resumed <= kill_at and resumed % every == 0
-    again.run(resume=False)
-    straight = TrainingRunner(spec, tmp_path_factory.mktemp("ref"))
-    straight.run()
-    for k in straight.params:
-        np.testing.assert_array_equal(again.params[k], straight.params[k])
+def test_checkpoints_are_newest_first_across_runs_and_verified(tmp_path):
+    _ckpt(tmp_path, 1, 50)
+    _ckpt(tmp_path, 1, 100)
+    _ckpt(tmp_path, 2, 150)
+    (tmp_path / "run-2" / "not-a-checkpoint").mkdir()
+    assert [p.name for p in list_checkpoints(tmp_path)] == [checkpoint_dir_name(i) for i in (150, 100, 50)]
+    good = latest_good(tmp_path)
+    assert good is not None and good.iteration == 150 and good.metrics["loss"] == pytest.approx(1 / 150)
+    assert next_run(tmp_path) == 3 and next_run(tmp_path / "none") == 1
 
 
-def test_preempt_request_checkpoints_at_the_boundary_and_loses_nothing(tmp_path):
-    sig = PreemptSignal()
-    r = TrainingRunner(_spec(total_iterations=100, checkpoint_every=40), tmp_path, signal=sig)
-    r.run(max_iterations=13)
-    sig.request()
-    res = r.run(resume=False)
-    assert (res.status, res.iteration, res.checkpoint_iteration) == ("preempted", 13, 13)
-    assert TrainingRunner(_spec(total_iterations=100, checkpoint_every=40), tmp_path).resume() == 13
-
-
-def test_learns_digits(tmp_path):
-    res = TrainingRunner(TrainingSpec(job_id="d", total_iterations=150, checkpoint_every=150), tmp_path).run()
-    assert res.status == "finished" and res.accuracy > 0.85
-
-
-def test_corrupt_newest_checkpoint_falls_back_and_temp_files_are_cleaned(tmp_path):
-    write_checkpoint(tmp_path, 10, {"w": np.arange(3)})
-    newest = write_checkpoint(tmp_path, 20, {"w": np.arange(3) * 2})
-    data = bytearray(newest.read_bytes())
-    data[-5] ^= 0xFF  # a flipped bit in the payload
-    newest.write_bytes(bytes(data))
-    (tmp_path / ".ckpt-30.123.tmp").write_bytes(b"SLOCKPT1torn")
-    bad = []
-    c = load_latest(tmp_path, on_corrupt=lambda p, e: bad.append(p.name))
-    assert c.iteration == 10 and c.arrays["w"].tolist() == [0, 1, 2] and bad == [newest.name]
-    assert [p.name for p in clean_temp(tmp_path)] == [".ckpt-30.123.tmp"]
-
-
-def test_failed_write_leaves_previous_checkpoint_and_no_temp(tmp_path):
-    write_checkpoint(tmp_path, 10, {"w": np.ones(2)})
-
-    def boom(tmp):
-        raise OSError("disk full")
-
-    with pytest.raises(OSError):
-        write_checkpoint(tmp_path, 20, {"w": np.zeros(2)}, mid_write_hook=boom)
-    assert load_latest(tmp_path).iteration == 10 and not list(tmp_path.glob("*.tmp"))
-
-
-def test_keeps_newest_two(tmp_path):
-    for i in (1, 2, 3):
-        write_checkpoint(tmp_path, i, {"w": np.ones(1)})
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-0000000003.ckpt", "ckpt-0000000002.ckpt"]
+@pytest.mark.parametrize("damage", ["flip", "truncate", "drop-file", "manifest"])
+def test_a_corrupt_newest_checkpoint_is_named_and_the_previous_good_one_used(tmp_path, damage):
+    _ckpt(tmp_path, 1, 50)
+    bad = _ckpt(tmp_path, 2, 100, payload=b"weights" * 100)
+    if damage == "flip":
+        (bad / "state.pt").write_bytes(b"Weights" * 100)
+    elif damage == "truncate":
+        (bad / "state.pt").write_bytes(b"weights" * 50)
+    elif damage == "drop-file":
+        (bad / "state.pt").unlink()
+    else:
+        (bad / "sloserve.json").write_text("{not json")
+    with pytest.raises(CorruptCheckpoint):
+        verify(bad)
+    named = []
+    good = latest_good(tmp_path, lambda p, e: named.append((p.parent.name, p.name, str(e))))
+    assert good is not None and good.iteration == 50
+    assert [(r, n) for r, n, _ in named] == [("run-2", checkpoint_dir_name(100))]
+    assert bad.exists()  # left for a person to look at
 
 
 def test_preempt_then_kill_kills_only_after_grace():
-    calls = []
-    assert (
-        preempt_then_kill(lambda: calls.append("req"), lambda t: True, lambda: calls.append("kill"), 1.0)
-        == "checkpointed"
+    calls: list = []
+    assert preempt_then_kill(lambda: calls.append("req"), lambda t: True, lambda: calls.append("kill"), 1.0) == (
+        "checkpointed"
     )
     assert (
         preempt_then_kill(
@@ -106,17 +73,64 @@ def test_preempt_then_kill_kills_only_after_grace():
 
 
 @pytest.mark.parametrize(
-    "field, value",
+    "entry, why",
     [
-        ("batch_size", 10**7),
-        ("num_gpus", 1000),
-        ("total_iterations", 10**12),
-        ("iteration_delay_s", 3600),
-        ("memory_mib", 1 << 30),
-        ("gpu_type", "T4; rm -rf /"),
-        ("lr", 1e9),
+        ("no_such_package.train:main", "cannot import no_such_package.train"),
+        ("autoscaler.training.demo:no_such_function", "has no function no_such_function"),
+        ("autoscaler.training.demo:DEFAULTS", "has no function DEFAULTS"),
+        ("not an entry", "is not package.module:function"),
     ],
 )
-def test_a_spec_asking_for_too_much_is_refused_naming_the_field(field, value):
+def test_an_entry_that_cannot_be_imported_is_a_clear_error(entry, why):
+    with pytest.raises(EntryError, match=why):
+        resolve_entry(entry)
+
+
+def test_the_demo_entry_resolves():
+    from autoscaler.training import demo
+
+    assert resolve_entry("autoscaler.training.demo:train") is demo.train
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("workers", 1000),
+        ("total_iterations", 10**12),
+        ("memory_mib", 1 << 30),
+        ("gpu_type", "T4; rm -rf /"),
+        ("entry", "os:system; rm"),
+        ("job_id", "../etc"),
+        ("tenant", "a b"),
+    ],
+)
+def test_a_bad_spec_is_refused_naming_the_field(field, value):
     with pytest.raises(ValidationError, match=field):
-        TrainingSpec(job_id="big", **{field: value})
+        TrainingSpec(**{"job_id": "big", field: value})
+
+
+def test_min_workers_above_workers_is_refused():
+    with pytest.raises(ValidationError, match="min_workers"):
+        TrainingSpec(job_id="j", workers=2, min_workers=3)
+
+
+def test_demo_config_is_checked_and_the_cnn_classifies_8x8_digits():
+    import torch
+
+    from autoscaler.training import demo
+
+    with pytest.raises(ValueError, match="unknown config keys"):
+        demo.check_config({"iteration": 10})
+    with pytest.raises(ValueError, match="lr"):
+        demo.check_config({"lr": -1})
+    assert demo.check_config({"iterations": 5})["checkpoint_every"] == 50
+    x, y = demo.load_digits_tensors(torch.device("cpu"))
+    assert x.shape == (1797, 1, 8, 8) and int(y.max()) == 9
+    assert demo.build_model(4)(x[:3]).shape == (3, 10)
+
+
+def test_session_outside_a_run_never_asks_to_stop():
+    from autoscaler.training import session
+
+    assert session.should_stop(iteration=3, loss=0.5) is False
+    assert (session.rank(), session.world_size()) == (0, 1)

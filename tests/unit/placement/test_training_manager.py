@@ -1,99 +1,107 @@
-"""TrainingManager, its HTTP router and the placement metrics, in-process (thread launcher)."""
+"""TrainingManager's job table and its HTTP router without running a job (jobs are queued, not
+started: running one needs Ray, tests/integration/test_checkpoint_crash.py), and the placement
+metrics."""
 
 from __future__ import annotations
 
-import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from autoscaler.placement.metrics import gpu_usage
-from autoscaler.placement.types import (
-    Gpu,
-    PlacementSnapshot,
-    Replica,
-    ReplicaTarget,
-)
-from autoscaler.training.job import TrainingSpec
-from autoscaler.training.manager import ThreadLauncher, TrainingManager
+from autoscaler.placement.types import Gpu, PlacementSnapshot, Replica, ReplicaTarget
+from autoscaler.training.checkpoint import write_json_atomic
+from autoscaler.training.manager import SubprocessLauncher, TrainingManager
 from gateway.transports.training import training_router
 from tests.unit.placement.factories import job
 
 
-def _spec(job_id="j", **kw):
-    return TrainingSpec(
-        job_id=job_id, dataset="synthetic", hidden=8, **{"total_iterations": 30, "checkpoint_every": 10, **kw}
+class _Queued:
+    """The router over a manager that only queues (the harvest controller's view does the same)."""
+
+    def __init__(self, m: TrainingManager):
+        self.m = m
+
+    def submit(self, spec):
+        return self.m.submit(spec, start=False)
+
+    def __getattr__(self, name):
+        return getattr(self.m, name)
+
+
+def _client(tmp_path):
+    m = TrainingManager(tmp_path, launcher=SubprocessLauncher())
+    app = FastAPI()
+    app.include_router(training_router(_Queued(m), lambda: {}))
+    return m, TestClient(app)
+
+
+def test_http_submit_list_get_and_the_new_job_form(tmp_path):
+    m, c = _client(tmp_path)
+    body = {"job_id": "h", "entry": "autoscaler.training.demo:train", "config": {"iterations": 10}, "workers": 2}
+    r = c.post("/v2/training/jobs", json=body)
+    assert r.status_code == 201, r.text
+    j = r.json()
+    assert (j["state"], j["num_gpus"], j["entry"], j["lost_iterations"], j["error"]) == (
+        "queued",
+        2,
+        body["entry"],
+        0,
+        None,
     )
-
-
-def test_submit_run_list_and_resume_after_preempt(tmp_path):
-    m = TrainingManager(tmp_path, launcher=ThreadLauncher())
-    m.submit(_spec(), start=False)
-    assert [(i.job_id, i.state) for i in m.list()] == [("j", "queued")]
-    m.start("j")
-    info = m.wait("j", timeout_s=60)
-    assert (info.state, info.iteration, info.checkpoint_iteration) == ("finished", 30, 30)
-    with pytest.raises(ValueError):
-        m.submit(_spec())
-    with pytest.raises(ValueError):
-        m.start("j")  # finished jobs do not restart
-    with pytest.raises(KeyError):
-        m.get("../etc")
-
-
-def test_preempt_then_resume_continues_from_checkpoint(tmp_path):
-    m = TrainingManager(tmp_path, launcher=ThreadLauncher())
-    m.submit(_spec(total_iterations=None), start=False)
-    # preempting before it runs just marks it; a running thread stops at its next boundary
-    m.start("j")
-    info = m.preempt("j", grace_s=30)
-    assert info.state == "preempted" and info.iteration == info.checkpoint_iteration
-    again = m.start("j")
-    assert again.state == "running"
-    done = m.cancel("j", grace_s=30)
-    assert done.state == "cancelled" and done.checkpoint_iteration >= info.checkpoint_iteration
-
-
-def test_corrupt_checkpoint_is_named_in_status_list_and_http(tmp_path, capsys):
-    m = TrainingManager(tmp_path, launcher=ThreadLauncher())
-    m.submit(_spec(total_iterations=20), start=False)
-    m.start("j")
-    assert m.wait("j", timeout_s=60).state == "finished"
-    ckpts = tmp_path / "j" / "checkpoints"
-    newest = max(ckpts.glob("*.ckpt"))
-    data = bytearray(newest.read_bytes())
-    data[-5] ^= 0xFF  # a flipped bit in the newest checkpoint
-    newest.write_bytes(bytes(data))
-    m._save("j", state="preempted")  # as if preempted after that write: resumable
-    m.start("j")
-    info = m.wait("j", timeout_s=60)
-    assert info.state == "finished"
-    assert len(info.corrupt_checkpoints) == 1 and info.corrupt_checkpoints[0].startswith(newest.name)
-    assert "checksum" in info.corrupt_checkpoints[0]
-    assert newest.exists()  # kept for a person to look at
-
-    from gateway.cli.train import _print
-
-    _print([info], as_json=False)
-    assert f"corrupt checkpoint skipped: {newest.name}" in capsys.readouterr().out
-    app = FastAPI()
-    app.include_router(training_router(m, lambda: {}))
-    body = TestClient(app).get("/v2/training/jobs/j").json()
-    assert body["corrupt_checkpoints"] == info.corrupt_checkpoints
-
-
-def test_http_router(tmp_path):
-    m = TrainingManager(tmp_path, launcher=ThreadLauncher())
-    app = FastAPI()
-    app.include_router(training_router(m, lambda: {}))
-    c = TestClient(app)
-    r = c.post("/v2/training/jobs", json=_spec("h").model_dump(mode="json"))
-    assert r.status_code == 201 and r.json()["job_id"] == "h"
-    m.wait("h", timeout_s=60)
-    assert c.get("/v2/training/jobs").json()["jobs"][0]["state"] == "finished"
+    assert m.spec("h").config == {"iterations": 10}
+    assert c.get("/v2/training/jobs").json()["jobs"][0]["job_id"] == "h"
     assert c.get("/v2/training/jobs/nope").status_code == 404
-    assert c.post("/v2/training/jobs", json=_spec("h").model_dump(mode="json")).status_code == 409
+    assert c.post("/v2/training/jobs", json=body).status_code == 409
     assert c.post("/v2/training/jobs", json={"job_id": "../x"}).status_code == 422
-    assert c.delete("/v2/training/jobs/h").json()["state"] == "finished"
+    assert c.delete("/v2/training/jobs/h").json()["state"] == "cancelled"
+
+
+def test_http_an_entry_that_does_not_import_is_a_400_naming_it(tmp_path):
+    _, c = _client(tmp_path)
+    r = c.post("/v2/training/jobs", json={"job_id": "bad", "entry": "nope_pkg.train:main"})
+    assert r.status_code == 400 and "nope_pkg.train" in r.json()["detail"], r.text
+    assert c.get("/v2/training/jobs").json()["jobs"] == []  # nothing half-created
+
+
+def test_status_shows_checkpoint_corrupt_ones_and_a_failed_jobs_traceback(tmp_path, capsys):
+    from gateway.cli import main
+
+    m = TrainingManager(tmp_path, launcher=SubprocessLauncher())
+    from autoscaler.training.job import TrainingSpec
+
+    m.submit(TrainingSpec(job_id="f"), start=False)
+    m._save("f", state="running", launcher="elsewhere")
+    write_json_atomic(
+        tmp_path / "f" / "status.json",
+        {
+            "status": "failed",
+            "iteration": 7,
+            "checkpoint_iteration": 5,
+            "checkpoint": "run-1/checkpoint_0000000005",
+            "corrupt_checkpoints": ["run-1/checkpoint_0000000010: state.pt fails its checksum"],
+            "error": "Traceback (most recent call last):\nRuntimeError: boom",
+        },
+    )
+    info = m.get("f")
+    assert (info.state, info.checkpoint_iteration, info.checkpoint) == ("failed", 5, "run-1/checkpoint_0000000005")
+    assert info.error is not None and info.error.endswith("RuntimeError: boom")
+    assert main(["train", "list", "--jobs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "last checkpoint: run-1/checkpoint_0000000005" in out
+    assert "corrupt checkpoint skipped: run-1/checkpoint_0000000010" in out and "RuntimeError: boom" in out
+
+
+def test_cli_submit_refuses_a_bad_entry_and_bad_config(tmp_path, capsys):
+    from gateway.cli import main
+
+    args = ["train", "submit", "j", "--jobs-dir", str(tmp_path)]
+    assert main([*args, "--entry", "nope_pkg.x:train"]) == 2
+    assert "cannot import nope_pkg.x" in capsys.readouterr().err
+    assert main([*args, "--config", "[1, 2]"]) == 2
+    assert "--config must be a JSON object" in capsys.readouterr().err
+    assert main([*args, "--workers", "0"]) == 2
+    assert "workers" in capsys.readouterr().err
+    assert not (tmp_path / "j").exists()
 
 
 def test_gpu_usage():
