@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
+from autoscaler.placement.types import PlacementConfig
 from autoscaler.swayam import SwayamConfig
 
 
@@ -98,7 +99,7 @@ class TrainingSettings(BaseModel):
     )
     gpu_memory_mib: int = Field(default=16384, ge=1, description="Memory of one (emulated) GPU, for placement.")
     queue: Literal["las", "fifo", "srtf"] = Field(
-        default="las",
+        default=PlacementConfig.model_fields["training_queue"].default,  # one default, the policy's
         description="Order of the jobs on harvested GPUs: las (Tiresias' 2D-LAS, with a starvation guard), "
         "fifo, srtf (least remaining GPU-seconds first, for jobs that declare their length).",
     )
