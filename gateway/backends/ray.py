@@ -29,7 +29,8 @@ from batching.profile import ProfileTable
 from gateway.backends.base import BackendBase, ModelLoadError
 from gateway.backends.proctree import reap
 from gateway.backends.ray_channels import ReplicaChannels, read_endpoints
-from gateway.backends.ray_local import METRICS_PUSH_S, init_ray
+from gateway.backends.ray_local import init_ray
+from gateway.backends.ray_serve import deploy_failure, read_serve_details, replica_states, swayam_autoscaling
 from gateway.config import Settings
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
 from gateway.rates import RateMeter, gateway_id
@@ -135,46 +136,9 @@ class RayServeBackend(BackendBase):
         over = self.settings.models.get(model)
         if over is None or over.autoscaling is None:
             return None
-        a = over.autoscaling
-        cfg = self.models[model].config
         table = ProfileTable.load(self.repo.root)
-
-        def points(v: str) -> tuple[list[int], list[float]]:
-            curve = table.curve(model, v, self.device_type_of(model))
-            if curve is None:  # no profile yet: a conservative 1 ms + 0.2 ms/row prior
-                sizes = [1, cfg.max_batch_size]
-                return sizes, [1.0 + 0.2 * b for b in sizes]
-            return list(curve.batch_sizes), [x * 1e3 for x in curve.p99_s]
-
-        sizes, p99 = points(variant)
-        fallback = {}
-        ranked = [v.name for v in cfg.variants_by_accuracy]
-        if self.shared(model) and variant in ranked and ranked.index(variant) + 1 < len(ranked):
-            # the next variant down is the shared replicas' fallback: swayam sizes its warm buffer with it
-            fb_sizes, fb_p99 = points(ranked[ranked.index(variant) + 1])
-            fallback = {"fallback_batch_sizes": fb_sizes, "fallback_p99_ms": fb_p99}
-        slo_ms = over.slo_ms if over.slo_ms else cfg.slo_ms
-        return {
-            "min_replicas": a.min_replicas,
-            "max_replicas": a.max_replicas,
-            "initial_replicas": a.min_replicas,
-            "upscale_delay_s": 0.0,
-            "downscale_delay_s": 0.0,
-            # Ray averages custom metrics over look_back_period_s, which must exceed the push interval.
-            "metrics_interval_s": METRICS_PUSH_S,
-            "look_back_period_s": max(a.interval_s, 2 * METRICS_PUSH_S),
-            "policy": {
-                "policy_function": "autoscaler.ray_policy:SwayamRayPolicy",
-                "policy_kwargs": {
-                    "slo_ms": slo_ms,
-                    "max_batch_size": cfg.max_batch_size,
-                    "batch_sizes": sizes,
-                    "p99_ms": p99,
-                    **fallback,
-                    "swayam": a.swayam(),
-                },
-            },
-        }
+        cfg = self.models[model].config
+        return swayam_autoscaling(over, cfg, table, self.device_type_of(model), variant, self.shared(model))
 
     def device_type_of(self, model: str) -> str:
         """The device type name profiles and replicas use (CPU model slug for cpu replicas)."""
@@ -365,13 +329,7 @@ class RayServeBackend(BackendBase):
 
     def _deploy_failure(self, app: str) -> str | None:
         """Serve's message when it gave up deploying ``app`` (from the latest details), else None."""
-        st = ((self._details or {}).get("applications") or {}).get(app) or {}
-        status = str(getattr(st.get("status"), "value", st.get("status")))
-        if status != "DEPLOY_FAILED":
-            return None
-        msgs = [str(d.get("message") or "") for d in (st.get("deployments") or {}).values()]
-        why = next((m for m in msgs if m), str(st.get("message") or "no message"))
-        return f"Ray Serve could not start application {app}: {why[-600:]}"
+        return deploy_failure(self._details, app)
 
     async def _refresh(self) -> None:
         """Read the controller's view of the replicas (and, for the direct transport, where the new
@@ -396,24 +354,11 @@ class RayServeBackend(BackendBase):
             return {}
         return read_endpoints(self._details, apps, known)
 
-    @staticmethod
-    def read_serve_details() -> dict[str, Any] | None:
-        """The Serve controller's details of every application, as the plain dict it sends (blocking:
-        call it from a thread)."""
-        from ray.serve.context import _get_global_client
-
-        client = _get_global_client(raise_if_no_controller_running=False)
-        return client.get_serve_details() if client is not None else None
+    read_serve_details = staticmethod(read_serve_details)
 
     def replica_states(self, app: str, details: dict[str, Any] | None = None) -> dict[str, int]:
         """Replicas of ``app``'s deployment by state, from ``details`` (default: the latest read)."""
-        counts: dict[str, int] = {}
-        st = ((details if details is not None else self._details) or {}).get("applications", {}).get(app) or {}
-        for dep in st.get("deployments", {}).values():
-            for r in dep.get("replicas", ()):
-                state = str(getattr(r.get("state"), "value", r.get("state")))
-                counts[state] = counts.get(state, 0) + 1
-        return counts
+        return replica_states(details if details is not None else self._details, app)
 
     def _count_replicas(self) -> None:
         """Replicas that take batches: RUNNING in Serve's view, and with the direct transport, connected."""

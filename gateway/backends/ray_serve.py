@@ -1,0 +1,91 @@
+"""What the Ray backend tells Ray Serve and reads back from it: a deployment's autoscaling config
+(the swayam policy on the variant's profile) and the controller's details of the applications
+(replica states, a deployment Serve gave up on). Plain dicts in, plain dicts out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batching.profile import ProfileTable
+from gateway.backends.ray_local import METRICS_PUSH_S
+from gateway.config import ModelOverride
+from models.repository import ModelConfig
+
+
+def swayam_autoscaling(
+    over: ModelOverride, cfg: ModelConfig, table: ProfileTable, device_type: str, variant: str, shared: bool
+) -> dict[str, Any] | None:
+    """Ray Serve's autoscaling config for ``variant`` of the model ``cfg`` when its settings
+    (``over.autoscaling``) ask for one: the swayam policy on the variant's p99 profile on
+    ``device_type``, and on a shared deployment the next variant down as its fallback."""
+    a = over.autoscaling
+    if a is None:
+        return None
+    model = cfg.name
+
+    def points(v: str) -> tuple[list[int], list[float]]:
+        curve = table.curve(model, v, device_type)
+        if curve is None:  # no profile yet: a conservative 1 ms + 0.2 ms/row prior
+            sizes = [1, cfg.max_batch_size]
+            return sizes, [1.0 + 0.2 * b for b in sizes]
+        return list(curve.batch_sizes), [x * 1e3 for x in curve.p99_s]
+
+    sizes, p99 = points(variant)
+    fallback = {}
+    ranked = [v.name for v in cfg.variants_by_accuracy]
+    if shared and variant in ranked and ranked.index(variant) + 1 < len(ranked):
+        # the next variant down is the shared replicas' fallback: swayam sizes its warm buffer with it
+        fb_sizes, fb_p99 = points(ranked[ranked.index(variant) + 1])
+        fallback = {"fallback_batch_sizes": fb_sizes, "fallback_p99_ms": fb_p99}
+    return {
+        "min_replicas": a.min_replicas,
+        "max_replicas": a.max_replicas,
+        "initial_replicas": a.min_replicas,
+        "upscale_delay_s": 0.0,
+        "downscale_delay_s": 0.0,
+        # Ray averages custom metrics over look_back_period_s, which must exceed the push interval.
+        "metrics_interval_s": METRICS_PUSH_S,
+        "look_back_period_s": max(a.interval_s, 2 * METRICS_PUSH_S),
+        "policy": {
+            "policy_function": "autoscaler.ray_policy:SwayamRayPolicy",
+            "policy_kwargs": {
+                "slo_ms": over.slo_ms if over.slo_ms else cfg.slo_ms,
+                "max_batch_size": cfg.max_batch_size,
+                "batch_sizes": sizes,
+                "p99_ms": p99,
+                **fallback,
+                "swayam": a.swayam(),
+            },
+        },
+    }
+
+
+def read_serve_details() -> dict[str, Any] | None:
+    """The Serve controller's details of every application, as the plain dict it sends (blocking:
+    call it from a thread)."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return client.get_serve_details() if client is not None else None
+
+
+def replica_states(details: dict[str, Any] | None, app: str) -> dict[str, int]:
+    """Replicas of ``app``'s deployment by state, in ``details``."""
+    counts: dict[str, int] = {}
+    st = (details or {}).get("applications", {}).get(app) or {}
+    for dep in st.get("deployments", {}).values():
+        for r in dep.get("replicas", ()):
+            state = str(getattr(r.get("state"), "value", r.get("state")))
+            counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+def deploy_failure(details: dict[str, Any] | None, app: str) -> str | None:
+    """Serve's message when it gave up deploying ``app``, else None."""
+    st = ((details or {}).get("applications") or {}).get(app) or {}
+    status = str(getattr(st.get("status"), "value", st.get("status")))
+    if status != "DEPLOY_FAILED":
+        return None
+    msgs = [str(d.get("message") or "") for d in (st.get("deployments") or {}).values()]
+    why = next((m for m in msgs if m), str(st.get("message") or "no message"))
+    return f"Ray Serve could not start application {app}: {why[-600:]}"
