@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 from autoscaler.swayam import SwayamConfig
-from loadtests.bench.systems import free_ports
+from loadtests.bench.systems import Launch, free_ports, request_body
 from loadtests.emulated import slow_variant_repo
 from loadtests.promtext import prom_sum
 
@@ -52,36 +50,20 @@ def running_replicas(http: str, model: str) -> int | None:
     return int(prom_sum(text, "sloserve_replicas", model, state="running"))
 
 
-def start_server(repo: Path, settings: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(repo: Path, settings: Path, log_dir: Path) -> tuple[Launch, str]:
+    """``sloserve serve`` on free loopback ports, answering (the benchmarks' launcher)."""
     http, grpc = free_ports(2)
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--repo", str(repo), "--config", str(settings)]
-    cmd += ["--http-port", str(http), "--grpc-port", str(grpc), "--log-level", "warning"]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    argv = [sys.executable, "-m", "gateway.cli", "serve", "--repo", str(repo), "--config", str(settings)]
+    argv += ["--http-port", str(http), "--grpc-port", str(grpc), "--log-level", "warning"]
     url = f"127.0.0.1:{http}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}); its log: {log}")
-        try:
-            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            pass
-        time.sleep(1)
-    stop_server(proc)
-    raise SystemExit(f"the server was not ready in 300 s; its log: {log}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    server = Launch("sloserve", argv, f"http://{url}/v2/models/digits/infer", f"http://{url}/metrics", grace_s=60)
+    server.start(log_dir)
+    try:
+        server.wait_ready(request_body(repo, "digits"), timeout_s=300)
+    except BaseException:
+        server.stop()
+        raise
+    return server, url
 
 
 def calm_then_clumps(trace: Path, start_minute: int, minutes: int, calm_minutes: int, dst: Path) -> tuple[int, int]:
@@ -115,7 +97,7 @@ def one_run(a: argparse.Namespace, burst_z: float, out: Path) -> dict:
         settings.write_text(
             json.dumps({"models": {"digits": {"slo_ms": a.slo_ms, "fault_delay_ms": a.delay_ms, "autoscaling": auto}}})
         )
-        proc, http = start_server(repo, settings, out / f"server_z{burst_z:g}.log")
+        server, http = start_server(repo, settings, out)
         samples: list[tuple[float, int | None]] = []
         stop = threading.Event()
         t0 = time.time()
@@ -140,7 +122,7 @@ def one_run(a: argparse.Namespace, burst_z: float, out: Path) -> dict:
         finally:
             stop.set()
             sampler.join(5)
-            stop_server(proc)
+            server.stop()
         timeline = json.loads(results.read_text())["timeline"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
