@@ -171,6 +171,10 @@ class Batcher:
             await asyncio.sleep(0.01)
         await self.close()
 
+    def capacity_changed(self) -> None:
+        """The runner's slots changed outside a batch's end (a replica came, a lease grew): plan again."""
+        self._wake.set()
+
     async def close(self) -> None:
         self._closed = True
         self._wake.set()

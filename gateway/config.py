@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,6 +123,20 @@ class Settings(BaseSettings):
     )
     ray_address: str | None = Field(
         default=None, description="Join this Ray cluster (auto | ray://host:port); default: start a local Ray."
+    )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Gateway processes on this host, sharing the HTTP and gRPC ports (the kernel spreads "
+        "connections over them), supervised as one service (gateway/workers.py). Default: half the host's "
+        "cores, at most 8 (1 on a 2-core box: the replicas and the load need the other core).",
+    )
+    capacity_leases: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Share the Ray replicas' slots among gateways through leases (gateway/backends/"
+        "ray_capacity.py), so N gateways never stack more than pipeline_depth batches on a replica. auto: "
+        "on with several workers or when joining a cluster (ray_address), where other gateways may be.",
     )
     instances: int = Field(default=1, ge=1, le=64, description="Replicas per (model, variant).")
     ray_num_cpus: float | None = Field(
@@ -306,13 +321,6 @@ class Settings(BaseSettings):
     default_policy: str = Field(
         default="slo", description="Batching policy for models that name none: slo | timeout | fixed | aimd | nexus."
     )
-    gateway_share: float = Field(
-        default=1.0,
-        gt=0,
-        le=1,
-        description="This gateway's share of the traffic (1/N behind an even load balancer): the "
-        "autoscaler scales its partial view up to the aggregate, as Swayam's frontends do.",
-    )
     slo_max_wait_ms: float | None = Field(
         default=2.0,
         ge=0,
@@ -371,6 +379,22 @@ class Settings(BaseSettings):
                 f"process holds one variant); set one of them false"
             )
         return self
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """One of ``count`` gateway processes sharing this host's ports (gateway/workers.py).
+
+    ``run_dir``: where each worker answers its siblings' metrics scrapes (a Unix socket each);
+    ``loopback_ray``: the Ray they join is the supervisor's embedded one, on 127.0.0.1."""
+
+    index: int
+    count: int
+    run_dir: Path
+    loopback_ray: bool = False
+
+    def metrics_socket(self, index: int) -> Path:
+        return self.run_dir / f"worker-{index}.sock"
 
 
 class ConfigError(ValueError):

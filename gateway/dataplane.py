@@ -241,6 +241,14 @@ class DataPlane:
         backend.on_replicas = lambda m, v, d, state, n: gauge.labels(m, v, d, state).set(n)
         runtime = self.metrics.replica_runtime
         backend.on_runtime = lambda m, v, d, provider, n: runtime.labels(m, v, d, provider).set(n)
+        backend.on_capacity = self._capacity_changed
+        peak = self.metrics.replica_peak
+        backend.on_held = lambda m, v, n: peak.labels(m, v).set(n)
+
+    def _capacity_changed(self, model: str) -> None:
+        state = self.models.get(model)
+        if state is not None:
+            state.batcher.capacity_changed()
 
     def admit(self, model: str, declared_bytes: int = 0) -> Ticket:
         """A request for ``model`` is at the door (see :class:`Ticket`): raises ``TooManyRequests``

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -100,6 +100,13 @@ class Metrics:
             ["model", "variant", "device_type", "state"],
             registry=r,
         )
+        self.replica_peak = Gauge(
+            "sloserve_replica_peak_batches",
+            "Most batches one replica of (model, variant) held at once, from every gateway, as the replicas "
+            "said when answering this gateway (at most pipeline_depth: the gateways' leases).",
+            ["model", "variant"],
+            registry=r,
+        )
         self.replica_runtime = Gauge(
             "sloserve_replica_runtime",
             "Replicas by the device (cuda or cpu) and the ONNX Runtime execution provider their sessions "
@@ -168,9 +175,17 @@ class Metrics:
         )
         self._policies: dict[str, object] = {}
         r.register(_DriftCollector(self._policies))
+        # several workers behind one port: a scrape answers for all (gateway/metrics_fanin.py)
+        self.fanin: Any = None
         self._req: dict[tuple[str, str, str], Counter] = {}
         self._lat: dict[tuple[str, str], Histogram] = {}
         self._slo: dict[tuple[str, bool], Counter] = {}
+
+    async def exposition(self) -> bytes:
+        """What ``/metrics`` answers: this process's samples, or every worker's with ``workers`` > 1."""
+        if self.fanin is not None:
+            return await self.fanin.exposition()
+        return generate_latest(self.registry)
 
     def shed_answered(self, model: str, e) -> None:
         """Called by a transport right after writing a shed request's answer."""

@@ -136,6 +136,13 @@ class ModelManager:
         return lock
 
     def _check_serving(self) -> None:
+        workers = self.dp.settings.workers or 1
+        if workers > 1:
+            raise InvalidArgument(
+                f"this gateway is one of {workers} worker processes sharing the port: a model loaded or "
+                "unloaded through one would be missing from the others; change the model repository and "
+                "restart the service, or run it with workers: 1"
+            )
         if self._stopping or not self.dp.serving:
             raise Unavailable("the server is starting or shutting down; retry shortly", retry_after_s=1.0)
 

@@ -12,6 +12,7 @@ import gc
 import logging
 import math
 import signal
+import socket
 import sys
 
 import grpc
@@ -19,9 +20,10 @@ import uvicorn
 
 from gateway.backends.base import Backend, ModelLoadError
 from gateway.backends.threads import InProcessBackend
-from gateway.config import Settings, is_loopback
+from gateway.config import Settings, WorkerRole, is_loopback
 from gateway.dataplane import DataPlane
 from gateway.metrics import Metrics
+from gateway.metrics_fanin import MetricsFanIn
 from gateway.transports.auth import uvicorn_tls_kwargs
 from gateway.transports.grpc import create_server
 from gateway.transports.rest import create_asgi, rest_decoder
@@ -41,7 +43,7 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def make_backend(settings: Settings, repo: ModelRepository) -> Backend:
+def make_backend(settings: Settings, repo: ModelRepository, role: WorkerRole | None = None) -> Backend:
     opts = RuntimeOptions(
         intra_op_threads=settings.intra_op_threads, allow_spinning=settings.allow_spinning, device=settings.device
     )
@@ -59,7 +61,7 @@ def make_backend(settings: Settings, repo: ModelRepository) -> Backend:
         )
     from gateway.backends.ray import RayServeBackend
 
-    return RayServeBackend(repo, opts, settings)
+    return RayServeBackend(repo, opts, settings, loopback_ray=role is not None and role.loopback_ray)
 
 
 def load_repository(settings: Settings) -> ModelRepository:
@@ -74,11 +76,17 @@ def load_repository(settings: Settings) -> ModelRepository:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, backend: Backend | None = None):
+    """One gateway process. ``role``: one of several workers sharing the host's ports (gateway/workers.py)."""
+
+    def __init__(self, settings: Settings, backend: Backend | None = None, role: WorkerRole | None = None):
         self.settings = settings
+        self.role = role
         self.repo = load_repository(settings)
-        self.backend = backend or make_backend(settings, self.repo)
+        self.backend = backend or make_backend(settings, self.repo, role)
         self.dataplane = DataPlane(self.repo, self.backend, settings, Metrics())
+        self.fanin: MetricsFanIn | None = None
+        if role is not None and role.count > 1:
+            self.fanin = self.dataplane.metrics.fanin = MetricsFanIn(self.dataplane.metrics.registry, role)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._uvicorn: _Uvicorn | None = None
@@ -106,7 +114,10 @@ class Gateway:
     async def start(self) -> None:
         s = self.settings
         self.prepare()
-        self._grpc, self.grpc_port = create_server(self.dataplane, f"{s.host}:{s.grpc_port}")
+        shared = self.role is not None
+        if shared:  # a worker joins the shared ports only once it can serve: the kernel sends it connections at once
+            await self.dataplane.start()
+        self._grpc, self.grpc_port = create_server(self.dataplane, f"{s.host}:{s.grpc_port}", reuse_port=shared)
         await self._grpc.start()
         routers = []
         if self.harvest is not None:
@@ -131,15 +142,19 @@ class Gateway:
             **uvicorn_tls_kwargs(s),
         )
         self._uvicorn = _Uvicorn(cfg)
-        self._uv_task = asyncio.get_running_loop().create_task(self._uvicorn.serve())
+        # workers bind the same port, each its own listening socket (SO_REUSEPORT): the kernel spreads connections
+        sockets = [reuse_port_socket(s.host, s.http_port)] if shared else None
+        self._uv_task = asyncio.get_running_loop().create_task(self._uvicorn.serve(sockets=sockets))
         while not self._uvicorn.started:
             if self._uv_task.done():
                 self._uv_task.result()
                 raise RuntimeError(f"HTTP server failed to start on {s.host}:{s.http_port}")
             await asyncio.sleep(0.01)
         self.http_port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
-        # Models load while the servers already answer liveness (readiness says not ready).
-        await self.dataplane.start()
+        if self.fanin is not None:
+            await self.fanin.start()
+        if not shared:  # models load while the servers already answer liveness (readiness says not ready)
+            await self.dataplane.start()
         if self.harvest is not None:
             self.harvest.start()
         # Everything loaded so far lives as long as the server: freeze it out of the collector's
@@ -178,6 +193,8 @@ class Gateway:
         if self._decoder is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._decoder.close)
         await self.dataplane.stop()
+        if self.fanin is not None:
+            await self.fanin.stop()
 
     async def _close_idle_connections(self, grace: float) -> None:
         """Once every request in flight is answered, stop waiting for idle keep-alive connections:
@@ -192,9 +209,20 @@ class Gateway:
             self._uvicorn.force_exit = True
 
 
-async def serve(settings: Settings) -> None:
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` with SO_REUSEPORT, for uvicorn to listen on: every worker
+    of the service binds one (only processes of the same user may join the port)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(addr)
+    return sock
+
+
+async def serve(settings: Settings, role: WorkerRole | None = None) -> None:
     try:
-        gw = Gateway(settings)
+        gw = Gateway(settings, role=role)
     except ModelLoadError as e:
         print(f"sloserve: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

@@ -16,8 +16,10 @@ Frames are ``multiprocessing.connection``'s: a 4-byte big-endian length, then a 
   late; ``variant`` None means the replica's default;
 - gateway -> replica: ``("stamp", stamp)``: the gateway's demand for the autoscaler (see
   ``models.ray_replica``);
-- replica -> gateway: ``(batch_id, outputs, compute_s)``, ``(batch_id, None, 0.0)`` for a skipped
-  batch, or ``(batch_id, "error", message)`` when the replica refused the batch.
+- replica -> gateway: ``(batch_id, outputs, compute_s, held)``, ``(batch_id, None, 0.0, held)`` for a
+  skipped batch, or ``(batch_id, "error", message, held)`` when the replica refused the batch;
+  ``held`` is how many batches (from every gateway, this one included) the replica held when this
+  one arrived: the gateways' leases keep it at most the replica's depth.
 
 The replica reads each connection in a thread of its own (the next batch is read and unpickled
 while one computes) and computes every batch, from every connection, in arrival order on one thread.
@@ -73,6 +75,7 @@ class BatchServer:
         self.delay_s = delay_s
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outstanding = 0  # batches read and not yet answered
+        self._held = 0  # batches read and not yet computed (a gateway may send the next once it has the answer)
         self._lock = threading.Lock()
         self._worker = threading.Thread(target=self._compute_loop, name="batch-compute", daemon=True)
         self._worker.start()
@@ -86,7 +89,9 @@ class BatchServer:
                 if msg[0] == "batch":
                     with self._lock:
                         self._outstanding += 1
-                    self._inbox.put((conn, msg, time.monotonic()))
+                        self._held += 1
+                        held = self._held
+                    self._inbox.put((conn, msg, time.monotonic(), held))
                 elif msg[0] == "stamp":
                     self.on_stamp(msg[1])
         except (EOFError, OSError):
@@ -106,7 +111,7 @@ class BatchServer:
 
     def _compute_loop(self) -> None:
         while (item := self._inbox.get()) is not None:
-            conn, (_, bid, inputs, budget_s, variant), read_at = item
+            conn, (_, bid, inputs, budget_s, variant), read_at, held = item
             if budget_s is not None and time.monotonic() > read_at + budget_s:
                 reply: tuple = (bid, None, 0.0)  # its gateway no longer waits: not run late
             else:
@@ -117,8 +122,11 @@ class BatchServer:
                     reply = (bid, self.compute(inputs, variant), time.perf_counter() - t0)
                 except Exception as e:
                     reply = (bid, "error", f"{type(e).__name__}: {e}")
+            with self._lock:
+                self._held -= 1
             try:
-                conn.send_bytes(pickle.dumps(reply, protocol=5))
+                # + the batches this replica held (from every gateway) when this one arrived, itself included
+                conn.send_bytes(pickle.dumps((*reply, held), protocol=5))
             except OSError:  # that gateway went away; the others are served on
                 pass
             finally:

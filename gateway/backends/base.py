@@ -23,6 +23,8 @@ class ModelLoadError(RuntimeError):
 
 ReplicaHook = Callable[[str, str, str, str, int], None]  # (model, variant, device type, state, count)
 RuntimeHook = Callable[[str, str, str, str, int], None]  # (model, variant, device, provider, count)
+CapacityHook = Callable[[str], None]  # (model): its slots changed outside a batch's end
+HeldHook = Callable[[str, str, int], None]  # (model, variant, most batches one replica held at once)
 
 
 class Backend(BatchRunner, Protocol):
@@ -33,6 +35,8 @@ class Backend(BatchRunner, Protocol):
     name: str
     on_replicas: ReplicaHook | None  # set by the data plane before start: the replicas gauge
     on_runtime: RuntimeHook | None  # likewise: replicas by the device and provider they really run on
+    on_capacity: CapacityHook | None  # likewise: the model's batcher re-plans (a lease grew, a replica came)
+    on_held: HeldHook | None  # likewise: the replicas' peak batches held (backends whose replicas say so)
 
     def prepare(self) -> None:
         """What must run on the main thread before any server thread exists (the embedded Ray)."""
@@ -70,6 +74,8 @@ class BackendBase:
     pipeline_depth = 1
     on_replicas: ReplicaHook | None = None
     on_runtime: RuntimeHook | None = None
+    on_capacity: CapacityHook | None = None
+    on_held: HeldHook | None = None
     _runtimes_seen: dict[tuple[str, str], set[tuple[str, str]]]
 
     def prepare(self) -> None:
@@ -90,6 +96,10 @@ class BackendBase:
     def _report_replicas(self, model: str, variant: str, device: str, state: str, count: int) -> None:
         if self.on_replicas is not None:
             self.on_replicas(model, variant, device, state, count)
+
+    def _capacity(self, model: str) -> None:
+        if self.on_capacity is not None:
+            self.on_capacity(model)
 
     def _report_runtime(self, model: str, variant: str, runtimes: list[tuple[str, str]]) -> None:
         """The (device, execution provider) each replica of (model, variant) really runs on, one entry

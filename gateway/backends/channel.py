@@ -54,6 +54,8 @@ class BatchChannel:
         self._ready: asyncio.Future = self._loop.create_future()
         self._loop.add_reader(sock.fileno(), self._on_readable)
         self.available = False
+        # most batches the replica held at once (from every gateway), as it said when answering ours
+        self.peak_held = 0
 
     @property
     def in_flight(self) -> int:
@@ -190,7 +192,9 @@ class BatchChannel:
             if not self._ready.done():
                 self._ready.set_exception(RuntimeError(msg[1]))
             return
-        bid, outputs, extra = msg
+        bid, outputs, extra = msg[0], msg[1], msg[2]
+        if len(msg) > 3 and msg[3] > self.peak_held:
+            self.peak_held = msg[3]
         fut = self._pending.get(bid)
         if fut is None or fut.done():
             return

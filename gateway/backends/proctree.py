@@ -62,3 +62,14 @@ def reap(procs: Iterable[psutil.Process], grace_s: float = 3.0) -> None:
             left = [p for p in left if _running(p)]
             if left:
                 time.sleep(0.02)
+
+
+def die_with_parent() -> None:
+    """In a child process: be sent SIGTERM when the process that started it dies, even by SIGKILL
+    (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing), so that no child outlives a killed gateway."""
+    import contextlib
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)

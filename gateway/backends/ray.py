@@ -28,6 +28,7 @@ from batching.batcher import RunResult
 from batching.profile import ProfileTable
 from gateway.backends.base import BackendBase, ModelLoadError
 from gateway.backends.proctree import reap
+from gateway.backends.ray_capacity import LeaseClient, capacity_actor
 from gateway.backends.ray_channels import ReplicaChannels, read_endpoints
 from gateway.backends.ray_local import init_ray
 from gateway.backends.ray_serve import deploy_failure, read_serve_details, replica_states, swayam_autoscaling
@@ -51,8 +52,9 @@ _REPLICA_GONE = frozenset(
 class RayServeBackend(BackendBase):
     name = "ray"
 
-    def __init__(self, repo: ModelRepository, opts: RuntimeOptions, settings: Settings):
+    def __init__(self, repo: ModelRepository, opts: RuntimeOptions, settings: Settings, loopback_ray: bool = False):
         self.repo = repo
+        self._loopback_ray = loopback_ray  # joined an embedded Ray on 127.0.0.1 (a worker's supervisor's)
         self.opts = opts
         self.settings = settings
         self._handles: dict[tuple[str, str], Any] = {}
@@ -62,6 +64,7 @@ class RayServeBackend(BackendBase):
         # ray_transport direct: the gateway routes each batch to a replica's own channel (gateway/backends/ray_channels.py)
         self.direct = settings.ray_transport == "direct"
         self.channels = ReplicaChannels(self._channels_changed) if self.direct else None
+        self.leases: LeaseClient | None = None  # several gateways on these replicas: slots by lease
         # direct channels report the replica's compute time, and the policy models depth (as in-process)
         self.round_trip_latency = not self.direct
         self.pipeline_depth = settings.pipeline_depth
@@ -117,7 +120,8 @@ class RayServeBackend(BackendBase):
         # a shared deployment serves the whole model: its demand is the model's arrivals, whatever variant runs
         best = variant == self._best[model] or self.shared(model)
         meter = self._arrivals[model] if best else self._served[(model, variant)]
-        return (self.gateway_id, meter.rate_rps(), self.settings.gateway_share, meter.dispersion())
+        share = self.leases.share(self._apps[(model, variant)]) if self.leases is not None else 1.0
+        return (self.gateway_id, meter.rate_rps(), share, meter.dispersion())
 
     def _push_rates(self) -> None:
         """Stamps also go out on their own, once a poll: when admission refuses nearly everything no
@@ -158,12 +162,16 @@ class RayServeBackend(BackendBase):
     def _init_ray(self) -> None:
         # (every model the settings autoscale, loaded at start-up or later through the repository API)
         autoscaled = any(o.autoscaling for o in self.settings.models.values())
-        self._started_ray = init_ray(self.settings, autoscaled=autoscaled)
+        self._started_ray = init_ray(self.settings, autoscaled=autoscaled, loopback=self._loopback_ray)
 
     def _deploy(self) -> None:
         from ray import serve
+        from ray.exceptions import ActorAlreadyExistsError
 
-        serve.start(proxy_location="Disabled")
+        try:
+            serve.start(proxy_location="Disabled")
+        except ActorAlreadyExistsError:  # another gateway started Serve at the same moment: join it
+            serve.start(proxy_location="Disabled")
         for lm in list(self.models.values()):
             if self._cancel_deploy:
                 return
@@ -214,9 +222,23 @@ class RayServeBackend(BackendBase):
                     route_prefix=None,
                     blocking=False,
                 )
-            handle = self._handle(serve.get_deployment_handle(dep, app_name=app))
+            handle = self._handle(self._deployment_handle(dep, app))
             out += [((name, served), app, handle) for served in (ranked if shared else [v])]
         return out
+
+    def _deployment_handle(self, dep: str, app: str) -> Any:
+        """The handle of ``app``'s deployment; a gateway that attaches (``ray_deploy`` false) waits,
+        up to ``model_load_timeout_s``, for the gateway that deploys to have created it."""
+        from ray import serve
+
+        end = time.monotonic() + self.settings.model_load_timeout_s
+        while True:
+            try:
+                return serve.get_deployment_handle(dep, app_name=app)
+            except KeyError:
+                if self.settings.ray_deploy or self._cancel_deploy or time.monotonic() > end:
+                    raise
+                time.sleep(0.5)
 
     def _install(self, deployed: list[tuple[tuple[str, str], str, Any]]) -> None:
         for key, app, handle in deployed:
@@ -281,7 +303,7 @@ class RayServeBackend(BackendBase):
         the node's IP on a cluster (""), none when batches go through Serve's handle."""
         if not self.direct:
             return None
-        return "127.0.0.1" if self._started_ray else ""
+        return "127.0.0.1" if self._started_ray or self._loopback_ray else ""
 
     def _handle(self, handle):
         """``ray_transport`` grpc: the handle sends each batch straight to the replica's inter-deployment
@@ -306,8 +328,48 @@ class RayServeBackend(BackendBase):
             await self._stop_deploying()
             raise
         await self._wait_running()
+        if self.uses_leases():
+            await self._start_leases()
         self._ready = True
         self._poller = loop.create_task(self._poll_replicas())
+
+    def uses_leases(self) -> bool:
+        """Whether other gateways may share these replicas (``capacity_leases``; auto: with several
+        workers on this host, or on a cluster the gateway joined). Only the direct transport routes
+        batches to replicas itself; through a handle, Serve's router does."""
+        mode = self.settings.capacity_leases
+        if mode == "auto":
+            return self.direct and ((self.settings.workers or 1) > 1 or self.settings.ray_address is not None)
+        return mode == "on" and self.direct
+
+    async def _start_leases(self) -> None:
+        """Find (or create) the cluster's capacity actor and take a first lease before serving."""
+        loop = asyncio.get_running_loop()
+        actor = await loop.run_in_executor(None, capacity_actor, self.settings.pipeline_depth)
+        channels = self._direct_channels()
+        self.leases = LeaseClient(
+            self.gateway_id,
+            actor,
+            apps=lambda: set(self.applications().values()),
+            demand=self._app_demand,
+            connected=channels.connected,
+            busy=channels.busy,
+            changed=self._capacity_changed,
+        )
+        channels.lease = self.leases.lease
+        await self.leases.renew()
+        self.leases.start()
+
+    def _app_demand(self, app: str) -> float:
+        """This gateway's rows/s for ``app`` (what its stamps tell the autoscaler)."""
+        for (model, variant), a in self.applications().items():
+            if a == app:
+                return self._stamp(model, variant)[1]
+        return 0.0
+
+    def _capacity_changed(self, app: str) -> None:
+        for model, _ in [k for k, a in self._apps.items() if a == app][:1]:
+            self._capacity(model)
 
     async def _wait_running(self, keys: list[tuple[str, str]] | None = None, timeout_s: float = 300.0) -> None:
         """Until every (model, variant) of ``keys`` (default: all) has a replica taking batches; an
@@ -370,8 +432,11 @@ class RayServeBackend(BackendBase):
                 for state in ("STARTING", "RUNNING", "STOPPING"):
                     self._report_replicas(key[0], key[1], device, state.lower(), states.get(state, 0))
             if self.channels is not None:  # each connected replica said what it runs on when it connected
-                said = [c.info.get("runtime", {}).get(key[1]) for c in self.channels.channels(app)]
+                chans = self.channels.channels(app)
+                said = [c.info.get("runtime", {}).get(key[1]) for c in chans]
                 self._report_runtime(key[0], key[1], [(d, p) for d, p in filter(None, said)])
+                if chans and self.on_held is not None:
+                    self.on_held(key[0], key[1], max(c.peak_held for c in chans))
 
     def _channels_changed(self, app: str) -> None:
         """A channel opened or closed: the slots follow at once (a dead replica's are gone now)."""
@@ -379,6 +444,7 @@ class RayServeBackend(BackendBase):
         for key, a in self._apps.items():
             if a == app:
                 self._replicas[key] = channels.count(app)
+        self._capacity_changed(app)
 
     async def _poll_replicas(self) -> None:
         """Once a second: the rates go out, and the replica counts (and channels) follow Serve's view.
@@ -408,6 +474,8 @@ class RayServeBackend(BackendBase):
         self._ready = False
         if self._poller is not None:
             self._poller.cancel()
+        if self.leases is not None:
+            await self.leases.stop()
         if self.channels is not None:
             await self.channels.close()
         await self._stop_deploying()
@@ -456,6 +524,9 @@ class RayServeBackend(BackendBase):
         return self._replicas.get((model, variant), 0)
 
     def slots(self, model: str, variant: str) -> int:
+        if self.leases is not None:
+            app = self._apps.get((model, variant))
+            return self.leases.slots(app) if app is not None else 0
         return self._replicas.get((model, variant), 0) * self.settings.pipeline_depth
 
     def handle(self, model: str, variant: str):
@@ -475,6 +546,11 @@ class RayServeBackend(BackendBase):
         allows, as Serve's own router would."""
         t0 = time.monotonic()
         chan = await self._direct_channels().wait_for(self._apps[(model, variant)], limit)
+        if chan is None and self.leases is not None and self.replica_count(model, variant):
+            raise ReplicaFailed(  # the lease shrank between the batcher's decision and this batch
+                f"this gateway's lease on '{model}/{variant}' has no slot free now; retry shortly",
+                retry_after_s=0.1,
+            )
         if chan is None:
             raise ReplicaFailed(
                 f"no replica of '{model}/{variant}' is connected (Serve is starting or replacing it); retry shortly",

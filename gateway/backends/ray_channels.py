@@ -83,7 +83,7 @@ class ReplicaChannels:
     ``on_change(app)`` is called whenever an application's set of connected replicas changes (the
     backend's slot counts follow it at once)."""
 
-    def __init__(self, on_change: Callable[[str], None] | None = None):
+    def __init__(self, on_change: Callable[[str], None] | None = None, lease: Callable[[str, str], int] | None = None):
         self._channels: dict[str, dict[str, BatchChannel]] = {}
         self._connecting: dict[str, asyncio.Task] = {}
         self._up: dict[str, asyncio.Event] = {}  # set while an application has a connected replica
@@ -91,6 +91,8 @@ class ReplicaChannels:
         # still list a dead replica as RUNNING for seconds; a live one behind a blip is tried again.
         self._retry: dict[str, tuple[float, float]] = {}
         self.on_change = on_change or (lambda app: None)
+        # with many gateways: how many batches this one may keep on a replica (gateway/backends/ray_capacity.py)
+        self.lease = lease
         self._closed = False
 
     def count(self, app: str) -> int:
@@ -101,9 +103,25 @@ class ReplicaChannels:
 
     def pick(self, app: str) -> BatchChannel | None:
         """The connected replica with the fewest batches in flight (the batcher keeps at most
-        ``pipeline_depth`` on each)."""
-        live = [c for c in self._channels.get(app, {}).values() if c.available]
-        return min(live, key=lambda c: c.in_flight) if live else None
+        ``pipeline_depth`` on each); with a lease, the one with the most of its leased slots free
+        (None when the lease leaves no slot free)."""
+        chans = self._channels.get(app, {})
+        if self.lease is None:
+            live = [c for c in chans.values() if c.available]
+            return min(live, key=lambda c: c.in_flight) if live else None
+        best, room = None, 0
+        for rid, c in chans.items():
+            free = self.lease(app, rid) - c.in_flight
+            if c.available and free > room:
+                best, room = c, free
+        return best
+
+    def connected(self, app: str) -> list[str]:
+        return [rid for rid, c in self._channels.get(app, {}).items() if c.available]
+
+    def busy(self, app: str) -> dict[str, int]:
+        """Batches in flight per replica (those with any)."""
+        return {rid: c.in_flight for rid, c in self._channels.get(app, {}).items() if c.in_flight}
 
     async def wait_for(self, app: str, timeout_s: float) -> BatchChannel | None:
         """:meth:`pick`, waiting up to ``timeout_s`` for a replica to be connected (Serve is starting

@@ -57,8 +57,9 @@ def _loopback_node() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False  # ray is already imported here
 
 
-def init_ray(s: Settings, autoscaled: bool) -> bool:
-    """Join ``s.ray_address``, or start the embedded Ray (on loopback); True when it started one."""
+def init_ray(s: Settings, autoscaled: bool, loopback: bool = False) -> bool:
+    """Join ``s.ray_address``, or start the embedded Ray (on loopback); True when it started one.
+    ``loopback``: the address is an embedded Ray on 127.0.0.1 (the workers' supervisor started it)."""
     import ray
 
     if ray.is_initialized():
@@ -78,6 +79,8 @@ def init_ray(s: Settings, autoscaled: bool) -> bool:
     # only when a model autoscales: every push is controller CPU, and this box has two cores.
     if autoscaled:
         os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", str(METRICS_PUSH_S))
+    if loopback:
+        _loopback_node()
     with _ray_keeps_off_sigterm():
         return _init_ray_now(ray, s)
 

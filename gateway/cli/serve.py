@@ -25,6 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--backend", choices=["ray", "inprocess"], help="replicas on Ray Serve (default) or in-process")
     s.add_argument("--ray-address", help="join an existing Ray cluster: auto | ray://host:port")
     s.add_argument("--instances", type=int, help="replicas per (model, variant)")
+    s.add_argument(
+        "--workers",
+        type=int,
+        help="gateway processes sharing the ports (default: half the cores, at most 8; 1 on 2 cores)",
+    )
     s.add_argument("--intra-op-threads", type=int, help="ONNX Runtime threads per replica")
     s.add_argument("--device", choices=["auto", "cpu", "cuda"], help="execution provider")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -45,6 +50,7 @@ def settings_from_args(args: argparse.Namespace, config: str | Path | None) -> S
         backend=args.backend,
         ray_address=args.ray_address,
         instances=args.instances,
+        workers=getattr(args, "workers", None),
         intra_op_threads=args.intra_op_threads,
         device=args.device,
         log_level=args.log_level,
@@ -60,6 +66,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"sloserve: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gateway.workers import run_workers, workers_of
+
+    if workers_of(settings) > 1:  # a supervisor of N gateway processes (gateway/workers.py)
+        return run_workers(settings, workers_of(settings))
     # A crash in native code (gRPC, Ray's core worker, ONNX Runtime) prints every thread's Python stack
     # to stderr before the process dies, instead of a bare exit -11.
     faulthandler.enable(all_threads=True)

@@ -330,13 +330,14 @@ def encode_response(resp: InferResponse) -> pb.ModelInferResponse:
 MAX_STREAMS_PER_CONNECTION = 128
 
 
-def create_server(dp: DataPlane, address: str) -> tuple[grpc.aio.Server, int]:
+def create_server(dp: DataPlane, address: str, reuse_port: bool = False) -> tuple[grpc.aio.Server, int]:
+    """The gRPC server on ``address``; ``reuse_port``: one of several workers sharing the port."""
     limit = dp.size_limits.grpc
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
             # one connection cannot hold every call slot: HTTP/2 streams per connection are capped
             ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ],

@@ -16,7 +16,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.dataplane import DataPlane, Ticket
@@ -279,7 +279,7 @@ def _metadata_routes(app: FastAPI, dp: DataPlane) -> None:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(generate_latest(dp.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(await dp.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 def _infer_routes(app: FastAPI, dp: DataPlane, decoder: RestDecoder) -> None:

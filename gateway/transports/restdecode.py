@@ -18,7 +18,9 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import resource_tracker
+from typing import Any
 
+from gateway.backends.proctree import die_with_parent
 from gateway.errors import Unavailable
 from gateway.transports.codec import InputLimits, decode_rest
 from gateway.types import InferRequest
@@ -58,7 +60,9 @@ class RestDecoder:
 
     def start(self) -> None:
         if self.offload_bytes is not None and self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent
+            )
             self._pool.submit(_ready)  # start the worker now, not on the first large body
 
     def close(self, wait: bool = True) -> None:
@@ -70,7 +74,10 @@ class RestDecoder:
             if wait:
                 # multiprocessing's resource tracker (a child spawned with the pool) would otherwise
                 # outlive us by a moment as an orphan; stopping it here collects it (stdlib, 3.8+).
-                resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]  # not in typeshed
+                # A gateway worker (gateway/workers.py) shares its supervisor's tracker: not its to stop.
+                tracker: Any = resource_tracker._resource_tracker  # private: not in typeshed
+                if getattr(tracker, "_pid", None) is not None:
+                    tracker._stop()
 
     async def decode(
         self, body: bytes, header_len: int | None, model: str, version: str | None, headers: dict[str, str] | None

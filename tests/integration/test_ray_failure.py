@@ -61,11 +61,17 @@ def post(server, params, timeout=60):
         return e.code, json.loads(e.read())
 
 
-def replica_pid(server, variant: str) -> int:
-    """The worker process of this server's digits/<variant> replica (Ray runs under the server)."""
+def replica_pid(server, variant: str, wait_s: float = 30.0) -> int:
+    """The worker process of this server's digits/<variant> replica (Ray runs under the server). Serve
+    may be replacing it (a health check missed on a busy box): its successor is waited for."""
     title = f"ServeReplica:sloserve-digits-{variant}-cpu:"
-    below = psutil.Process(server.proc.pid).children(recursive=True)
-    mine = [p.pid for p in below if title in _cmdline(p)]
+    end = time.monotonic() + wait_s
+    while True:
+        below = psutil.Process(server.proc.pid).children(recursive=True)
+        mine = [p.pid for p in below if title in _cmdline(p)]
+        if len(mine) == 1 or time.monotonic() > end:
+            break
+        time.sleep(0.5)
     assert len(mine) == 1, [(p.pid, _cmdline(p)) for p in below]
     return mine[0]
 
