@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -51,9 +52,21 @@ RESTART_MAX_S = 30.0
 STABLE_S = 10.0  # a worker that lived this long restarts after RESTART_S again
 
 
+def available_cores(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity, and in a container its CPU limit (cgroup v2
+    ``cpu.max``, e.g. a Kubernetes pod's ``limits.cpu``), not the node's core count."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    return cores
+
+
 def default_workers(cores: int | None = None) -> int:
-    """Half the host's cores, at most 8; 1 on a 2-core box (the replicas and the load need the other)."""
-    cores = cores or os.cpu_count() or 1
+    """Half the cores this process may use, at most 8; 1 on 2 cores (the replicas and the load need
+    the other)."""
+    cores = cores or available_cores()
     return 1 if cores <= 2 else min(cores // 2, 8)
 
 

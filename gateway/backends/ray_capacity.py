@@ -120,13 +120,15 @@ class LeaseClient:
         apps = sorted(self._apps())
         asked = time.monotonic()
         in_force = {a: dict(g) for a, g in self.grants.items()} if self.valid() else {}
-        grants, shares, gateways = await self.actor.renew.remote(
+        ref = self.actor.renew.remote(
             self.gateway,
             {a: self._demand(a) for a in apps},
             {a: self._connected(a) for a in apps},
             in_force,
             {a: self._busy(a) for a in apps},
         )
+        # (through a future: a Ray Client ref, ray://, is awaitable only so)
+        grants, shares, gateways = await asyncio.wrap_future(ref.future())
         was_valid = self.valid()
         old, self.grants = self.grants, grants
         self.shares, self.gateways = shares, gateways
@@ -163,4 +165,4 @@ class LeaseClient:
                 await self._task
         self._valid_until = 0.0
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.actor.release.remote(self.gateway), 2.0)
+            await asyncio.wait_for(asyncio.wrap_future(self.actor.release.remote(self.gateway).future()), 2.0)
