@@ -7,6 +7,7 @@ transport a request came from is never part of the request.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from typing import Any
@@ -104,6 +105,8 @@ class ModelState:
             no_replica_wait_s=settings.no_replica_wait_s,
         )
         depth.set_function(lambda: self.batcher.queued_rows)
+        for v in self.by_accuracy:  # read at scrape time only
+            metrics.batch_slots.labels(cfg.name, v).set_function(functools.partial(backend.slots, cfg.name, v))
 
     def triton_config(self) -> dict[str, Any]:
         """The model's config in Triton's ``ModelConfig`` shape (gateway/modelinfo.py)."""

@@ -100,6 +100,13 @@ class Metrics:
             ["model", "variant", "device_type", "state"],
             registry=r,
         )
+        self.batch_slots = Gauge(
+            "sloserve_batch_slots",
+            "Batches this gateway may have in flight on (model, variant) now: running replicas x pipeline "
+            "depth, or, with several gateways on the replicas, the slots its lease holds.",
+            ["model", "variant"],
+            registry=r,
+        )
         self.replica_peak = Gauge(
             "sloserve_replica_peak_batches",
             "Most batches one replica of (model, variant) held at once, from every gateway, as the replicas "

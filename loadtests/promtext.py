@@ -42,3 +42,9 @@ def prom_sum(text: str | None, name: str, model: str | None = None, **labels: st
 def label_values(text: str | None, name: str, label: str, **labels: str) -> set[str]:
     """The values label ``label`` takes among the samples ``name`` (with these label values)."""
     return {s.labels[label] for s in samples(text, name, **labels) if label in s.labels}
+
+
+def prom_max(text: str | None, name: str, **labels: str) -> float | None:
+    """The largest value of sample ``name`` over the series with these label values (None: no series)."""
+    values = [s.value for s in samples(text, name, **labels)]
+    return max(values) if values else None

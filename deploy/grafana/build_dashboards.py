@@ -272,7 +272,7 @@ def overview() -> Board:
         description="Requests the batcher shed because they could no longer meet their deadline, or refused "
         "(queue full). Empty while nothing is shed.",
     )
-    b.panel("Rows queued by model", [(f"sloserve_queue_rows{{{M}}}", "{{model}}")], "short")
+    b.panel("Rows queued by model", [(f"sum by (model) (sloserve_queue_rows{{{M}}})", "{{model}}")], "short")
     b.panel(
         "Mean batch size", [(f"model_variant:sloserve_batch_rows:mean_1m{{{M}}}", "{{model}}/{{variant}}")], "short"
     )
@@ -374,7 +374,7 @@ def per_model() -> Board:
         "s",
     )
     b.panel("Rows computed/s", [(f"model_variant:sloserve_rows:rate1m{{{M}}}", "{{variant}}")], "short")
-    b.panel("Rows queued", [(f"sloserve_queue_rows{{{M}}}", "{{model}}")], "short")
+    b.panel("Rows queued", [(f"sum by (model) (sloserve_queue_rows{{{M}}})", "{{model}}")], "short")
     b.panel("Shed/s by reason", [(f"sum by (reason) (rate(sloserve_shed_total{{{M}}}[{RI}]))", "{{reason}}")], "reqps")
     b.panel(
         "Profile drift (observed / profiled p99)",
@@ -384,7 +384,7 @@ def per_model() -> Board:
     )
     b.panel(
         "Replicas by variant and device type",
-        [(f'sum by (variant, device_type) (sloserve_replicas{{{M},state="running"}})', "{{variant}} {{device_type}}")],
+        [(f'max by (variant, device_type) (sloserve_replicas{{{M},state="running"}})', "{{variant}} {{device_type}}")],
         "short",
     )
     return b
@@ -410,18 +410,18 @@ def autoscaler() -> Board:
     b.panel(
         "Replicas: running vs desired",
         [
-            (f'sum by (model) (sloserve_replicas{{{M},state="running"}})', "{{model}} running"),
+            (f'max by (model) (sloserve_replicas{{{M},state="running"}})', "{{model}} running"),
             (f"sum by (model) (sloserve_replicas_desired{{{M}}})", "{{model}} desired"),
         ],
         "short",
     )
     b.panel(
         "Replicas by model and device type",
-        [(f"model_device_type:sloserve_replicas_running:sum{{{M}}}", "{{model}} {{device_type}}")],
+        [(f"model_device_type:sloserve_replicas_running:max{{{M}}}", "{{model}} {{device_type}}")],
         "short",
         options={"stacking": {"mode": "normal"}},
     )
-    b.panel("Replicas by state", [(f"sum by (state) (sloserve_replicas{{{M}}})", "{{state}}")], "short")
+    b.panel("Replicas by state", [(f"max by (state) (sloserve_replicas{{{M}}})", "{{state}}")], "short")
     b.panel(
         "Scaling decisions/min",
         [
@@ -458,7 +458,7 @@ def autoscaler() -> Board:
         [
             (
                 f"sum by (model) (rate(sloserve_requests_total{{{M}}}[{RI}])) / on (model) "
-                f'sum by (model) (sloserve_replicas{{{M},state="running"}})',
+                f'max by (model) (sloserve_replicas{{{M},state="running"}})',
                 "{{model}}",
             )
         ],

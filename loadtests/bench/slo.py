@@ -28,7 +28,8 @@ once, and the best goes into the rounds.
         --out results/slo-heavy.json --plot docs/img/bench_slo_heavy.png
 
 Systems: ``sloserve-default`` (exactly what ``make run`` starts: ``sloserve serve --repo REPO``, no
-config; ``sloserve-default-inprocess`` adds ``--backend inprocess``), ``sloserve-<policy>`` (policy
+config; ``sloserve-default-inprocess`` adds ``--backend inprocess``; a ``-wN`` suffix adds ``--workers N``,
+N gateway processes sharing the ports), ``sloserve-<policy>`` (policy
 slo|timeout|fixed|aimd|nexus, in-process, the model's batching set by the bench), each pinned to
 ``--variant`` by the ``x-variant`` header, or ``sloserve-<policy>@<variant>|@any`` (``@any``: no pin,
 the policy may choose a cheaper variant); ``sloserve-shared-<policy>`` runs the model with
@@ -86,6 +87,7 @@ from loadtests.bench.systems import (
     request_body,
     split_tree,
 )
+from loadtests.promtext import prom_max
 
 
 def generator_headers(hdrs: dict[str, str], body_headers: dict[str, str] | None) -> dict:
@@ -224,6 +226,8 @@ def sweep(
                 peer_acc,
             )
         mem = tree_memory_mb(launch.pid)
+        # the most batches one replica held at once, from every gateway (at most the pipeline depth)
+        peak = prom_max(launch.scrape(), "sloserve_replica_peak_batches") if system.startswith("sloserve") else None
     finally:
         launch.stop()
     return {
@@ -234,6 +238,7 @@ def sweep(
         "max_rate_at_target": best,
         "light": light_load,
         "memory": mem,
+        "replica_peak_batches": peak,
     }
 
 

@@ -203,6 +203,10 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
             "curve": curve,
             "ready_s": statistics.median(r["ready_s"] for r in good),
             "pss_mb": statistics.median(r["memory"]["pss_mb"] for r in good),
+            # the most batches one replica held at once over every round (sloserve: at most its depth)
+            "replica_peak_batches": max(
+                (r["replica_peak_batches"] for r in good if r.get("replica_peak_batches")), default=None
+            ),
         }
     return out
 

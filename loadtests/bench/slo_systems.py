@@ -56,8 +56,10 @@ def _launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) ->
         name, _, pin = system.partition("@")
         hdrs = {"x-slo-ms": f"{args.slo_ms:g}"}
         pin = pin or args.variant
-        if name in ("sloserve-default", "sloserve-default-inprocess"):  # `make run`: no config, every default
-            launch = default_launch(repo, args.model, tmp, inprocess=name.endswith("inprocess"))
+        default = re.fullmatch(r"sloserve-default(-inprocess)?(?:-w(\d+))?", name)
+        if default:  # `make run`: no config, every default (-wN: with --workers N)
+            workers = int(default.group(2)) if default.group(2) else None
+            launch = default_launch(repo, args.model, tmp, inprocess=bool(default.group(1)), workers=workers)
         else:
             parts = name.split("-")
             backend = "ray" if "ray" in parts[1:] else "inprocess"
@@ -96,15 +98,17 @@ def _launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) ->
     return launch, {}, args.variant
 
 
-def default_launch(repo: Path, model: str, tmp: Path, inprocess: bool = False) -> Launch:
+def default_launch(repo: Path, model: str, tmp: Path, inprocess: bool = False, workers: int | None = None) -> Launch:
     """``sloserve serve --repo REPO`` on free ports: the Makefile's ``make run`` line, nothing else set
-    (``inprocess``: with ``--backend inprocess``, replicas in the gateway's process)."""
+    (``inprocess``: with ``--backend inprocess``, replicas in the gateway's process; ``workers``: with
+    ``--workers N``, N gateway processes sharing the ports)."""
     from loadtests.bench.systems import _with_tmp, free_ports
 
     http, grpc = free_ports(2)
     exe = Path(sys.executable).with_name("sloserve")
     argv = [str(exe), "serve", "--repo", str(repo), "--http-port", str(http), "--grpc-port", str(grpc)]
     argv += ["--backend", "inprocess"] if inprocess else []
+    argv += ["--workers", str(workers)] if workers else []
     return _with_tmp(
         Launch(
             "sloserve-default",

@@ -170,6 +170,8 @@ def test_ray_workers_share_the_replicas_slots_by_lease(digits_repo):
         peaks = by_worker(text, "sloserve_replica_peak_batches", model="digits", variant="small")
         assert peaks and max(peaks.values()) <= 2, f"a replica held more than its depth: {peaks}"
         assert max(peaks.values()) >= 1
+        held = by_worker(text, "sloserve_batch_slots", model="digits", variant="small")
+        assert set(held) == {"0", "1"} and sum(held.values()) <= 2, f"the leases add up past the slots: {held}"
 
         outcomes, _ = kill_one_mid_load(s)
         assert "timeout" not in outcomes, f"requests lost silently: {outcomes}"
