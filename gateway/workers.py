@@ -190,12 +190,17 @@ class Supervisor:
         self.procs[index] = p
         self._started_at[index] = time.monotonic()
 
-    def watch(self) -> None:
-        """Start again any worker that died (with a back-off while it keeps dying young)."""
+    def watch(self) -> int | None:
+        """Start again any worker that died (with a back-off while it keeps dying young). A worker that
+        exits with 2 (a bad setting or model: every start would fail the same way) ends the service:
+        returns 2."""
         now = time.monotonic()
         for i, p in list(self.procs.items()):
             if p.is_alive() or self.stopping:
                 continue
+            if p.exitcode == 2:
+                print(f"sloserve: worker {i} could not start (see above); stopping the service", file=sys.stderr)
+                return 2
             if i not in self._due:
                 lived = now - self._started_at[i]
                 backoff = (
@@ -211,6 +216,7 @@ class Supervisor:
             elif now >= self._due[i]:
                 del self._due[i]
                 self.spawn(i)
+        return None
 
     def stop_workers(self, grace_s: float) -> None:
         """SIGTERM: the attached workers first, then worker 0 (it deployed); any still there after
@@ -270,12 +276,13 @@ def run_workers(settings: Settings, count: int) -> int:
         )
         for i in range(count):
             sup.spawn(i)
-        while not stop["now"]:
+        code = None
+        while not stop["now"] and code is None:
             time.sleep(0.2)
-            sup.watch()
+            code = sup.watch()
         print("sloserve: stopping the workers", flush=True)
         sup.stop_workers(settings.shutdown_grace_s)
-        return 0
+        return code or 0
     finally:
         sup.stopping = True
         if any(p.is_alive() for p in sup.procs.values()):

@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(_drive(args, launch.infer_url, launch.metrics_url or "", body, victim))
     finally:
         launch.stop()
-    result["command"] = "python -m loadtests.bench.gateway_kill " + " ".join(argv or [])
+    result["command"] = " ".join(["python -m loadtests.bench.gateway_kill", *(sys.argv[1:] if argv is None else argv)])
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

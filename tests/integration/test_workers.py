@@ -186,3 +186,16 @@ def test_ray_workers_share_the_replicas_slots_by_lease(digits_repo):
     finally:
         if s.proc.poll() is None:
             stop_cleanly(s)
+
+
+def test_a_worker_that_cannot_start_stops_the_service(digits_repo):
+    """A broken model fails every worker the same way: the service exits 2 saying why, instead of
+    restarting its workers forever."""
+    (digits_repo / "digits" / "config.json").write_text("{not json")
+    s = ServerProcess(digits_repo, "inprocess", ["--workers", "2"])
+    try:
+        assert s.proc.wait(120) == 2
+        assert "could not start" in s.output() and "digits" in s.output()
+    finally:
+        if s.proc.poll() is None:
+            s.kill()
