@@ -122,8 +122,12 @@ class Batcher:
         on_event: EventHook | None = None,
         late_grace_s: float | None = None,
         no_replica_wait_s: float = 2.0,
+        uniform_inputs: bool = False,
     ):
         self.model = model
+        # every request's tensors have the same per-row shapes (no variable dimension): any requests
+        # share a batch, and the per-batch shape check is skipped
+        self.uniform_inputs = uniform_inputs
         self.policy = policy
         self.runner = runner
         self.variants = list(variants)
@@ -249,29 +253,35 @@ class Batcher:
         return await fut
 
     # ---- the loop -------------------------------------------------------------------------
-    def _idle(self) -> dict[str, int]:
+    def _slots(self) -> dict[str, int]:
+        """The runner's slots per variant, read once per pass of the loop."""
+        return {v: self.runner.slots(self.model, v) for v in self.variants}
+
+    def _idle(self, slots: dict[str, int] | None = None) -> dict[str, int]:
         """Free slots per variant; a shared model's are one set, so a batch of any variant takes one from all."""
+        slots = self._slots() if slots is None else slots
         if self._shared:
             busy = sum(self._busy.values())
-            return {v: self.runner.slots(self.model, v) - busy for v in self.variants}
-        return {v: self.runner.slots(self.model, v) - self._busy[v] for v in self.variants}
+            return {v: n - busy for v, n in slots.items()}
+        return {v: n - self._busy[v] for v, n in slots.items()}
 
-    def _view(self) -> QueueView:
+    def _view(self, slots: dict[str, int] | None = None) -> QueueView:
         return QueueView(
-            self.model, self._items, self._idle(), self.max_batch_size, depth=self._depth, shared=self._shared
+            self.model, self._items, self._idle(slots), self.max_batch_size, depth=self._depth, shared=self._shared
         )
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closed:
             self._wake.clear()
-            if self._items and self._fail_starved(loop):
+            slots = self._slots() if self._items else {}
+            if self._items and self._fail_starved(loop, slots):
                 continue
-            if self._items and self._should_plan():
+            if self._items and self._should_plan(slots):
                 self._freed = False
                 now = self.clock.now()
                 try:
-                    decision = self.policy.plan(self._view(), now)
+                    decision = self.policy.plan(self._view(slots), now)
                 except Exception:  # a policy bug must not take the model down silently
                     log.exception("batching policy %s failed; dispatching FIFO", self.policy.name)
                     decision = Dispatch((self._items[0].id,), self._fallback_variant(), "policy_error")
@@ -288,12 +298,13 @@ class Batcher:
             await self._wake.wait()
 
     # ---- variants without a replica ------------------------------------------------------------
-    def _starved(self, now: float) -> set[str]:
+    def _starved(self, now: float, slots: dict[str, int] | None = None) -> set[str]:
         """Variants that have had no replica (no slot at all) for ``no_replica_wait_s``: Ray lost, or
         every replica of the variant gone and none back yet."""
+        slots = self._slots() if slots is None else slots
         gone: set[str] = set()
         for v in self.variants:
-            if self.runner.slots(self.model, v) > 0:
+            if slots[v] > 0:
                 self._no_slots_since.pop(v, None)
             elif now - self._no_slots_since.setdefault(v, now) >= self.no_replica_wait_s:
                 gone.add(v)
@@ -306,11 +317,13 @@ class Batcher:
             retry_after_s=self.no_replica_wait_s,
         )
 
-    def _fail_starved(self, loop) -> bool:
+    def _fail_starved(self, loop, slots: dict[str, int]) -> bool:
         """Fail the queued requests that no replica can take (every variant they allow starved); arm a
         wake-up for when a variant without replicas now would starve. True when any failed."""
+        if self._starve_timer is None and not self._no_slots_since and all(slots.values()):
+            return False  # every variant has a slot, and none was without: the common case, at no cost
         now = self.clock.now()
-        gone = self._starved(now)
+        gone = self._starved(now, slots)
         if self._starve_timer is not None:
             self._starve_timer.cancel()
             self._starve_timer = None
@@ -328,7 +341,7 @@ class Batcher:
                 e.future.set_exception(self._no_replica_error(e.item.variants or tuple(self.variants)))
         return True
 
-    def _should_plan(self) -> bool:
+    def _should_plan(self, slots: dict[str, int] | None = None) -> bool:
         """Plan when something can be dispatched or a decision is due: a replica is idle or just
         finished, or the policy's Wait has come. An arrival while every replica is busy only joins
         the queue (admission already judged it), which keeps decision cost off the saturated path."""
@@ -336,7 +349,7 @@ class Batcher:
             return True
         if self._due_s is not None and self.clock.now() >= self._due_s:
             return True
-        return any(n > 0 for n in self._idle().values())
+        return any(n > 0 for n in self._idle(slots).values())
 
     def _arm(self, loop, until_s: float | None, now: float) -> None:
         if self._timer is not None:
@@ -410,7 +423,7 @@ class Batcher:
         batch (a model with a variable dimension, asked at different sizes) run as consecutive
         batches on the same slot, so one request's shape never fails another's."""
         try:
-            for group in _compatible_groups(entries):
+            for group in [entries] if self.uniform_inputs else _compatible_groups(entries):
                 await self._run_group(group, d, started if group is entries else self.clock.now())
         finally:
             self._busy[d.variant] -= 1

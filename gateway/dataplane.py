@@ -103,6 +103,8 @@ class ModelState:
             on_event=on_event,
             late_grace_s=settings.late_grace_s,
             no_replica_wait_s=settings.no_replica_wait_s,
+            # validation fixes every non-batch dimension and the datatype: batches need no shape check
+            uniform_inputs=all(-1 not in t.shape for t in cfg.inputs),
         )
         depth.set_function(lambda: self.batcher.queued_rows)
         for v in self.by_accuracy:  # read at scrape time only
@@ -487,7 +489,7 @@ class DataPlane:
         done = self.clock.now()
         latency = done - arrival
         self.metrics.observe_request(m.config.name, out.variant, "ok", latency, done <= target)
-        m.stats.success(latency, out.queue_s, out.compute_s, rows, int(time.time() * 1e3))
+        m.stats.success(latency, out.queue_s, out.compute_s, rows, time.time())
         outputs = out.outputs
         if req.outputs is not None:
             outputs = {o.name: outputs[o.name] for o in req.outputs}

@@ -9,7 +9,7 @@ a batch counts the whole batch, as Triton counts it). Input and output conversio
 apart from inference: ``compute_input`` and ``compute_output`` stay at zero.
 
 >>> s = ModelStats()
->>> s.success(0.004, 0.001, 0.002, rows=3, now_ms=1000)
+>>> s.success(0.004, 0.001, 0.002, rows=3, now_s=1.0)
 >>> s.batch(3, 0.002)
 >>> st = s.triton("digits", "1")
 >>> st["inference_count"], st["execution_count"], st["inference_stats"]["success"]
@@ -88,23 +88,28 @@ class _Duration:
 
 
 class ModelStats:
-    """One loaded model's counters since it was loaded (a reload starts them again, as in Triton)."""
+    """One loaded model's counters since it was loaded (a reload starts them again, as in Triton).
+    A request's success is a few float additions on the hot path; Triton's integer nanoseconds are
+    made when the statistics are read."""
 
-    __slots__ = ("_batches", "_compute", "_fail", "_queue", "_success", "executions", "inferences", "last_ms")
+    __slots__ = ("_batches", "_compute_s", "_fail", "_ok", "_ok_s", "_queue_s", "executions", "inferences", "last_s")
 
     def __init__(self) -> None:
-        self._success, self._fail, self._queue, self._compute = _Duration(), _Duration(), _Duration(), _Duration()
+        self._fail = _Duration()
+        self._ok = 0  # requests answered
+        self._ok_s = self._queue_s = self._compute_s = 0.0
         self._batches: dict[int, _Duration] = {}
         self.inferences = 0  # rows answered
         self.executions = 0  # batches run
-        self.last_ms = 0  # wall-clock ms of the last answer
+        self.last_s = 0.0  # wall-clock time of the last answer
 
-    def success(self, latency_s: float, queue_s: float, compute_s: float, rows: int, now_ms: int) -> None:
-        self._success.add(latency_s)
-        self._queue.add(queue_s)
-        self._compute.add(compute_s)
+    def success(self, latency_s: float, queue_s: float, compute_s: float, rows: int, now_s: float) -> None:
+        self._ok += 1
+        self._ok_s += latency_s
+        self._queue_s += queue_s
+        self._compute_s += compute_s
         self.inferences += rows
-        self.last_ms = now_ms
+        self.last_s = now_s
 
     def fail(self, latency_s: float) -> None:
         self._fail.add(latency_s)
@@ -122,15 +127,15 @@ class ModelStats:
         return {
             "name": name,
             "version": version,
-            "last_inference": self.last_ms,
+            "last_inference": int(self.last_s * 1e3),
             "inference_count": self.inferences,
             "execution_count": self.executions,
             "inference_stats": {
-                "success": self._success.as_dict(),
+                "success": {"count": self._ok, "ns": int(self._ok_s * 1e9)},
                 "fail": self._fail.as_dict(),
-                "queue": self._queue.as_dict(),
+                "queue": {"count": self._ok, "ns": int(self._queue_s * 1e9)},
                 "compute_input": dict(zero),
-                "compute_infer": self._compute.as_dict(),
+                "compute_infer": {"count": self._ok, "ns": int(self._compute_s * 1e9)},
                 "compute_output": dict(zero),
                 "cache_hit": dict(zero),
                 "cache_miss": dict(zero),

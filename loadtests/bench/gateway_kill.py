@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import httpx
 import psutil
 
 from loadtests.bench.slo_systems import default_launch
@@ -48,31 +48,31 @@ async def _drive(args: argparse.Namespace, url: str, metrics_url: str, body: byt
     start = time.monotonic()
     end = start + args.seconds
     killed_at: list[float] = []
-    timeout = aiohttp.ClientTimeout(total=args.timeout)
     headers = {"content-type": "application/json", "x-variant": args.variant}
+    # no keep-alive: every request on a new connection, which the kernel gives to either worker
+    limits = httpx.Limits(max_keepalive_connections=0)
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), timeout=timeout) as s:
+    async with httpx.AsyncClient(limits=limits, timeout=args.timeout) as s:
 
         async def client() -> None:
             while time.monotonic() < end:
                 t0 = time.monotonic()
                 try:
-                    async with s.post(url, data=body, headers=headers) as r:
-                        await r.read()
-                        outcomes[r.status] += 1
-                        if r.status == 200:
-                            latencies.append(time.monotonic() - t0)
-                except TimeoutError:
+                    r = await s.post(url, content=body, headers=headers)
+                    outcomes[r.status_code] += 1
+                    if r.status_code == 200:
+                        latencies.append(time.monotonic() - t0)
+                except httpx.TimeoutException:
                     outcomes["lost (no answer)"] += 1
-                except aiohttp.ClientError as e:
+                except httpx.TransportError as e:
                     outcomes[f"error: {type(e).__name__}"] += 1
 
         async def watch() -> None:
             while time.monotonic() < end + 3.0:
                 try:
-                    async with s.get(metrics_url) as r:
-                        slots.append((time.monotonic() - start, _slots(await r.text(), args.model, args.variant)))
-                except (aiohttp.ClientError, TimeoutError):
+                    r = await s.get(metrics_url)
+                    slots.append((time.monotonic() - start, _slots(r.text, args.model, args.variant)))
+                except httpx.HTTPError:
                     pass
                 await asyncio.sleep(0.1)
 
@@ -95,6 +95,8 @@ async def _drive(args: argparse.Namespace, url: str, metrics_url: str, body: byt
         "worker0_slots_before": held_before,
         "all_slots": total,
         "worker0_holds_all_after_s": None if back is None else round(back, 2),
+        # each change of the workers' slots, seconds from the start
+        "slots_timeline": [(round(t, 2), w) for i, (t, w) in enumerate(slots) if i == 0 or w != slots[i - 1][1]],
     }
 
 

@@ -47,7 +47,7 @@ def test_the_config_is_tritons_model_config():
 
 def test_the_statistics_are_tritons_model_statistics():
     s = ModelStats()
-    s.success(0.003, 0.001, 0.0015, rows=2, now_ms=5)
+    s.success(0.003, 0.001, 0.0015, rows=2, now_s=0.005)
     s.fail(0.0005)
     s.batch(2, 0.0015)
     msg = json_format.ParseDict({"model_stats": [s.triton("digits", "1")]}, pb.ModelStatisticsResponse())
