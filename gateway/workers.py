@@ -152,20 +152,10 @@ class Supervisor:
         serve.start(proxy_location="Disabled")  # once, here: workers starting it together would race
 
     def stop_ray(self) -> None:
-        if not self.started_ray:
-            return
-        import ray
-        from ray import serve
+        if self.started_ray:
+            from gateway.backends.ray_local import shutdown_ray
 
-        from gateway.backends.proctree import reap
-
-        ours = set(psutil.Process().children(recursive=True))
-        try:
-            with contextlib.suppress(Exception):
-                serve.shutdown()
-        finally:
-            ray.shutdown()
-            reap(ours)
+            shutdown_ray([], started=True)
 
     # ---- workers ----------------------------------------------------------------------------
     def worker_settings(self, index: int) -> Settings:

@@ -22,16 +22,20 @@ from typing import Any
 
 import grpc
 import numpy as np
-import psutil
 
 from batching.batcher import RunResult
 from batching.profile import ProfileTable
 from gateway.backends.base import BackendBase, ModelLoadError
-from gateway.backends.proctree import reap
-from gateway.backends.ray_capacity import LeaseClient, capacity_actor
+from gateway.backends.ray_capacity import LeaseClient, leases_wanted, start_leases
 from gateway.backends.ray_channels import ReplicaChannels, read_endpoints
-from gateway.backends.ray_local import init_ray
-from gateway.backends.ray_serve import deploy_failure, read_serve_details, replica_states, swayam_autoscaling
+from gateway.backends.ray_local import init_ray, shutdown_ray
+from gateway.backends.ray_serve import (
+    deploy_failure,
+    deployment_handle,
+    read_serve_details,
+    replica_states,
+    swayam_autoscaling,
+)
 from gateway.config import Settings
 from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
 from gateway.rates import RateMeter, gateway_id
@@ -227,18 +231,8 @@ class RayServeBackend(BackendBase):
         return out
 
     def _deployment_handle(self, dep: str, app: str) -> Any:
-        """The handle of ``app``'s deployment; a gateway that attaches (``ray_deploy`` false) waits,
-        up to ``model_load_timeout_s``, for the gateway that deploys to have created it."""
-        from ray import serve
-
-        end = time.monotonic() + self.settings.model_load_timeout_s
-        while True:
-            try:
-                return serve.get_deployment_handle(dep, app_name=app)
-            except KeyError:
-                if self.settings.ray_deploy or self._cancel_deploy or time.monotonic() > end:
-                    raise
-                time.sleep(0.5)
+        wait_s = 0.0 if self.settings.ray_deploy else self.settings.model_load_timeout_s
+        return deployment_handle(dep, app, wait_s, lambda: self._cancel_deploy)
 
     def _install(self, deployed: list[tuple[tuple[str, str], str, Any]]) -> None:
         for key, app, handle in deployed:
@@ -334,31 +328,19 @@ class RayServeBackend(BackendBase):
         self._poller = loop.create_task(self._poll_replicas())
 
     def uses_leases(self) -> bool:
-        """Whether other gateways may share these replicas (``capacity_leases``; auto: with several
-        workers on this host, or on a cluster the gateway joined). Only the direct transport routes
-        batches to replicas itself; through a handle, Serve's router does."""
-        mode = self.settings.capacity_leases
-        if mode == "auto":
-            return self.direct and ((self.settings.workers or 1) > 1 or self.settings.ray_address is not None)
-        return mode == "on" and self.direct
+        return leases_wanted(self.settings, self.direct)
 
     async def _start_leases(self) -> None:
-        """Find (or create) the cluster's capacity actor and take a first lease before serving."""
-        loop = asyncio.get_running_loop()
-        actor = await loop.run_in_executor(None, capacity_actor, self.settings.pipeline_depth)
+        """Take a first lease on the replicas' slots before serving, and keep renewing it."""
         channels = self._direct_channels()
-        self.leases = LeaseClient(
+        self.leases = await start_leases(
             self.gateway_id,
-            actor,
+            self.settings.pipeline_depth,
+            channels,
             apps=lambda: set(self.applications().values()),
             demand=self._app_demand,
-            connected=channels.connected,
-            busy=channels.busy,
             changed=self._capacity_changed,
         )
-        channels.lease = self.leases.lease
-        await self.leases.renew()
-        self.leases.start()
 
     def _app_demand(self, app: str) -> float:
         """This gateway's rows/s for ``app`` (what its stamps tell the autoscaler)."""
@@ -491,24 +473,8 @@ class RayServeBackend(BackendBase):
                 await self._deploying
 
     def _shutdown(self) -> None:
-        import ray
-        from ray import serve
-
-        if not ray.is_initialized():
-            return
-        ours = set(psutil.Process().children(recursive=True)) if self._started_ray else set()
-        try:
-            if self.settings.ray_deploy:
-                for app in dict.fromkeys(self._apps.values()):
-                    serve.delete(app, _blocking=False)
-            if self._started_ray:
-                serve.shutdown()
-        finally:
-            # Joined to a cluster, the driver still disconnects here (the process ends with os._exit,
-            # which skips Ray's own exit hook); only our embedded Ray's processes are reaped.
-            ray.shutdown()
-            if self._started_ray:
-                reap(ours)
+        apps = list(dict.fromkeys(self._apps.values())) if self.settings.ray_deploy else []
+        shutdown_ray(apps, started=self._started_ray)
 
     def ready(self) -> bool:
         """Deployed, and the Serve controller answered within the last few seconds."""

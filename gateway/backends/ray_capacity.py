@@ -21,9 +21,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoscaler.leases import Grants, LeaseBook
+from gateway.config import Settings
+
+if TYPE_CHECKING:
+    from gateway.backends.ray_channels import ReplicaChannels
 
 log = logging.getLogger("sloserve.ray")
 ACTOR_NAME = "sloserve-capacity"
@@ -166,3 +170,33 @@ class LeaseClient:
         self._valid_until = 0.0
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.wrap_future(self.actor.release.remote(self.gateway).future()), 2.0)
+
+
+def leases_wanted(settings: Settings, direct: bool) -> bool:
+    """Whether other gateways may share the replicas (``capacity_leases``; auto: with several workers
+    on this host, or on a cluster the gateway joined). Only the direct transport routes batches to
+    replicas itself; through a handle, Serve's router does."""
+    mode = settings.capacity_leases
+    if mode == "auto":
+        return direct and ((settings.workers or 1) > 1 or settings.ray_address is not None)
+    return mode == "on" and direct
+
+
+async def start_leases(
+    gateway: str,
+    depth: int,
+    channels: ReplicaChannels,
+    apps: Callable[[], set[str]],
+    demand: Callable[[str], float],
+    changed: Callable[[str], None],
+) -> LeaseClient:
+    """Find (or create) the cluster's capacity actor, route ``channels`` by the lease, take a first
+    lease and keep renewing it."""
+    actor = await asyncio.get_running_loop().run_in_executor(None, capacity_actor, depth)
+    client = LeaseClient(
+        gateway, actor, apps=apps, demand=demand, connected=channels.connected, busy=channels.busy, changed=changed
+    )
+    channels.lease = client.lease
+    await client.renew()
+    client.start()
+    return client

@@ -136,3 +136,25 @@ def _init_ray_now(ray: Any, s: Settings) -> bool:
         flush=True,
     )
     return True
+
+
+def shutdown_ray(delete_apps: list[str], started: bool) -> None:
+    """Leave Ray: delete ``delete_apps`` (the Serve applications this process deployed), and when it
+    ``started`` the embedded Ray, shut Serve and Ray down and reap every process they left. Joined to
+    a cluster, the driver still disconnects here (the process ends with os._exit, which skips Ray's
+    own exit hook)."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    ours = set(psutil.Process().children(recursive=True)) if started else set()
+    try:
+        for app in delete_apps:
+            serve.delete(app, _blocking=False)
+        if started:
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+        if started:
+            reap(ours)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from batching.profile import ProfileTable
@@ -89,3 +91,19 @@ def deploy_failure(details: dict[str, Any] | None, app: str) -> str | None:
     msgs = [str(d.get("message") or "") for d in (st.get("deployments") or {}).values()]
     why = next((m for m in msgs if m), str(st.get("message") or "no message"))
     return f"Ray Serve could not start application {app}: {why[-600:]}"
+
+
+def deployment_handle(dep: str, app: str, wait_s: float, cancelled: Callable[[], bool]) -> Any:
+    """The handle of ``app``'s deployment ``dep``. A gateway that attaches to applications another
+    deploys (``ray_deploy`` false: an attached worker, a gateway pod) waits up to ``wait_s`` for them
+    to be created (blocking: call it from a thread)."""
+    from ray import serve
+
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            return serve.get_deployment_handle(dep, app_name=app)
+        except KeyError:
+            if cancelled() or time.monotonic() > end:
+                raise
+            time.sleep(0.5)
