@@ -1,4 +1,5 @@
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -12,10 +13,32 @@ ROOT = Path(__file__).resolve().parents[1]
 REPO = Path(os.environ.get("SLOSERVE_TEST_REPO", ROOT / "model_repository"))
 
 
+_PORTS = random.Random(os.getpid())
+
+
 def free_port() -> int:
+    """A free port below the kernel's ephemeral range (and above Ray's worker ports, 10002-19999):
+    a port the kernel handed out with bind(0) could be handed again to a process that binds 0 (Ray's
+    GCS and agents do) between this check and the server's own bind."""
+    lo = _ephemeral_low()
+    for _ in range(200):
+        port = _PORTS.randrange(20000, lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return max(int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]), 20001)
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 @pytest.fixture(scope="session")

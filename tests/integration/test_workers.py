@@ -71,6 +71,16 @@ def load(server, seconds: float, threads: int = 6) -> collections.Counter:
     return out
 
 
+def all_serving(server, n: int = 2, timeout_s: float = 180.0):
+    """Until every worker has joined the ports (each says so once its models are loaded): the
+    service is ready with its first worker, the others may still be loading."""
+    end = time.monotonic() + timeout_s
+    while server.output(None).count("sloserve serving HTTP") < n:
+        assert time.monotonic() < end, server.output()
+        time.sleep(0.2)
+    return server
+
+
 def workers(server) -> list[psutil.Process]:
     kids = psutil.Process(server.proc.pid).children()
     return [p for p in kids if "spawn_main" in " ".join(p.cmdline())]
@@ -117,7 +127,7 @@ def digits_repo(model_repo, tmp_path):
 
 
 def test_two_workers_share_the_ports_survive_a_kill_and_stop_as_one(digits_repo):
-    s = ServerProcess(digits_repo, "inprocess", ["--workers", "2"]).wait_ready()
+    s = all_serving(ServerProcess(digits_repo, "inprocess", ["--workers", "2"]).wait_ready())
     try:
         assert len(workers(s)) == 2
         assert all(infer(s) == 200 for _ in range(60))
@@ -143,6 +153,7 @@ def test_two_workers_share_the_ports_survive_a_kill_and_stop_as_one(digits_repo)
         assert "exited with -9; starting it again" in s.output()
         # the successor joins the port once it can serve: from here on every request is answered
         again = load(s, 3.0)
+        all_serving(s, 3)
         assert set(again) == {200}, again
         served = by_worker(scrape(s), "sloserve_requests_total", model="digits", outcome="ok")
         assert set(served) == {"0", "1"}, served
@@ -160,7 +171,7 @@ def test_ray_workers_share_the_replicas_slots_by_lease(digits_repo):
     share goes back to the other."""
     cfg = digits_repo / "w.json"
     cfg.write_text(json.dumps({"pipeline_depth": 2, "instances": 1}))
-    s = ServerProcess(digits_repo, "ray", ["--workers", "2", "--config", str(cfg)]).wait_ready()
+    s = all_serving(ServerProcess(digits_repo, "ray", ["--workers", "2", "--config", str(cfg)]).wait_ready())
     try:
         outcomes = load(s, 4.0, threads=12)
         assert set(outcomes) == {200}, outcomes
@@ -177,6 +188,7 @@ def test_ray_workers_share_the_replicas_slots_by_lease(digits_repo):
         assert "timeout" not in outcomes, f"requests lost silently: {outcomes}"
         assert outcomes[200] > 100, outcomes
         again = load(s, 3.0, threads=12)
+        all_serving(s, 3)
         assert set(again) == {200}, again
         peaks = by_worker(scrape(s), "sloserve_replica_peak_batches", model="digits", variant="small")
         assert max(peaks.values()) <= 2, peaks
