@@ -147,8 +147,6 @@ class Batcher:
         self._shared = runner.shared(model) and len(self.variants) > 1  # one set of replicas for every variant
         self._entries: dict[int, _Entry] = {}
         self._items: list[QueuedItem] = []
-        # queued requests by the variants they allow (() = any): an idle slot matters only if one of them can use it
-        self._allowing: dict[tuple[str, ...], int] = {}
         self._rows = 0
         self._busy: dict[str, int] = {v: 0 for v in variants}
         self._ids = itertools.count()
@@ -193,7 +191,6 @@ class Batcher:
                 e.future.set_exception(Unavailable(self._closing_why, retry_after_s=1.0))
         self._entries.clear()
         self._items.clear()
-        self._allowing.clear()
 
     @property
     def queued_rows(self) -> int:
@@ -251,8 +248,6 @@ class Batcher:
         fut = asyncio.get_running_loop().create_future()
         self._entries[item.id] = _Entry(item, inputs, fut, now, on_shed)
         self._items.append(item)
-        key = item.variants or ()
-        self._allowing[key] = self._allowing.get(key, 0) + 1
         self._rows += rows
         self._wake.set()
         return await fut
@@ -347,16 +342,15 @@ class Batcher:
         return True
 
     def _should_plan(self, slots: dict[str, int] | None = None) -> bool:
-        """Plan when something can be dispatched or a decision is due: a replica that some queued
-        request may use is idle, one just finished, or the policy's Wait has come. An arrival while
-        every replica it may use is busy only joins the queue (admission already judged it), which
-        keeps decision cost off the saturated path."""
+        """Plan when something can be dispatched or a decision is due: a replica is idle or just
+        finished, or the policy's Wait has come. An arrival while every replica is busy only joins
+        the queue (admission already judged it), which keeps decision cost off the saturated path.
+        (An idle replica of another variant still plans: the policy may shed queued requests then.)"""
         if self._freed:
             return True
         if self._due_s is not None and self.clock.now() >= self._due_s:
             return True
-        idle = self._idle(slots)
-        return any(idle.get(v, 0) > 0 for allowed in self._allowing for v in allowed or idle)
+        return any(n > 0 for n in self._idle(slots).values())
 
     def _arm(self, loop, until_s: float | None, now: float) -> None:
         if self._timer is not None:
@@ -383,12 +377,6 @@ class Batcher:
             e = self._entries.pop(i, None)
             if e is not None:
                 self._rows -= e.item.size
-                key = e.item.variants or ()
-                left = self._allowing.get(key, 0) - 1
-                if left > 0:
-                    self._allowing[key] = left
-                else:
-                    self._allowing.pop(key, None)
                 out.append(e)
         return out
 
