@@ -79,10 +79,9 @@ def _reserve_port(host: str, port: int) -> tuple[int, socket.socket | None]:
     connection) until the service stops, so no other program takes it between two worker starts."""
     if port != 0:
         return port, None
-    family, kind, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(addr)
+    from gateway.server import reuse_port_socket
+
+    sock = reuse_port_socket(host, 0)
     return sock.getsockname()[1], sock
 
 

@@ -12,6 +12,7 @@ supervised as one service (gateway/workers.py), driven by tritonclient and plain
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -112,6 +113,19 @@ def kill_one_mid_load(server) -> tuple[collections.Counter, int]:
     raise AssertionError(f"the killed worker was not started again:\n{server.output()}")
 
 
+@contextlib.contextmanager
+def serving(server):
+    """The server for a test: its log printed if the test fails, stopped cleanly (nothing left) after."""
+    try:
+        yield server
+    except BaseException:
+        print(server.output())
+        raise
+    finally:
+        if server.proc.poll() is None:
+            stop_cleanly(server)
+
+
 def stop_cleanly(server) -> None:
     below = psutil.Process(server.proc.pid).children(recursive=True)
     assert server.stop() == 0, getattr(server, "last_words", "")
@@ -128,7 +142,7 @@ def digits_repo(model_repo, tmp_path):
 
 def test_two_workers_share_the_ports_survive_a_kill_and_stop_as_one(digits_repo):
     s = all_serving(ServerProcess(digits_repo, "inprocess", ["--workers", "2"]).wait_ready())
-    try:
+    with serving(s):
         assert len(workers(s)) == 2
         assert all(infer(s) == 200 for _ in range(60))
         text = scrape(s)
@@ -157,12 +171,6 @@ def test_two_workers_share_the_ports_survive_a_kill_and_stop_as_one(digits_repo)
         assert set(again) == {200}, again
         served = by_worker(scrape(s), "sloserve_requests_total", model="digits", outcome="ok")
         assert set(served) == {"0", "1"}, served
-    except BaseException:
-        print(s.output())
-        raise
-    finally:
-        if s.proc.poll() is None:
-            stop_cleanly(s)
 
 
 def test_ray_workers_share_the_replicas_slots_by_lease(digits_repo):
@@ -172,7 +180,7 @@ def test_ray_workers_share_the_replicas_slots_by_lease(digits_repo):
     cfg = digits_repo / "w.json"
     cfg.write_text(json.dumps({"pipeline_depth": 2, "instances": 1}))
     s = all_serving(ServerProcess(digits_repo, "ray", ["--workers", "2", "--config", str(cfg)]).wait_ready())
-    try:
+    with serving(s):
         outcomes = load(s, 4.0, threads=12)
         assert set(outcomes) == {200}, outcomes
         time.sleep(1.5)  # the peak is reported with the replica counts, once a second
@@ -192,12 +200,6 @@ def test_ray_workers_share_the_replicas_slots_by_lease(digits_repo):
         assert set(again) == {200}, again
         peaks = by_worker(scrape(s), "sloserve_replica_peak_batches", model="digits", variant="small")
         assert max(peaks.values()) <= 2, peaks
-    except BaseException:
-        print(s.output())
-        raise
-    finally:
-        if s.proc.poll() is None:
-            stop_cleanly(s)
 
 
 def test_a_worker_that_cannot_start_stops_the_service(digits_repo):
