@@ -228,7 +228,8 @@ class Batcher:
             )
         now = self.clock.now()
         allowed = variants or self.variants
-        if not any(self.runner.slots(self.model, v) > 0 for v in allowed):  # (the common case skips this)
+        slots = self.runner.slots  # (one call in the common case: the first allowed variant has a slot)
+        if slots(self.model, allowed[0]) <= 0 and not any(slots(self.model, v) > 0 for v in allowed[1:]):
             gone = self._starved(now)
             if all(v in gone for v in allowed):
                 raise self._no_replica_error(tuple(allowed))

@@ -174,6 +174,20 @@ class Metrics:
             ["trigger"],
             registry=r,
         )
+        self.training_reclaim = Histogram(
+            "sloserve_training_reclaim_seconds",
+            "From the placement decision to preempt a training job until its GPUs are free for a replica.",
+            ["device_type"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10),
+            registry=r,
+        )
+        self.training_jct = Histogram(
+            "sloserve_training_job_completion_seconds",
+            "Training job completion time: from submission until it finished, preemptions and waits included.",
+            ["device_type"],
+            buckets=(60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400, 259200),
+            registry=r,
+        )
         self.preemptions = Counter(
             "sloserve_preemptions",
             "Training jobs preempted for inference, by device type and reason.",

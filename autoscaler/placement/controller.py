@@ -33,7 +33,7 @@ import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from autoscaler.placement.metrics import gpu_usage
 from autoscaler.placement.policy import get_policy
@@ -93,37 +93,39 @@ class _Job:
     started_s: float | None = None
     seen_at: float | None = None
     submitted_s: float = 0.0  # when the controller first saw it: the queue's submit order
+    completed: bool = False  # its completion time is recorded
 
 
 class HarvestJobs:
     """The job API the REST router serves in harvest mode: a submitted job is queued and the
     controller places it; a job preempted by hand stays held until resumed by hand."""
 
-    def __init__(self, manager: TrainingManager, on_change=None):
+    def __init__(self, manager: TrainingManager, on_change=None, annotate=None):
         self.m, self._on_change = manager, on_change or (lambda: None)
+        self._annotate = annotate or (lambda info: info)
         self.held: set[str] = set()
 
     def submit(self, spec: TrainingSpec) -> JobInfo:
         info = self.m.submit(spec, start=False)
         self._on_change()
-        return info
+        return self._annotate(info)
 
     def list(self) -> list[JobInfo]:
-        return self.m.list()
+        return [self._annotate(i) for i in self.m.list()]
 
     def get(self, job_id: str) -> JobInfo:
-        return self.m.get(job_id)
+        return self._annotate(self.m.get(job_id))
 
     def preempt(self, job_id: str) -> JobInfo:
         self.held.add(job_id)
-        return self.m.preempt(job_id)
+        return self._annotate(self.m.preempt(job_id))
 
     def start(self, job_id: str) -> JobInfo:
         self.held.discard(job_id)
-        return self.m.start(job_id)
+        return self._annotate(self.m.start(job_id))
 
     def cancel(self, job_id: str) -> JobInfo:
-        return self.m.cancel(job_id)
+        return self._annotate(self.m.cancel(job_id))
 
 
 class HarvestController:
@@ -141,7 +143,7 @@ class HarvestController:
         # emulated GPUs on a CPU box: the gang's collectives on gloo; real GPUs: Ray Train's choice (NCCL)
         launcher = RayLauncher(backend="gloo" if settings.emulated_gpus else None)
         self.manager = TrainingManager(t.jobs_dir, launcher=launcher, grace_s=t.grace_s)
-        self.jobs_api = HarvestJobs(self.manager, on_change=lambda: self._wake.set())
+        self.jobs_api = HarvestJobs(self.manager, on_change=lambda: self._wake.set(), annotate=self._annotate)
         self.policy_name = t.policy
         self._policy = get_policy(t.policy)
         frac = settings.replica_gpu_fraction
@@ -199,6 +201,20 @@ class HarvestController:
             self._wake.wait(interval)
             self._wake.clear()
 
+    def _annotate(self, info: JobInfo) -> JobInfo:
+        """A job's status with what only the controller knows: attained service and queue place."""
+        mem = self._jobs.get(info.job_id)
+        extra: dict = {}
+        if mem is not None:
+            extra["attained_gpu_s"] = round(mem.attained_gpu_s, 3)
+        d = self.last_decision
+        for e in d.training_queue if d is not None else ():
+            if e.job_id == info.job_id:
+                extra["queue_position"], extra["queue_reason"] = e.position, e.reason
+        if info.job_id in self.jobs_api.held and info.state == "preempted":
+            extra["queue_reason"] = "held"  # preempted by hand: resumed only by hand
+        return replace(info, **extra)
+
     def report(self) -> dict:
         d = self.last_decision
         with self._lock:
@@ -224,6 +240,7 @@ class HarvestController:
                         "action": e.action,
                         "reason": e.reason,
                         "tenant": e.tenant,
+                        "gpus": e.gpus,
                     }
                     for e in d.training_queue
                 ],
@@ -301,6 +318,7 @@ class HarvestController:
                     iteration=infos[job_id].iteration,
                     checkpoint_iteration=infos[job_id].checkpoint_iteration,
                     submitted_s=now,
+                    completed=infos[job_id].state == "finished",  # (finished before this gateway started)
                 )
         running = {j: h for j in infos if infos[j].state == "running" and (h := self.manager.handle(j)) is not None}
         refs = {j: h.actor.progress.remote() for j, h in running.items() if hasattr(h, "actor")}
@@ -326,6 +344,11 @@ class HarvestController:
                 if new_ck > 0:
                     self.metrics.checkpoints.labels("periodic").inc(new_ck)
             mem.iteration, mem.checkpoint_iteration = it, int(p["checkpoint_iteration"])
+            if info.state == "finished" and not mem.completed:
+                mem.completed = True
+                if info.submitted_at is not None and info.finished_at is not None:
+                    jct = max(info.finished_at - info.submitted_at, 0.0)
+                    self.metrics.training_jct.labels(mem.spec.gpu_type.lower()).observe(jct)
             mem.seen_at = now if info.state == "running" else None
             if info.state != "running" and job_id not in self._preempting:
                 mem.gpu_ids, mem.started_s = (), None
@@ -350,13 +373,13 @@ class HarvestController:
                 continue  # held by hand, or auto-fill off: placement does not start it
             if info.state == "running" and not mem.gpu_ids:  # started by hand: book free GPUs of its type
                 free = [g for g in by_type.get(mem.spec.gpu_type, []) if g not in taken]
-                mem.gpu_ids = tuple(free[: mem.spec.num_gpus])
+                mem.gpu_ids = tuple(free[: info.workers or mem.spec.num_gpus])
                 mem.started_s = now
                 taken.update(mem.gpu_ids)
             s = mem.spec
             it_s = mem.iteration_time_s or 0.01
             if info.state == "running" and self._last_tick is not None:
-                mem.attained_gpu_s += (now - self._last_tick) * s.num_gpus
+                mem.attained_gpu_s += (now - self._last_tick) * max(len(mem.gpu_ids), 1)
             jobs.append(
                 TrainingJob(
                     job_id,
@@ -375,6 +398,7 @@ class HarvestController:
                     started_s=mem.started_s,
                     preempting=job_id in self._preempting,
                     tenant=s.tenant or "default",
+                    min_gpus=s.min_workers,
                 )
             )
         replicas, targets = [], []
@@ -419,16 +443,17 @@ class HarvestController:
         free_gpus = ray.available_resources().get("GPU", 0.0)
         for st in decision.start_training:
             job = self._jobs[st.job_id]
-            if st.job_id in self._starting or free_gpus + 1e-6 < job.spec.num_gpus:
+            n = len(st.gpu_ids)
+            if st.job_id in self._starting or free_gpus + 1e-6 < n:
                 continue  # the GPU is still held (a replica stopping): next round
-            free_gpus -= job.spec.num_gpus
+            free_gpus -= n
             job.gpu_ids, job.started_s = st.gpu_ids, now
             self._starting.add(st.job_id)
-            self._pool.submit(self._start, st.job_id)
+            self._pool.submit(self._start, st.job_id, n)
 
-    def _start(self, job_id: str) -> None:
+    def _start(self, job_id: str, workers: int | None = None) -> None:
         try:
-            self.manager.start(job_id)
+            self.manager.start(job_id, workers)
         except Exception:
             log.warning("could not start training job %s", job_id, exc_info=True)
         finally:
@@ -450,13 +475,15 @@ class HarvestController:
                     break
                 time.sleep(0.005)
             rec.freed_s = self.clock() - rec.decided_at
+            self.metrics.training_reclaim.labels(rec.gpu_type.lower()).observe(rec.freed_s)
             rec.checkpoint_iteration = info.checkpoint_iteration
             done = max(self._jobs[rec.job_id].iteration, info.iteration, rec.iteration_at_request)
             rec.lost_iterations = max(done - info.checkpoint_iteration, 0)
             mem = self._jobs[rec.job_id]
-            lost_s = rec.lost_iterations * (mem.iteration_time_s or 0.0) * mem.spec.num_gpus
+            gang = max(len(mem.gpu_ids), 1)
+            lost_s = rec.lost_iterations * (mem.iteration_time_s or 0.0) * gang
             if rec.outcome == "killed":
-                lost_s += grace_s * mem.spec.num_gpus
+                lost_s += grace_s * gang
             else:
                 self.metrics.checkpoints.labels("preemption").inc()
             self.metrics.training_lost_seconds.labels(rec.gpu_type.lower()).inc(lost_s)

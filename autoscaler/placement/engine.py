@@ -190,7 +190,7 @@ class Cluster:
                 self.slots[g].job = None
                 self.slots[g].freeing = job.job_id
         cfg = self.cfg
-        if reason == "priority":  # no replica waits: the job may finish its iteration and checkpoint
+        if reason in ("priority", "resize"):  # no replica waits: the job may finish its iteration and checkpoint
             grace = max(cfg.preempt_grace_s, job.iteration_time_s + job.checkpoint_write_s)
             cfg = cfg.model_copy(update={"preempt_grace_s": grace})
         self.preempts.append(Preempt(job.job_id, job.gpu_ids, reason, cfg.preempt_grace_s, preemption_cost(job, cfg)))
@@ -216,12 +216,13 @@ class Cluster:
         return out
 
     def place_training(
-        self, job: TrainingJob, headroom: dict[str, int], types: list[str] | None = None
+        self, job: TrainingJob, headroom: dict[str, int], types: list[str] | None = None, gpus: int | None = None
     ) -> tuple[str, ...] | None:
-        """GPUs of one type (of ``types``, default all) for the whole gang, or None. Best fit: the type
-        with the fewest spare GPUs that still fit the job, fully idle GPUs before GPUs shared with small
-        replicas."""
-        shape = (job.num_gpus, job.memory_mib, job.gpu_type, tuple(types or ()))
+        """``gpus`` GPUs (default the whole gang) of one type (of ``types``, default all), or None.
+        Best fit: the type with the fewest spare GPUs that still fit the job, fully idle GPUs before
+        GPUs shared with small replicas."""
+        want = job.num_gpus if gpus is None else gpus
+        shape = (want, job.memory_mib, job.gpu_type, tuple(types or ()))
         if shape in self._no_fit:  # capacity only shrinks within a round
             return None
         best: tuple[int, str, list[str]] | None = None
@@ -234,12 +235,12 @@ class Cluster:
             idle = [g for g in ok if not self.slots[g].replicas]
             spare_idle = len(idle) - headroom.get(t, 0)
             usable = idle[: max(spare_idle, 0)] + [g for g in ok if self.slots[g].replicas]
-            if len(usable) >= job.num_gpus and (best is None or len(usable) < best[0]):
+            if len(usable) >= want and (best is None or len(usable) < best[0]):
                 best = (len(usable), t, usable)
         if best is None:
             self._no_fit.add(shape)
             return None
-        gids = tuple(best[2][: job.num_gpus])
+        gids = tuple(best[2][:want])
         for g in gids:
             self.slots[g].job = job.job_id
         self.jobs[job.job_id] = job

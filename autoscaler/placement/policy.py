@@ -208,12 +208,14 @@ def _schedule_training(
     for e in qp.entries:
         if e.action == "preempt":
             c.preempt(by_id[e.job_id], reason="priority")
+        elif e.action == "resize":  # elastic: checkpoint now, restart on e.gpus when the queue next starts it
+            c.preempt(by_id[e.job_id], reason="resize")
     started: list[StartTraining] = []
     entries: list[QueueEntry] = []
     for e in qp.entries:
         if e.action == "start":
             j = by_id[e.job_id]
-            gids = c.place_training(j, headroom, [e.gpu_type] if e.gpu_type is not None else None)
+            gids = c.place_training(j, headroom, [e.gpu_type] if e.gpu_type is not None else None, e.gpus or None)
             if gids is None:  # its GPUs are still held by the jobs preempted for it
                 e = replace(e, action="wait", reason="waiting-for-gpus")
             else:

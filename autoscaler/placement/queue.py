@@ -116,7 +116,11 @@ def plan(
 ) -> QueuePlan:
     """Walk the queue head first over ``capacity`` (GPUs training may use, per type, counting those
     its running jobs hold); ``gpu_types`` maps a GPU id to its type (where running jobs run).
-    ``preempt=False`` keeps every running job where it is (the queue only orders the waiting ones)."""
+    ``preempt=False`` keeps every running job where it is (the queue only orders the waiting ones).
+
+    An elastic job (``min_gpus``) starts on as many GPUs as are left, from ``min_gpus`` up to its
+    gang; running, it is resized (``resize``: checkpoint, restart on the new gang) down to what is
+    left when a job ahead needs the rest, and up into GPUs nobody else takes."""
     ranked, state, nxt = order(jobs, cfg, state, now_s)
     left = dict(capacity)  # GPUs not yet given to a job ahead
     held: dict[str, int] = {}
@@ -124,38 +128,61 @@ def plan(
     for j, _ in ranked:
         if j.running:
             t = gpu_types[j.gpu_ids[0]]
-            held[t] = held.get(t, 0) + j.num_gpus
-            used[j.tenant] = used.get(j.tenant, 0) + j.num_gpus
+            held[t] = held.get(t, 0) + j.gang
+            used[j.tenant] = used.get(j.tenant, 0) + j.gang
     idle = {t: max(n - held.get(t, 0), 0) for t, n in left.items()}  # GPUs no running job holds
     if not preempt:  # running jobs keep theirs; the waiting ones share the idle GPUs
         left = dict(idle)
     total = sum(capacity.values())
     entries: list[QueueEntry] = []
+    growing: list[tuple[int, TrainingJob, int, str]] = []  # elastic jobs below their gang that kept theirs
     for pos, (j, level) in enumerate(ranked):
-        n = j.num_gpus
         if j.running:
-            t = gpu_types[j.gpu_ids[0]]
-            if not preempt or left.get(t, 0) >= n:
-                if preempt:
-                    left[t] -= n
-                entries.append(QueueEntry(j.job_id, pos, level, "run", "running", j.tenant, t))
+            t, n = gpu_types[j.gpu_ids[0]], j.gang
+            keep = n if not preempt else min(n, left.get(t, 0))
+            if preempt:
+                left[t] -= keep
+            if keep == n:
+                entries.append(QueueEntry(j.job_id, pos, level, "run", "running", j.tenant, t, n))
+                if n < j.num_gpus:
+                    growing.append((len(entries) - 1, j, level, t))
+            elif keep >= j.fewest:
+                used[j.tenant] -= n - keep
+                entries.append(QueueEntry(j.job_id, pos, level, "resize", "shrink", j.tenant, t, keep))
             else:
+                left[t] += keep
                 used[j.tenant] -= n
                 entries.append(QueueEntry(j.job_id, pos, level, "preempt", "priority", j.tenant, t))
             continue
         share = cfg.tenant_share(j.tenant)
-        if share is not None and used.get(j.tenant, 0) + n > math.floor(share * total + 1e-9):
+        room = j.num_gpus if share is None else math.floor(share * total + 1e-9) - used.get(j.tenant, 0)
+        if room < j.fewest:
             entries.append(QueueEntry(j.job_id, pos, level, "wait", "tenant-share", j.tenant))
             continue
         types = [j.gpu_type] if j.gpu_type is not None else sorted(left)
-        fits = [t for t in types if left.get(t, 0) >= n]
+        fits = [t for t in types if min(left.get(t, 0), room) >= j.fewest]
         if not fits:
             entries.append(QueueEntry(j.job_id, pos, level, "wait", "no-capacity", j.tenant))
             continue
-        # best fit: idle GPUs before preemptions, then the type with the fewest GPUs left
-        t = min(fits, key=lambda t: (idle.get(t, 0) < n, left[t], t))
+
+        # best fit: the whole gang before a smaller one, idle GPUs before preemptions, then the type
+        # with the fewest GPUs left
+        def fit(t: str, j: TrainingJob = j, room: int = room) -> int:
+            return min(j.num_gpus, left[t], room)
+
+        t = min(fits, key=lambda t: (-fit(t), idle.get(t, 0) < fit(t), left[t], t))
+        n = fit(t)
         left[t] -= n
         idle[t] = max(idle.get(t, 0) - n, 0)
         used[j.tenant] = used.get(j.tenant, 0) + n
-        entries.append(QueueEntry(j.job_id, pos, level, "start", "start", j.tenant, t))
+        entries.append(QueueEntry(j.job_id, pos, level, "start", "start", j.tenant, t, n))
+    for i, j, level, t in growing:  # GPUs nobody ahead or behind took: elastic jobs grow into them
+        extra = min(j.num_gpus - j.gang, idle.get(t, 0), left.get(t, 0) if preempt else idle.get(t, 0))
+        share = cfg.tenant_share(j.tenant)
+        if share is not None:
+            extra = min(extra, math.floor(share * total + 1e-9) - used.get(j.tenant, 0))
+        if extra > 0:
+            idle[t] -= extra
+            used[j.tenant] = used.get(j.tenant, 0) + extra
+            entries[i] = QueueEntry(j.job_id, entries[i].position, level, "resize", "grow", j.tenant, t, j.gang + extra)
     return QueuePlan(tuple(entries), state, nxt)

@@ -84,6 +84,17 @@ class TrainingJob:
     started_s: float | None = None  # when its current run started
     preempting: bool = False  # asked to stop, still holding its GPUs (grace period)
     tenant: str = "default"  # whose job it is (``PlacementConfig.tenant_shares`` caps each tenant)
+    min_gpus: int | None = None  # elastic: runs on any gang size from this to num_gpus (None: only num_gpus)
+
+    @property
+    def gang(self) -> int:
+        """GPUs it holds now (running), else the gang it asks for."""
+        return len(self.gpu_ids) if self.gpu_ids else self.num_gpus
+
+    @property
+    def fewest(self) -> int:
+        """The smallest gang it runs on."""
+        return self.num_gpus if self.min_gpus is None else max(1, min(self.min_gpus, self.num_gpus))
 
     @property
     def running(self) -> bool:
@@ -259,8 +270,8 @@ class PlacementState:
 ReplicaReason = Literal["idle-gpu", "shared-gpu", "packed-beside-training", "after-preemption", "substitute-type"]
 StopReason = Literal["scale-in", "no-target", "substitute-not-needed"]
 TrainingReason = Literal["idle-gpus", "resume"]
-PreemptReason = Literal["reclaim-for-inference", "partition", "priority"]
-QueueAction = Literal["run", "start", "preempt", "wait"]
+PreemptReason = Literal["reclaim-for-inference", "partition", "priority", "resize"]
+QueueAction = Literal["run", "start", "preempt", "resize", "wait"]
 QueueReason = Literal[
     "running",  # keeps its GPUs
     "start",  # starts now
@@ -268,6 +279,8 @@ QueueReason = Literal[
     "no-capacity",  # not enough harvested GPUs of a type it can use
     "tenant-share",  # its tenant holds its share of the harvested GPUs
     "waiting-for-gpus",  # placed, starts once the GPUs of preempted jobs are released
+    "shrink",  # elastic: restarts on fewer GPUs (a job ahead needs the rest)
+    "grow",  # elastic: restarts on more GPUs (idle ones of its type)
 ]
 
 
@@ -342,6 +355,7 @@ class QueueEntry:
     reason: QueueReason
     tenant: str
     gpu_type: str | None = None  # the type it runs on, or is started on
+    gpus: int = 0  # the gang it runs on, starts on or is resized to (0 while it waits)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,15 @@ class JobInfo:
     corrupt_checkpoints: list[str] = field(default_factory=list)
     error: str | None = None  # a failed job's traceback tail
     tenant: str | None = None
+    min_workers: int | None = None  # elastic: the fewest workers it runs on
+    workers: int = 0  # the gang of its current (or last) run
+    submitted_at: float | None = None  # wall clock
+    finished_at: float | None = None  # wall clock, once finished
+    # under the gateway's placement controller (None without one): GPU-seconds of service so far,
+    # its place in the training queue (0 = head) and why it waits
+    attained_gpu_s: float | None = None
+    queue_position: int | None = None
+    queue_reason: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -183,20 +192,44 @@ class TrainingManager:
             self.launcher.check(spec)
             d.mkdir(parents=True, exist_ok=True)
             write_json_atomic(d / "spec.json", spec.model_dump(mode="json"))
-            self._save(spec.job_id, state="queued", launcher=None, pid=None, preemptions=0, lost_iterations=0)
+            self._save(
+                spec.job_id,
+                state="queued",
+                launcher=None,
+                pid=None,
+                preemptions=0,
+                lost_iterations=0,
+                submitted_at=time.time(),
+            )
             return self.start(spec.job_id) if start else self.get(spec.job_id)
 
-    def start(self, job_id: str) -> JobInfo:
-        """Start (or resume from its latest good checkpoint) a queued, preempted or failed job."""
+    def start(self, job_id: str, workers: int | None = None) -> JobInfo:
+        """Start (or resume from its latest good checkpoint) a queued, preempted or failed job.
+        ``workers``: an elastic job's gang for this run, from its ``min_workers`` to its ``workers``
+        (the placement controller's choice; default the whole gang)."""
         with self._lock:
             info = self.get(job_id)
             if info.state == "running":
                 return info
             if info.state in ("finished", "cancelled"):
                 raise ValueError(f"training job {job_id!r} is {info.state}")
-            h = self.launcher.start(self.spec(job_id), self._job_dir(job_id))
+            spec = self.spec(job_id)
+            n = spec.workers if workers is None else workers
+            if not (spec.min_workers or spec.workers) <= n <= spec.workers:
+                raise ValueError(
+                    f"training job {job_id!r} runs on {spec.min_workers or spec.workers} to {spec.workers} workers, not {n}"
+                )
+            h = self.launcher.start(spec.model_copy(update={"workers": n}), self._job_dir(job_id))
             self._handles[job_id] = h
-            self._save(job_id, state="running", launcher=self.launcher.name, pid=getattr(h, "pid", None), error=None)
+            self._save(
+                job_id,
+                state="running",
+                launcher=self.launcher.name,
+                pid=getattr(h, "pid", None),
+                error=None,
+                workers_now=n,
+                started_at=time.time(),
+            )
             return self.get(job_id)
 
     def _stop(self, job_id: str, new_state: str, grace_s: float | None) -> JobInfo:
@@ -269,6 +302,10 @@ class TrainingManager:
             corrupt_checkpoints=list(st.get("corrupt_checkpoints", [])),
             error=error if state == "failed" else None,
             tenant=spec.get("tenant"),
+            min_workers=spec.get("min_workers"),
+            workers=int(rec.get("workers_now") or spec["workers"]),
+            submitted_at=rec.get("submitted_at"),
+            finished_at=st.get("finished_at") if state == "finished" else None,
         )
 
     def handle(self, job_id: str) -> JobHandle | None:

@@ -221,7 +221,10 @@ class TrainingDriver:
         except Exception as e:
             self._set(status="failed", error=_error_text(e))
             return self.progress()
-        self._set(status="preempted" if self._stop.is_set() else "finished")
+        if self._stop.is_set():
+            self._set(status="preempted")
+        else:
+            self._set(status="finished", finished_at=time.time())
         return self.progress()
 
 

@@ -4,7 +4,9 @@ A job is the user's own training function (``--entry package.module:function``) 
 config (``--config``), run by Ray Train on ``--workers`` GPUs of ``--gpu-type``. Without a gateway,
 each job runs as a detached local process (``autoscaler.training.worker``) that starts a local Ray
 with the job's GPUs (emulated on a CPU box); ``cancel`` and ``preempt`` send SIGTERM (the gang
-checkpoints at its next iteration boundary) and SIGKILL after ``--grace-s``.
+checkpoints at its next iteration boundary) and SIGKILL after ``--grace-s``. With ``--url`` the
+same verbs go to a running gateway's training API instead: its placement controller queues the job
+on harvested GPUs, and ``list`` adds each job's queue place, attained service and current gang.
 """
 
 from __future__ import annotations
@@ -27,13 +29,19 @@ def _print(infos, as_json: bool) -> None:
     if as_json:
         print(json.dumps([i.to_dict() for i in infos], indent=1))
         return
-    print(f"{'JOB':<20} {'STATE':<10} {'ITER':>8} {'CKPT':>8} {'TOTAL':>8} {'LOSS':>8} {'LOST':>6} GPUS")
+    print(f"{'JOB':<20} {'STATE':<10} {'ITER':>8} {'CKPT':>8} {'TOTAL':>8} {'LOSS':>8} {'LOST':>6} {'GPUS':<12} TENANT")
     for i in infos:
         loss = f"{i.loss:.4f}" if i.loss is not None else "-"
+        gpus = f"{i.workers or i.num_gpus}x{i.gpu_type}"
+        if i.min_workers is not None:
+            gpus += f" ({i.min_workers}-{i.num_gpus})"
         print(
             f"{i.job_id:<20} {i.state:<10} {i.iteration:>8} {i.checkpoint_iteration:>8} "
-            f"{i.total_iterations or '-':>8} {loss:>8} {i.lost_iterations:>6} {i.num_gpus}x{i.gpu_type}"
+            f"{i.total_iterations or '-':>8} {loss:>8} {i.lost_iterations:>6} {gpus:<12} {i.tenant or '-'}"
         )
+        if i.queue_position is not None or i.attained_gpu_s is not None:
+            place = f"#{i.queue_position} ({i.queue_reason})" if i.queue_position is not None else "-"
+            print(f"{'':<20} queue: {place}, attained {i.attained_gpu_s or 0:.1f} GPU-s, preempted {i.preemptions}x")
         if i.checkpoint:
             print(f"{'':<20} last checkpoint: {i.checkpoint}")
         for bad in i.corrupt_checkpoints:
@@ -42,6 +50,52 @@ def _print(infos, as_json: bool) -> None:
             print(f"{'':<20} failed:")
             for line in i.error.splitlines()[-10:]:
                 print(f"{'':<22}{line}")
+
+
+class _Remote:
+    """The same verbs over a gateway's training API (``--url``): the queue's view of each job."""
+
+    def __init__(self, url: str, token: str | None):
+        self.base = url.rstrip("/") + "/v2/training/jobs"
+        self.headers = {"authorization": f"Bearer {token}"} if token else {}
+
+    def _call(self, method: str, path: str = "", body: dict | None = None):
+        import httpx
+
+        from autoscaler.training.manager import JobInfo
+
+        r = httpx.request(method, self.base + path, json=body, headers=self.headers, timeout=60)
+        if r.status_code >= 400:
+            detail = (
+                r.json().get("detail", r.text)
+                if r.headers.get("content-type", "").startswith("application/json")
+                else r.text
+            )
+            raise ValueError(f"{r.status_code}: {detail}")
+        doc = r.json()
+        return [JobInfo(**j) for j in doc["jobs"]] if "jobs" in doc else JobInfo(**doc)
+
+    def submit(self, spec):
+        return self._call("POST", "", spec.model_dump(mode="json"))
+
+    def list(self):
+        return self._call("GET")
+
+    def start(self, job_id):
+        return self._call("POST", f"/{job_id}/resume")
+
+    def preempt(self, job_id):
+        return self._call("POST", f"/{job_id}/preempt")
+
+    def cancel(self, job_id):
+        return self._call("DELETE", f"/{job_id}")
+
+
+def _jobs(args):
+    """The jobs directory (standalone), or a gateway's training API with ``--url``."""
+    if getattr(args, "url", None):
+        return _Remote(args.url, args.token or os.environ.get("SLOSERVE_TOKEN"))
+    return _manager(args)
 
 
 def _config(text: str | None) -> dict:
@@ -75,7 +129,7 @@ def _submit(args) -> int:
             checkpoint_every=args.checkpoint_every,
             tenant=args.tenant,
         )
-        info = _manager(args).submit(spec)
+        info = _jobs(args).submit(spec)
     except ValidationError as e:
         why = "; ".join(f"{x['loc'][0] if x['loc'] else 'job'}: {x['msg']}" for x in e.errors())
         print(f"sloserve: bad job: {why}", file=sys.stderr)
@@ -88,13 +142,18 @@ def _submit(args) -> int:
 
 
 def _list(args) -> int:
-    _print(_manager(args).list(), args.json)
+    try:
+        infos = _jobs(args).list()
+    except ValueError as e:
+        print(f"sloserve: {e}", file=sys.stderr)
+        return 2
+    _print(infos, args.json)
     return 0
 
 
 def _act(verb):
     def run(args) -> int:
-        m = _manager(args)
+        m = _jobs(args)
         try:
             info = getattr(m, verb)(args.job_id)
         except (KeyError, ValueError) as e:
@@ -116,6 +175,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         )
         p.add_argument("--grace-s", type=float, default=1.0, help="preemption grace period before SIGKILL")
         p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument(
+            "--url",
+            default=None,
+            help="a gateway's HTTP address (http://127.0.0.1:8000): act through its training API and "
+            "placement controller instead of the jobs directory",
+        )
+        p.add_argument("--token", default=None, help="bearer token for --url (env SLOSERVE_TOKEN)")
         return p
 
     s = common(tsub.add_parser("submit", help="submit a job (runs as a detached local process on a local Ray)"))

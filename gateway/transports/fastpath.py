@@ -95,6 +95,9 @@ class InferFastPath:
         self.max_bytes = dp.size_limits.body
         self.body_timeout_s = dp.settings.body_timeout_s
         self.bodies = _BodyWatch(self.body_timeout_s)
+        from gateway.transports.rest import infer_body  # (rest builds this app: imported here, not at the top)
+
+        self.infer_body = infer_body
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -132,7 +135,9 @@ class InferFastPath:
                 self.bodies.done(task)
             body_in = True
             ticket.read(len(body))  # (read first: a keep-alive connection must not be left with an unread body)
-            payload, json_len = await _infer(dp, self.decoder, model, version, ticket.arrival_s, body, headers, early)
+            payload, json_len = await self.infer_body(
+                dp, self.decoder, model, version, ticket.arrival_s, body, headers, early
+            )
         except _Disconnected:
             return
         except ServingError as e:
@@ -182,16 +187,11 @@ class InferFastPath:
                 size += len(chunk)
                 if size > self.max_bytes:
                     raise body_too_large(self.max_bytes)
-                ticket.grow(size)  # counted as it streams, not once it is all in
+                if size > ticket.held:  # counted as it streams, not once it is all in
+                    ticket.grow(size)
                 chunks.append(chunk)
             if not msg.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def _infer(dp, decoder, model, version, arrival, body, headers, early):
-    from gateway.transports.rest import infer_body
-
-    return await infer_body(dp, decoder, model, version, arrival, body, headers, early)
 
 
 class _AnswerNow:

@@ -127,7 +127,9 @@ async def infer_body(
     except ValueError:
         raise InvalidArgument(f"{HEADER_LEN} {hl!r:.40} is not an integer") from None
     slo_headers = {k: headers[k] for k in SLO_HEADERS if k in headers} or None
-    req = await decoder.decode(body, header_len, model, version, slo_headers)
+    req = decoder.decode_inline(body, header_len, model, version, slo_headers)  # (no coroutine for the common case)
+    if req is None:
+        req = await decoder.decode(body, header_len, model, version, slo_headers)
     req.arrival_s = arrival
     resp = await dp.infer(req, on_shed)
     return encode_rest(resp)

@@ -79,13 +79,25 @@ class RestDecoder:
                 if getattr(tracker, "_pid", None) is not None:
                     tracker._stop()
 
+    def decode_inline(
+        self, body: bytes, header_len: int | None, model: str, version: str | None, headers: dict[str, str] | None
+    ) -> InferRequest | None:
+        """The checked request when ``body`` is small enough to decode on the loop (every ordinary
+        one); None when it goes to the worker (:meth:`decode`)."""
+        json_len = len(body) if header_len is None else header_len
+        self.limits.check_json(json_len)
+        if self.offload_bytes is not None and json_len >= self.offload_bytes:
+            return None
+        req = decode_rest(body, header_len, model, version, headers)
+        self.limits.check(req)
+        return req
+
     async def decode(
         self, body: bytes, header_len: int | None, model: str, version: str | None, headers: dict[str, str] | None
     ) -> InferRequest:
-        json_len = len(body) if header_len is None else header_len
-        self.limits.check_json(json_len)
-        if self.offload_bytes is None or json_len < self.offload_bytes:
-            return _decode_checked(body, header_len, model, version, headers, self.limits)
+        req = self.decode_inline(body, header_len, model, version, headers)
+        if req is not None:
+            return req
         if self._pool is None:
             self.start()
         assert self._pool is not None

@@ -9,6 +9,7 @@ replica RUNNING. ``SLOSERVE_HARVEST_RESULTS=path.jsonl`` appends each run's figu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,7 +31,13 @@ GRACE_S = 1.0
 @pytest.fixture(scope="module")
 def harvest_server(model_repo, tmp_path_factory):
     """digits/small on an emulated T4 (one whole GPU per replica), autoscaling 1..2, replicas take
-    20 ms a batch; training enabled with its jobs in a temp directory."""
+    20 ms a batch; training enabled with its jobs in a temp directory. Two T4s."""
+    s = start_harvest_server(model_repo, tmp_path_factory, gpus=2)
+    yield s
+    s.stop()
+
+
+def start_harvest_server(model_repo, tmp_path_factory, gpus: int) -> ServerProcess:
     repo = tmp_path_factory.mktemp("harvest-repo")
     shutil.copytree(
         model_repo / "digits" / "small", repo / "digits" / "small", ignore=shutil.ignore_patterns("profiles")
@@ -61,7 +68,7 @@ def harvest_server(model_repo, tmp_path_factory):
         json.dumps(
             {
                 "ray_num_cpus": 4,
-                "emulated_gpus": {"T4": 2},
+                "emulated_gpus": {"T4": gpus},
                 "replica_gpu_fraction": 1.0,
                 "training": {
                     "enabled": True,
@@ -92,8 +99,33 @@ def harvest_server(model_repo, tmp_path_factory):
     )
     s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
     s.jobs_dir = jobs
-    yield s
-    s.stop()
+    return s
+
+
+@contextlib.contextmanager
+def offered_load(server, threads: int = 12):
+    """Closed-loop infer calls from ``threads`` threads while the block runs; yields the counts."""
+    stop, counts = threading.Event(), {"ok": 0, "err": 0}
+
+    def worker():
+        while not stop.is_set():
+            req = urllib.request.Request(f"http://{server.http_url}/v2/models/digits/infer", data=BODY, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    r.read()
+                counts["ok"] += 1
+            except Exception:  # refusals count too: the point is the offered load
+                counts["err"] += 1
+
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    try:
+        yield counts
+    finally:
+        stop.set()
+        for t in pool:
+            t.join(15)
 
 
 def get(server, path: str):
@@ -160,32 +192,12 @@ def test_load_step_preempts_training_then_training_resumes(harvest_server):
     ), s.output()
 
     # Load step: the autoscaler wants 2 replicas; no GPU is free, so the job is preempted.
-    stop, counts = threading.Event(), {"ok": 0, "err": 0}
+    def reclaimed():
+        r = get(s, "/v2/training/placement")["reclaims"]
+        return bool(r) and r[0]["ready_s"] is not None
 
-    def worker():
-        while not stop.is_set():
-            req = urllib.request.Request(f"http://{s.http_url}/v2/models/digits/infer", data=BODY, method="POST")
-            try:
-                with urllib.request.urlopen(req, timeout=10) as r:
-                    r.read()
-                counts["ok"] += 1
-            except Exception:  # refusals count too: the point is the offered load
-                counts["err"] += 1
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(12)]
-    for t in threads:
-        t.start()
-    try:
-
-        def reclaimed():
-            r = get(s, "/v2/training/placement")["reclaims"]
-            return bool(r) and r[0]["ready_s"] is not None
-
+    with offered_load(s) as counts:
         ok = wait_for(reclaimed, 45)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(15)
     report = get(s, "/v2/training/placement")
     assert ok, f"no reclaim under load ({counts}): {report}\n{s.output()}"
     rec = report["reclaims"][0]

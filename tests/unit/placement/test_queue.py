@@ -147,3 +147,59 @@ def test_static_never_preempts_for_the_queue():
     d, _ = decide("static", snap, cfg, PlacementState(), 10.0)
     assert d.preempt == () and d.start_training == ()
     assert [(e.job_id, e.action) for e in d.training_queue] == [("new", "wait"), ("old", "run")]
+
+
+# ---------------------------------------------------------------- elastic jobs (min_gpus)
+
+
+def gangs(p):
+    return [(e.job_id, e.action, e.reason, e.gpus) for e in p.entries]
+
+
+def test_elastic_job_starts_on_what_is_left_instead_of_waiting_whole():
+    rigid = job("rigid", (), num_gpus=4, submit_time_s=0.0)
+    elastic = job("elastic", (), num_gpus=4, min_gpus=2, submit_time_s=0.0)
+    assert gangs(plan([rigid], {"T4": 3}, T4, LAS, QueueState(), 1.0)) == [("rigid", "wait", "no-capacity", 0)]
+    assert gangs(plan([elastic], {"T4": 3}, T4, LAS, QueueState(), 1.0)) == [("elastic", "start", "start", 3)]
+    assert gangs(plan([elastic], {"T4": 1}, T4, LAS, QueueState(), 1.0)) == [("elastic", "wait", "no-capacity", 0)]
+
+
+def test_elastic_job_shrinks_for_a_job_ahead_and_grows_back_into_idle_gpus():
+    # 'old' ran long on 4 GPUs (queue 1); 'new' (queue 0) needs 2: old keeps 2 instead of stopping
+    old = job("old", ["t0", "t1", "t2", "t3"], num_gpus=4, min_gpus=2, attained_gpu_s=9000.0)
+    new = job("new", (), num_gpus=2, submit_time_s=10.0)
+    assert gangs(plan([old, new], {"T4": 4}, T4, LAS, QueueState(), 10.0)) == [
+        ("new", "start", "start", 2),
+        ("old", "resize", "shrink", 2),
+    ]
+    rigid = job("old", ["t0", "t1", "t2", "t3"], num_gpus=4, attained_gpu_s=9000.0)
+    assert gangs(plan([rigid, new], {"T4": 4}, T4, LAS, QueueState(), 10.0))[1] == ("old", "preempt", "priority", 0)
+    # later, on 2 GPUs with 2 idle beside it: it grows back to its gang
+    small = job("old", ["t0", "t1"], num_gpus=4, min_gpus=2, attained_gpu_s=9000.0)
+    assert gangs(plan([small], {"T4": 4}, T4, LAS, QueueState(), 20.0)) == [("old", "resize", "grow", 4)]
+    # ...but not into GPUs a waiting job behind it takes
+    waiting = job("waiting", (), num_gpus=2, attained_gpu_s=9500.0, submit_time_s=15.0)
+    assert gangs(plan([small, waiting], {"T4": 4}, T4, LAS, QueueState(), 20.0)) == [
+        ("old", "run", "running", 2),
+        ("waiting", "start", "start", 2),
+    ]
+
+
+def test_elastic_job_stays_within_its_tenant_share():
+    cfg = LAS.model_copy(update={"tenant_shares": {"a": 0.5}})
+    j = job("j", (), num_gpus=8, min_gpus=2, tenant="a")
+    assert gangs(plan([j], {"T4": 8}, T4, cfg, QueueState(), 1.0)) == [("j", "start", "start", 4)]
+    running = job("j", ["t0", "t1", "t2", "t3"], num_gpus=8, min_gpus=2, tenant="a")
+    assert gangs(plan([running], {"T4": 8}, T4, cfg, QueueState(), 1.0)) == [("j", "run", "running", 4)]
+
+
+def test_placement_restarts_a_shrunk_elastic_job_on_fewer_gpus():
+    gpus = tuple(Gpu(f"t{i}", "T4", 16384) for i in range(4))
+    old = job("old", ["t0", "t1", "t2", "t3"], num_gpus=4, min_gpus=1, attained_gpu_s=9000.0)
+    new = job("new", (), num_gpus=3, submit_time_s=50.0)
+    snap = PlacementSnapshot(gpus, jobs=(old, new))
+    d, s = decide("cost-aware", snap, LAS, PlacementState(), 50.0)
+    assert [(p.job_id, p.reason) for p in d.preempt] == [("old", "resize")]
+    after = apply_decision(snap, d, LAS, 50.0)
+    d2, _ = decide("cost-aware", after, LAS, s, 51.0)
+    assert sorted((t.job_id, len(t.gpu_ids)) for t in d2.start_training) == [("new", 3), ("old", 1)]
