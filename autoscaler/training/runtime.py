@@ -30,7 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoscaler.training.checkpoint import latest_good, next_run, write_json_atomic
+from autoscaler.training.checkpoint import (
+    CorruptCheckpoint,
+    latest_good,
+    list_checkpoints,
+    next_run,
+    verify,
+    write_json_atomic,
+)
 from autoscaler.training.job import (
     JobRejected,
     PreemptOutcome,
@@ -150,6 +157,28 @@ class TrainingDriver:
         """Every worker's function returned (after a stop request: each saved its checkpoint)."""
         with self._lock:
             return self.done >= self.spec.workers
+
+    def stop_checkpoint_persisted(self) -> bool:
+        """This run's checkpoint saved after the stop request (``session.save`` marks it) is in
+        storage and verifies. Ray Train's ``report`` persists a checkpoint before it hands the result
+        to Train's own bookkeeping, which can take the better part of a second on a loaded host: a
+        stopping gang has lost nothing once that checkpoint is here, so a preemption need not wait."""
+        run = self.st.get("run")
+        if run is None or not self._stop.is_set():
+            return False
+        for path in list_checkpoints(self.storage):
+            if path.parent.name != f"run-{run}":
+                continue
+            try:
+                good = verify(path)
+            except CorruptCheckpoint:  # still being copied in
+                continue
+            if good.metrics.get("stopping"):
+                if self.st["checkpoint_iteration"] < good.iteration:  # rank 0's own word may never come
+                    self.checkpoint_update(good.iteration, dict(good.metrics))
+                return True
+            return False  # the newest of the run verifies and predates the stop
+        return False
 
     def placement_groups(self) -> list[str]:
         with self._lock:
@@ -276,14 +305,17 @@ class RayJobHandle:
         import ray
 
         def stopped_within(t: float) -> bool:
-            # the gang's functions returned (checkpoint saved): Ray Train's own orderly shutdown
-            # of the run takes seconds more, so it is cut short by the kill below
+            # the gang's functions returned, or the checkpoint it saved on the stop is in storage:
+            # Ray Train's own orderly shutdown of the run takes seconds more, so the kill cuts it short
             deadline = time.monotonic() + t
             while True:
                 if ray.wait([self.run_ref], timeout=0)[0]:
                     return True
                 try:
-                    if ray.get(self.actor.gang_returned.remote(), timeout=max(0.05, deadline - time.monotonic())):
+                    left = max(0.05, deadline - time.monotonic())
+                    if ray.get(self.actor.gang_returned.remote(), timeout=left) or ray.get(
+                        self.actor.stop_checkpoint_persisted.remote(), timeout=left
+                    ):
                         return True
                 except Exception:
                     pass

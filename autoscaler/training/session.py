@@ -116,6 +116,8 @@ def save(state: dict, iteration: int, **metrics: float) -> None:
     import torch
 
     m = {"iteration": int(iteration), **{k: float(v) for k, v in metrics.items()}}
+    if _stop.is_set():  # saved on a stop request: once it is in storage the stopping run has lost nothing
+        m["stopping"] = 1.0
     if rank() == 0:
         with tempfile.TemporaryDirectory(prefix="sloserve-ckpt-") as tmp:
             torch.save(state, Path(tmp) / STATE_FILE)

@@ -530,6 +530,37 @@ def training() -> Board:
         "short",
     )
     b.panel(
+        "Reclaim latency: decision to GPU free (p50, p99)",
+        [
+            (
+                f"histogram_quantile(0.5, sum by (le, device_type) (rate(sloserve_training_reclaim_seconds_bucket[{RI}])))",
+                "{{device_type}} p50",
+            ),
+            (
+                f"histogram_quantile(0.99, sum by (le, device_type) (rate(sloserve_training_reclaim_seconds_bucket[{RI}])))",
+                "{{device_type}} p99",
+            ),
+        ],
+        "s",
+        description="How long inference waits for a GPU that training holds: the preemption's checkpoint and release.",
+    )
+    b.panel(
+        "Work lost to preemptions (GPU-hours per hour)",
+        [(f"sum by (device_type) (rate(sloserve_training_lost_work_seconds_total[{RI}]))", "{{device_type}}")],
+        "short",
+    )
+    b.panel(
+        "Job completion time (p50, p95, 6h)",
+        [
+            ("histogram_quantile(0.5, sum by (le) (rate(sloserve_training_job_completion_seconds_bucket[6h])))", "p50"),
+            (
+                "histogram_quantile(0.95, sum by (le) (rate(sloserve_training_job_completion_seconds_bucket[6h])))",
+                "p95",
+            ),
+        ],
+        "s",
+    )
+    b.panel(
         "Checkpoints/h by trigger",
         [("sum by (trigger) (rate(sloserve_training_checkpoints_total[1h])) * 3600", "{{trigger}}")],
         "short",

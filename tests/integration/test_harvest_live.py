@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import threading
 import time
 import urllib.request
 
 import pytest
 
+from loadtests.bench.reclaim import harvest_setup
 from loadtests.promtext import samples
 from tests.conftest import ServerProcess
 from tests.integration.test_autoscaling_live import BODY, wait_for
@@ -39,64 +39,8 @@ def harvest_server(model_repo, tmp_path_factory):
 
 def start_harvest_server(model_repo, tmp_path_factory, gpus: int) -> ServerProcess:
     repo = tmp_path_factory.mktemp("harvest-repo")
-    shutil.copytree(
-        model_repo / "digits" / "small", repo / "digits" / "small", ignore=shutil.ignore_patterns("profiles")
-    )
-    cfg = json.loads((model_repo / "digits" / "config.json").read_text())
-    cfg["variants"] = [v for v in cfg["variants"] if v["name"] == "small"]
-    cfg["max_batch_size"] = 4
-    if cfg.get("default_variant") not in (None, "small"):
-        cfg["default_variant"] = None
-    (repo / "digits" / "config.json").write_text(json.dumps(cfg))
-    prof = repo / "digits" / "small" / "profiles" / "t4.json"
-    prof.parent.mkdir(parents=True)
-    prof.write_text(
-        json.dumps(
-            {
-                "model": "digits",
-                "variant": "small",
-                "device_type": "t4",
-                "batch_sizes": [1, 2, 4],
-                "p50_ms": [21, 22, 24],
-                "p99_ms": [24, 25, 27],
-            }
-        )
-    )
     jobs = tmp_path_factory.mktemp("harvest-jobs")
-    settings = repo / "settings.json"
-    settings.write_text(
-        json.dumps(
-            {
-                "ray_num_cpus": 4,
-                "emulated_gpus": {"T4": gpus},
-                "replica_gpu_fraction": 1.0,
-                "training": {
-                    "enabled": True,
-                    "jobs_dir": str(jobs),
-                    "grace_s": GRACE_S,
-                    "auto_fill": True,
-                    "interval_s": 0.5,
-                },
-                "models": {
-                    "digits": {
-                        "device_type": "T4",
-                        "fault_delay_ms": 20,
-                        "slo_ms": 200,
-                        "autoscaling": {
-                            "min_replicas": 1,
-                            "max_replicas": 2,
-                            "startup_s": 2,
-                            "keep_alive_s": 6,
-                            "interval_s": 1,
-                            "predictor": "last",
-                            "hold_quantile": 0,  # scale in after the keep-alive, not a 10-minute hold
-                            "season_periods_s": [],
-                        },
-                    }
-                },
-            }
-        )
-    )
+    settings = harvest_setup(model_repo, repo, jobs, gpus=gpus, grace_s=GRACE_S)
     s = ServerProcess(repo, "ray", ["--config", str(settings)]).wait_ready()
     s.jobs_dir = jobs
     return s
