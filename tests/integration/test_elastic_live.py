@@ -57,9 +57,11 @@ def test_elastic_job_shrinks_for_inference_and_grows_back(elastic_server):
     # load step: the second replica takes one of the gang's GPUs; the job goes on, on one worker
     with offered_load(s):
         assert wait_for(
-            lambda: metric(s, "sloserve_replicas", model="digits", state="running") == 2
-            and job(s)["state"] == "running"
-            and job(s)["workers"] == 1,
+            lambda: (
+                metric(s, "sloserve_replicas", model="digits", state="running") == 2
+                and job(s)["state"] == "running"
+                and job(s)["workers"] == 1
+            ),
             60,
         ), (job(s), get(s, "/v2/training/placement"), s.output())
         shrunk = status(s, "elastic-1")
