@@ -48,6 +48,8 @@ from autoscaler.training.job import (
 )
 
 WORKER_CPUS = 0.25  # logical CPUs per gang worker besides its GPU
+HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # how often the Train controller polls its workers
+CONTROLLER_POLL_S = 0.1  # (a user's own setting of it wins)
 
 
 def resources_per_worker(gpu_type: str) -> dict[str, float]:
@@ -98,6 +100,7 @@ class TrainingDriver:
         self._lock = threading.Lock()
         self.pgs: list[str] = []
         self.done = 0
+        self.looping = False  # the function reached its training loop in this run
         prev = _read_status(self.dir)
         self.st: dict[str, Any] = {
             "job_id": self.spec.job_id,
@@ -123,6 +126,7 @@ class TrainingDriver:
 
     def progress_update(self, iteration: int, metrics: dict) -> None:
         with self._lock:
+            self.looping = True  # (sent from the function's first should_stop on)
             self.st["iteration"] = max(iteration, self.st["checkpoint_iteration"])
             self.st["metrics"] = metrics
             if "loss" in metrics:
@@ -158,13 +162,17 @@ class TrainingDriver:
         with self._lock:
             return self.done >= self.spec.workers
 
-    def stop_checkpoint_persisted(self) -> bool:
-        """This run's checkpoint saved after the stop request (``session.save`` marks it) is in
-        storage and verifies. Ray Train's ``report`` persists a checkpoint before it hands the result
-        to Train's own bookkeeping, which can take the better part of a second on a loaded host: a
-        stopping gang has lost nothing once that checkpoint is here, so a preemption need not wait."""
+    def nothing_to_lose(self) -> bool:
+        """A stopping run may be ended now without losing work: it has not reached its training loop
+        (still starting: nothing done since the checkpoint it resumes from), or the checkpoint it
+        saved on the stop (``session.save`` marks it) is in storage and verifies. Ray Train's
+        ``report`` persists a checkpoint before its own bookkeeping, so the rest need not be waited for."""
+        if not self._stop.is_set():
+            return False
+        if not self.looping:
+            return True
         run = self.st.get("run")
-        if run is None or not self._stop.is_set():
+        if run is None:
             return False
         for path in list_checkpoints(self.storage):
             if path.parent.name != f"run-{run}":
@@ -218,6 +226,11 @@ class TrainingDriver:
             checkpoint=f"{good.path.parent.name}/{good.path.name}" if good else None,
             corrupt_checkpoints=seen + [c for c in corrupt if c not in seen],
         )
+        # Ray Train 2.x's controller takes each worker's report on its poll (default every 2 s), and a
+        # worker's next report waits for the previous one to be taken: with checkpoints less than 2 s
+        # apart, the training loop sat up to 2 s in each save, where a preemption cannot reach it.
+        # Ray Train passes this variable from here to the controller it starts.
+        os.environ.setdefault(HEALTH_CHECK_ENV, str(CONTROLLER_POLL_S))
         # the workers import the entry from where this process found it
         extra: dict[str, Any] = {}
         if self.pythonpath:
@@ -305,7 +318,8 @@ class RayJobHandle:
         import ray
 
         def stopped_within(t: float) -> bool:
-            # the gang's functions returned, or the checkpoint it saved on the stop is in storage:
+            # the gang's functions returned, or it has nothing to lose (still starting, or its stop
+            # checkpoint is in storage):
             # Ray Train's own orderly shutdown of the run takes seconds more, so the kill cuts it short
             deadline = time.monotonic() + t
             while True:
@@ -314,7 +328,7 @@ class RayJobHandle:
                 try:
                     left = max(0.05, deadline - time.monotonic())
                     if ray.get(self.actor.gang_returned.remote(), timeout=left) or ray.get(
-                        self.actor.stop_checkpoint_persisted.remote(), timeout=left
+                        self.actor.nothing_to_lose.remote(), timeout=left
                     ):
                         return True
                 except Exception:

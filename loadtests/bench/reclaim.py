@@ -152,10 +152,15 @@ def reclaims(api: httpx.Client, jobs_dir: Path, n: int, checkpoint_every: int) -
     }
     api.post("/v2/training/jobs", json=job).raise_for_status()
     out: list[dict] = []
+    run = 0
     for i in range(n):
-        # reclaim a job that is training: one checkpoint past where it (re)started
-        ck = (_status(jobs_dir, "reclaimed").get("resumed_from") or 0) + checkpoint_every
-        if not wait_for(lambda ck=ck: _status(jobs_dir, "reclaimed").get("checkpoint_iteration", 0) >= ck, 120):
+        # reclaim a job that is training: a new run, one checkpoint past where it started
+        def training(run=run) -> bool:
+            st = _status(jobs_dir, "reclaimed")
+            started = st.get("resumed_from") or 0
+            return (st.get("run") or 0) > run and st.get("checkpoint_iteration", 0) >= started + checkpoint_every
+
+        if not wait_for(training, 120):
             raise RuntimeError(f"reclaim {i}: the job did not train on ({_status(jobs_dir, 'reclaimed')})")
         with offered_load(str(api.base_url)):
             ok = wait_for(lambda i=i: len(_reclaims(api)) > i and _reclaims(api)[i]["ready_s"] is not None, 90)
@@ -163,6 +168,7 @@ def reclaims(api: httpx.Client, jobs_dir: Path, n: int, checkpoint_every: int) -
             raise RuntimeError(f"reclaim {i}: none under load: {api.get('/v2/training/placement').json()}")
         rec = _reclaims(api)[i]
         out.append(rec)
+        run = _status(jobs_dir, "reclaimed").get("run") or 0
         print(
             f"[{i + 1}/{n}] GPU free {rec['freed_s']:.3f} s, replica RUNNING {rec['ready_s']:.2f} s, "
             f"{rec['outcome']}, lost {rec['lost_iterations']} iterations",
