@@ -116,7 +116,8 @@ def plan(
 ) -> QueuePlan:
     """Walk the queue head first over ``capacity`` (GPUs training may use, per type, counting those
     its running jobs hold); ``gpu_types`` maps a GPU id to its type (where running jobs run).
-    ``preempt=False`` keeps every running job where it is (the queue only orders the waiting ones).
+    ``preempt=False`` keeps every running job where it is, on its gang (the queue only orders the
+    waiting ones).
 
     An elastic job (``min_gpus``) starts on as many GPUs as are left, from ``min_gpus`` up to its
     gang; running, it is resized (``resize``: checkpoint, restart on the new gang) down to what is
@@ -176,8 +177,8 @@ def plan(
         idle[t] = max(idle.get(t, 0) - n, 0)
         used[j.tenant] = used.get(j.tenant, 0) + n
         entries.append(QueueEntry(j.job_id, pos, level, "start", "start", j.tenant, t, n))
-    for i, j, level, t in growing:  # GPUs nobody ahead or behind took: elastic jobs grow into them
-        extra = min(j.num_gpus - j.gang, idle.get(t, 0), left.get(t, 0) if preempt else idle.get(t, 0))
+    for i, j, level, t in growing if preempt else ():  # GPUs nobody took: elastic jobs grow into them
+        extra = min(j.num_gpus - j.gang, idle.get(t, 0), left.get(t, 0))
         share = cfg.tenant_share(j.tenant)
         if share is not None:
             extra = min(extra, math.floor(share * total + 1e-9) - used.get(j.tenant, 0))

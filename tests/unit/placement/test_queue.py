@@ -177,6 +177,8 @@ def test_elastic_job_shrinks_for_a_job_ahead_and_grows_back_into_idle_gpus():
     # later, on 2 GPUs with 2 idle beside it: it grows back to its gang
     small = job("old", ["t0", "t1"], num_gpus=4, min_gpus=2, attained_gpu_s=9000.0)
     assert gangs(plan([small], {"T4": 4}, T4, LAS, QueueState(), 20.0)) == [("old", "resize", "grow", 4)]
+    # (a queue that never preempts keeps it on its gang)
+    assert gangs(plan([small], {"T4": 4}, T4, LAS, QueueState(), 20.0, preempt=False)) == [("old", "run", "running", 2)]
     # ...but not into GPUs a waiting job behind it takes
     waiting = job("waiting", (), num_gpus=2, attained_gpu_s=9500.0, submit_time_s=15.0)
     assert gangs(plan([small, waiting], {"T4": 4}, T4, LAS, QueueState(), 20.0)) == [
