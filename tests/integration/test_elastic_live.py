@@ -64,8 +64,11 @@ def test_elastic_job_shrinks_for_inference_and_grows_back(elastic_server):
             ),
             60,
         ), (job(s), get(s, "/v2/training/placement"), s.output())
+        # the new run's driver writes its status once it starts: resumed from the checkpoint
+        assert wait_for(lambda: (status(s, "elastic-1")["resumed_from"] or 0) >= CHECKPOINT_EVERY, 30), status(
+            s, "elastic-1"
+        )
         shrunk = status(s, "elastic-1")
-        assert shrunk["resumed_from"] is not None and shrunk["resumed_from"] >= CHECKPOINT_EVERY, shrunk
         assert wait_for(lambda: status(s, "elastic-1")["iteration"] > shrunk["resumed_from"], 30)
     info = job(s)
     assert info["preemptions"] >= 1 and info["queue_position"] is not None and info["attained_gpu_s"] > 0, info
@@ -77,6 +80,7 @@ def test_elastic_job_shrinks_for_inference_and_grows_back(elastic_server):
         get(s, "/v2/training/placement"),
         s.output(),
     )
+    assert wait_for(lambda: status(s, "elastic-1")["run"] > shrunk["run"], 30), status(s, "elastic-1")
     grown = status(s, "elastic-1")
     assert grown["resumed_from"] >= shrunk["resumed_from"]
     assert wait_for(lambda: status(s, "elastic-1")["iteration"] > grown["resumed_from"], 30)
