@@ -120,9 +120,9 @@ class HarvestJobs:
         self.held.add(job_id)
         return self._annotate(self.m.preempt(job_id))
 
-    def start(self, job_id: str) -> JobInfo:
+    def start(self, job_id: str, gpu_type: str | None = None) -> JobInfo:
         self.held.discard(job_id)
-        return self._annotate(self.m.start(job_id))
+        return self._annotate(self.m.start(job_id, gpu_type=gpu_type))
 
     def cancel(self, job_id: str) -> JobInfo:
         return self._annotate(self.m.cancel(job_id))

@@ -203,17 +203,30 @@ class TrainingManager:
             )
             return self.start(spec.job_id) if start else self.get(spec.job_id)
 
-    def start(self, job_id: str, workers: int | None = None) -> JobInfo:
+    def start(self, job_id: str, workers: int | None = None, gpu_type: str | None = None) -> JobInfo:
         """Start (or resume from its latest good checkpoint) a queued, preempted or failed job.
         ``workers``: an elastic job's gang for this run, from its ``min_workers`` to its ``workers``
-        (the placement controller's choice; default the whole gang)."""
+        (the placement controller's choice; default the whole gang). ``gpu_type``: run it from now
+        on on GPUs of this type (the checkpoint is device-independent); ``ValueError`` when the
+        cluster has none, or while the job runs on another type."""
         with self._lock:
             info = self.get(job_id)
+            spec = self.spec(job_id)
+            if gpu_type is not None and gpu_type != spec.gpu_type:
+                if info.state == "running":
+                    raise ValueError(
+                        f"training job {job_id!r} is running on {spec.gpu_type}; preempt it before moving it to {gpu_type}"
+                    )
+                if info.state in ("finished", "cancelled"):
+                    raise ValueError(f"training job {job_id!r} is {info.state}")
+                spec = TrainingSpec.model_validate({**spec.model_dump(mode="json"), "gpu_type": gpu_type})
+                self.launcher.check(spec)
+                write_json_atomic(self._job_dir(job_id) / "spec.json", spec.model_dump(mode="json"))
+                info = self.get(job_id)
             if info.state == "running":
                 return info
             if info.state in ("finished", "cancelled"):
                 raise ValueError(f"training job {job_id!r} is {info.state}")
-            spec = self.spec(job_id)
             n = spec.workers if workers is None else workers
             if not (spec.min_workers or spec.workers) <= n <= spec.workers:
                 raise ValueError(

@@ -81,8 +81,8 @@ class _Remote:
     def list(self):
         return self._call("GET")
 
-    def start(self, job_id):
-        return self._call("POST", f"/{job_id}/resume")
+    def start(self, job_id, gpu_type=None):
+        return self._call("POST", f"/{job_id}/resume", {"gpu_type": gpu_type} if gpu_type else None)
 
     def preempt(self, job_id):
         return self._call("POST", f"/{job_id}/preempt")
@@ -155,7 +155,10 @@ def _act(verb):
     def run(args) -> int:
         m = _jobs(args)
         try:
-            info = getattr(m, verb)(args.job_id)
+            if getattr(args, "gpu_type", None):
+                info = m.start(args.job_id, gpu_type=args.gpu_type)
+            else:
+                info = getattr(m, verb)(args.job_id)
         except (KeyError, ValueError) as e:
             print(f"sloserve: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
             return 2
@@ -208,4 +211,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     ):
         p = common(tsub.add_parser(verb, help=helptext))
         p.add_argument("job_id")
+        if verb == "resume":
+            p.add_argument("--gpu-type", default=None, help="resume on GPUs of this type (from the same checkpoint)")
         p.set_defaults(func=_act(method))

@@ -7,13 +7,22 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
 
 from autoscaler.training.job import JobRejected, TrainingSpec
 
 
+class ResumeBody(BaseModel):
+    """``POST .../resume``'s optional body: ``{"gpu_type": "A100"}`` resumes the job on another GPU type."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_type: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+
+
 def training_router(jobs: Any, report: Callable[[], dict], prefix: str = "/v2/training") -> APIRouter:
     """``POST {prefix}/jobs`` (a TrainingSpec: ``job_id``, ``entry``, ``config``, ``workers``, ``gpu_type``...), ``GET {prefix}/jobs``, ``GET {prefix}/jobs/{id}``,
-    ``POST {prefix}/jobs/{id}/preempt``, ``POST {prefix}/jobs/{id}/resume``, ``DELETE {prefix}/jobs/{id}``,
+    ``POST {prefix}/jobs/{id}/preempt``, ``POST {prefix}/jobs/{id}/resume`` (body ``{"gpu_type": ...}`` to move it), ``DELETE {prefix}/jobs/{id}``,
     and ``GET {prefix}/placement`` (``report()``). ``jobs`` is a ``TrainingManager`` or the placement
     controller's view of it (the same methods)."""
     r = APIRouter(prefix=prefix, tags=["training"])
@@ -49,7 +58,9 @@ def training_router(jobs: Any, report: Callable[[], dict], prefix: str = "/v2/tr
         return call(jobs.preempt, job_id)
 
     @r.post("/jobs/{job_id}/resume")
-    def resume(job_id: str) -> dict:
+    def resume(job_id: str, body: ResumeBody | None = None) -> dict:
+        if body is not None and body.gpu_type is not None:
+            return call(lambda j: jobs.start(j, gpu_type=body.gpu_type), job_id)
         return call(jobs.start, job_id)
 
     @r.delete("/jobs/{job_id}")

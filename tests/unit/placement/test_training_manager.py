@@ -113,3 +113,63 @@ def test_gpu_usage():
     )
     usage = gpu_usage(snap)
     assert usage[("T4", "shared")] == 1 and usage[("T4", "training")] == 1 and usage[("A100", "idle")] == 1
+
+
+class _TypedLauncher(SubprocessLauncher):
+    """Checks a job against a cluster of T4s and A100s; starts nothing."""
+
+    def check(self, spec):
+        from autoscaler.training.job import JobRejected
+
+        if spec.gpu_type not in ("T4", "A100"):
+            raise JobRejected(f"the cluster has no {spec.gpu_type} GPUs (it has: A100, T4)")
+
+    def start(self, spec, job_dir):
+        class _H:
+            pid = None
+
+            def alive(self):
+                return True
+
+        self.started = spec
+        return _H()
+
+
+def test_resume_on_another_gpu_type_rewrites_the_spec_and_refuses_a_type_the_cluster_lacks(tmp_path):
+    from autoscaler.training.job import JobRejected, TrainingSpec
+
+    launcher = _TypedLauncher()
+    m = TrainingManager(tmp_path, launcher=launcher)
+    m.submit(TrainingSpec(job_id="mv", gpu_type="T4"), start=False)
+    m._save("mv", state="preempted")
+    try:
+        m.start("mv", gpu_type="H100")
+    except JobRejected as e:
+        assert "no H100" in str(e)
+    else:
+        raise AssertionError("a type the cluster lacks must be refused")
+    assert m.spec("mv").gpu_type == "T4"  # nothing changed
+    info = m.start("mv", gpu_type="A100")
+    assert (info.state, info.gpu_type, launcher.started.gpu_type) == ("running", "A100", "A100")
+    try:
+        m.start("mv", gpu_type="T4")
+    except ValueError as e:
+        assert "preempt it before moving it" in str(e)
+    else:
+        raise AssertionError("a running job must not change type")
+
+
+def test_http_resume_takes_a_gpu_type(tmp_path):
+    from autoscaler.training.job import TrainingSpec
+
+    m = TrainingManager(tmp_path, launcher=_TypedLauncher())
+    app = FastAPI()
+    app.include_router(training_router(m, lambda: {}))
+    c = TestClient(app)
+    m.submit(TrainingSpec(job_id="h2", gpu_type="T4"), start=False)
+    m._save("h2", state="preempted")
+    r = c.post("/v2/training/jobs/h2/resume", json={"gpu_type": "V100"})
+    assert r.status_code == 400 and "no V100" in r.json()["detail"], r.text
+    r = c.post("/v2/training/jobs/h2/resume", json={"gpu_type": "A100"})
+    assert r.status_code == 200 and r.json()["gpu_type"] == "A100", r.text
+    assert c.post("/v2/training/jobs/h2/resume", json={"gpu": "A100"}).status_code == 422
