@@ -1,5 +1,5 @@
-"""Training jobs on a real local Ray with emulated T4s and real PyTorch (the demo CNN on digits):
-a 2-worker gang is preempted at an iteration boundary and resumes from its checkpoint; one killed
+"""Training jobs on a real local Ray with emulated T4s and an A100 and real PyTorch (the demo CNN on digits):
+a 2-worker gang is preempted at an iteration boundary and resumes from its checkpoint on another GPU type; one killed
 past its grace period loses only the work since its last checkpoint and returns its GPUs; a corrupt
 checkpoint is named and the previous good one used; a crashing job fails with its traceback and
 returns its GPUs; a job asking for more GPUs than the cluster has is refused."""
@@ -25,8 +25,8 @@ def ray_t4():
     ray.init(
         address="local",
         num_cpus=2,
-        num_gpus=2,
-        resources={"accelerator_type:T4": 2.0},
+        num_gpus=3,
+        resources={"accelerator_type:T4": 2.0, "accelerator_type:A100": 1.0},
         include_dashboard=False,
         log_to_driver=False,
     )
@@ -51,7 +51,7 @@ def _wait(cond, timeout_s):
 
 
 def _gpus_free(ray) -> bool:
-    return _wait(lambda: ray.available_resources().get("GPU", 0) >= 2 - 1e-6, 10)
+    return _wait(lambda: ray.available_resources().get("GPU", 0) >= 3 - 1e-6, 10)
 
 
 def _demo(job_id, **config):
@@ -74,8 +74,8 @@ def test_gang_preempted_resumed_killed_and_corrupt_checkpoint(ray_t4, manager):
     assert ck >= EVERY and info.iteration == ck and info.lost_iterations == 0, info
     assert _gpus_free(ray_t4)
 
-    # resume: the new run starts from that checkpoint and keeps training
-    m.start("g")
+    # resume on another GPU type: the new run starts from that checkpoint and keeps training
+    assert m.start("g", gpu_type="A100").gpu_type == "A100"
     assert _wait(lambda: m.get("g").checkpoint_iteration > ck, 120), m.get("g")
     st = m.get("g")
     import json
@@ -111,8 +111,8 @@ def test_crashing_job_fails_with_its_traceback_and_returns_its_gpus(ray_t4, mana
 
 
 def test_more_gpus_than_the_cluster_has_is_refused(manager):
-    with pytest.raises(JobRejected, match="asks for 3 GPUs; the cluster has 2"):
-        manager.submit(TrainingSpec(job_id="big", workers=3))
-    with pytest.raises(JobRejected, match="no A100 GPUs"):
-        manager.submit(TrainingSpec(job_id="a100", gpu_type="A100"))
+    with pytest.raises(JobRejected, match="asks for 4 GPUs; the cluster has 3"):
+        manager.submit(TrainingSpec(job_id="big", workers=4))
+    with pytest.raises(JobRejected, match="no V100 GPUs"):
+        manager.submit(TrainingSpec(job_id="v100", gpu_type="V100"))
     assert manager.list() == []
