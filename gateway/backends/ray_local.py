@@ -73,6 +73,12 @@ def init_ray(s: Settings, autoscaled: bool, loopback: bool = False) -> bool:
     # A lean embedded Ray for small boxes: Serve's controller reconciles every 0.5 s, not 0.1 s,
     # and Serve's own metrics are exported once a second, not ten times (idle, the controller
     # alone took ~6% of a core; operators can still override both through the environment).
+    # Ray starts every worker process (the Serve replicas among them) at niceness 15: on a host whose
+    # cores are busy, a replica's batch then waits behind any other runnable process, the gateway and
+    # the clients included, and light-load tails grow (a replica computes what the gateway promised).
+    # The replicas run at the gateway's priority. Raylets read it when they start: a cluster's nodes
+    # need it in their own environment (docs/deployment.md).
+    os.environ.setdefault("RAY_worker_niceness", "0")
     os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
     os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")
     # Replicas push their autoscaling metrics (the gateways' rates) twice a second, not every 10 s;

@@ -80,3 +80,19 @@ def test_the_default_server_and_its_ray_listen_on_loopback_only(servers):
             with pytest.raises(OSError):
                 s.connect((host, port))
                 pytest.fail(f"{name} answered on {host}:{port}")
+
+
+def test_the_default_servers_replicas_run_at_the_gateways_priority(servers):
+    """Ray starts its workers at niceness 15 unless told otherwise: a replica would then wait behind
+    the gateway and the clients on a busy host. The embedded Ray starts them at the gateway's."""
+    srv = servers("ray")
+    gateway = psutil.Process(srv.proc.pid)
+    replicas = [p for p in gateway.children(recursive=True) if "ServeReplica" in " ".join(p.cmdline()[:1])]
+    for p in psutil.process_iter():  # Ray's workers may belong to the raylet rather than the gateway
+        try:
+            if "ServeReplica" in " ".join(p.cmdline()[:1]) and os.getpgid(p.pid) == os.getpgid(srv.proc.pid):
+                replicas.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            continue
+    assert replicas, "no Serve replica process found"
+    assert {p.nice() for p in replicas} == {gateway.nice()}, [(p.cmdline()[:1], p.nice()) for p in replicas]
