@@ -40,3 +40,29 @@ def slow_variant_repo(src: Path, dst: Path, model: str, variant: str, delay_ms: 
         )
     )
     return dst
+
+
+def emulated_type_repo(src: Path, dst: Path, model: str, device: str, scale: float) -> Path:
+    """``dst`` holding ``model`` as built (every variant, its files and profiles) plus a profile per
+    variant for the emulated device type ``device``: this host's measured CPU profile with every
+    latency multiplied by ``scale`` (>= 1), marked ``"emulated"`` with what it was derived from.
+
+    Serve it with ``models.<model>.device_types: [cpu, <device>]``: the in-process backend then runs
+    ``device``'s replicas as real CPU sessions that wait out the rest of this profile, so the type is a
+    slower device that adds capacity, which is what this box can emulate honestly (a type faster than
+    the CPU cannot be: its replica computes on the CPU first)."""
+    if scale < 1:
+        raise ValueError("an emulated type runs the real CPU session first: it cannot be faster (scale >= 1)")
+    shutil.copytree(src / model, dst / model, symlinks=True)
+    host = device_type("cpu")
+    for prof in sorted((dst / model).glob(f"*/profiles/{host}.json")):
+        doc = json.loads(prof.read_text())
+        doc.update(
+            device_type=device,
+            p50_ms=[x * scale for x in doc["p50_ms"]],
+            p99_ms=[x * scale for x in doc["p99_ms"]],
+            throughput_rps=[b / (x * scale / 1e3) for b, x in zip(doc["batch_sizes"], doc["p50_ms"], strict=True)],
+            emulated={"derived_from": host, "latency_scale": scale},
+        )
+        (prof.parent / f"{device}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return dst

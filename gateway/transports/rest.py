@@ -46,6 +46,7 @@ INFER_BODY_DOC = {
                                 "min_accuracy": {"type": "number"},
                                 "priority": {"type": "integer"},
                                 "variant": {"type": "string"},
+                                "device_type": {"type": "string"},
                                 "binary_data_output": {"type": "boolean"},
                             },
                         },
