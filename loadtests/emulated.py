@@ -65,6 +65,16 @@ def emulated_type_repo(
         if cfg.get("default_variant") not in (None, *variants):
             cfg["default_variant"] = None
         (dst / model / "config.json").write_text(json.dumps(cfg, indent=2))
+    add_emulated_profiles(dst, model, device, scale)
+    return dst
+
+
+def add_emulated_profiles(repo: Path, model: str, device: str, scale: float) -> None:
+    """Beside each variant's profile for this host's CPU in ``repo``, one for ``device``: every
+    latency times ``scale``, marked ``"emulated"`` (see :func:`emulated_type_repo`)."""
+    if scale < 1:
+        raise ValueError("an emulated type runs the real CPU session first: it cannot be faster (scale >= 1)")
+    dst = repo
     host = device_type("cpu")
     for prof in sorted((dst / model).glob(f"*/profiles/{host}.json")):
         doc = json.loads(prof.read_text())
@@ -76,4 +86,3 @@ def emulated_type_repo(
             emulated={"derived_from": host, "latency_scale": scale},
         )
         (prof.parent / f"{device}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    return dst
