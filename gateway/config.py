@@ -404,6 +404,12 @@ class Settings(BaseSettings):
             )
         if self.training.enabled and self.backend != "ray":
             raise ValueError("training.enabled needs backend ray (jobs run as Ray actors on GPU resources)")
+        typed = sorted(m for m, o in self.models.items() if len(o.devices()) > 1)
+        if typed and self.backend == "inprocess" and self.replica_processes:
+            raise ValueError(
+                f"models.{typed[0]}.device_types (several) does not work with replica_processes in-process "
+                f"(a worker process holds one session); set replica_processes false or list one type"
+            )
         shared = sorted(m for m, o in self.models.items() if o.shared_replicas)
         if shared and self.backend == "inprocess" and self.replica_processes:
             raise ValueError(
