@@ -184,3 +184,36 @@ def best_of(results: Mapping[str, PairResult], prefix: str) -> PairResult | None
     """The system named ``prefix...`` with the highest effective accuracy."""
     cands = [r for n, r in results.items() if n.startswith(prefix)]
     return max(cands, key=lambda r: r.effective_accuracy, default=None)
+
+
+def size_by_throughput(
+    table: ProfileTable,
+    model: str,
+    plan: OptionPlan,
+    demand_rps: float,
+    slo_s: float,
+    max_batch: int,
+    cost: Mapping[str, float] | None = None,
+    max_per_type: int = 64,
+) -> dict[str, int]:
+    """Replicas per device type for ``demand_rps`` of the best variant, with Gavel's throughput table
+    (``autoscaler.placement.cost``): the best variant's types ranked by requests/s of one replica per
+    unit of ``cost`` (1 where not given). Every type gets one replica (its options exist for the
+    overflow); the demand they leave is filled on the best-ranked type first (up to ``max_per_type``)."""
+    from autoscaler.placement.cost import throughputs_from_profile
+
+    best = plan.keys[0] if plan.keys else ""
+    types = list(plan.device_types())
+    tput = throughputs_from_profile(table, [(model, best)], types, {model: slo_s}, max_batch)
+    price = {t: (cost or {}).get(t, 1.0) for t in types}
+    ranked = sorted(types, key=lambda t: (-tput.get((model, best, t), 0.0) / price[t], types.index(t)))
+    out = dict.fromkeys(types, 1)
+    left = demand_rps - sum(tput.get((model, best, t), 0.0) for t in types)
+    for t in ranked:
+        per = tput.get((model, best, t), 0.0)
+        if per <= 0 or left <= 0:
+            continue
+        more = min(max_per_type - 1, math.ceil(left / per))
+        out[t] += more
+        left -= more * per
+    return out

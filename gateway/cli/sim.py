@@ -116,7 +116,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--unknown-durations", action="store_true", help="hide job durations from the policy")
     t.add_argument("--harvest-plot", default="", help="also write the GPUs-by-use plot here")
     g = p.add_argument_group("variants across device types (sim/pairs.py)")
-    g.add_argument("--device-types", default="", help="TYPE:REPLICAS[,...] per option; cpu = this host's CPU profile")
+    g.add_argument(
+        "--device-types",
+        default="",
+        help="TYPE[:REPLICAS][,...] per option; cpu = this host's CPU profile. A type without a count is sized "
+        "for the burst's peak with the throughput-per-type table, best requests/s per --type-cost first",
+    )
+    g.add_argument("--type-cost", default="", help="TYPE=COST[,...]: price of a replica per type (default 1)")
     g.add_argument("--repo", default="model_repository", help="model repository whose profiles to use")
     g.add_argument("--pair-model", default="heavy", help="the model (of --repo)")
     g.add_argument("--burst-factor", type=float, default=3.0, help="the middle third's rate, times --rate")
@@ -340,7 +346,7 @@ def pairs_main(a: argparse.Namespace) -> int:
     from batching.profile import ProfileTable
     from models.repository import ModelRepository
     from models.runtime import device_type
-    from sim.pairs import best_of, burst_arrivals, compare
+    from sim.pairs import best_of, burst_arrivals, compare, plan_for, size_by_throughput
 
     repo = Path(a.repo)
     if a.emulate:
@@ -358,16 +364,27 @@ def pairs_main(a: argparse.Namespace) -> int:
         table = ProfileTable.load(repo)
     cfg = ModelRepository(repo).load().models[a.pair_model].config
     accuracy = {v.name: v.accuracy for v in cfg.variants}
-    replicas = {}
+    replicas: dict[str, int] = {}
+    sized: list[str] = []
     for item in a.device_types.split(","):
         name, _, n = item.partition(":")
-        replicas[device_type("cpu") if name.lower() == "cpu" else name.lower()] = int(n or 1)
+        dev = device_type("cpu") if name.lower() == "cpu" else name.lower()
+        replicas[dev] = int(n) if n else 1
+        if not n:
+            sized.append(dev)
     slo_s = (a.slo_ms or cfg.slo_ms) / 1e3
+    max_batch = min(a.max_batch, cfg.max_batch_size)
+    if sized:  # sized for the peak with the throughput-per-type table (requests/s per unit cost)
+        cost = {}
+        for item in filter(None, a.type_cost.split(",")):
+            name, _, c = item.partition("=")
+            cost[device_type("cpu") if name.lower() == "cpu" else name.lower()] = float(c)
+        plan = plan_for(table, a.pair_model, accuracy, list(replicas), max_batch)
+        want = size_by_throughput(table, a.pair_model, plan, a.rate * a.burst_factor, slo_s, max_batch, cost)
+        replicas.update({d: want[d] for d in sized if d in want})
     arrivals = burst_arrivals(a.rate, a.burst_factor, a.duration_s, a.seed)
     t = time.perf_counter()
-    res = compare(
-        table, a.pair_model, accuracy, replicas, arrivals, slo_s, min(a.max_batch, cfg.max_batch_size), a.seed
-    )
+    res = compare(table, a.pair_model, accuracy, replicas, arrivals, slo_s, max_batch, a.seed)
     print(
         f"sloserve sim (pairs): {a.pair_model}, {len(arrivals)} requests, rate {a.rate:g}/s x{a.burst_factor:g} "
         f"burst, SLO {slo_s * 1e3:g} ms, replicas {replicas} ({time.perf_counter() - t:.1f} s)",

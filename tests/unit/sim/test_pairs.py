@@ -52,3 +52,15 @@ def test_a_run_is_deterministic_under_its_seed():
     a = compare(TABLE, "m", ACC, {"gpu": 1, "cpu": 1}, arrivals, 0.02, 32, seed=1, only=["pairs"])
     b = compare(TABLE, "m", ACC, {"gpu": 1, "cpu": 1}, arrivals, 0.02, 32, seed=1, only=["pairs"])
     assert a["pairs"].rows == b["pairs"].rows and {variant_of(k) for k in a["pairs"].rows} == {"big", "small"}
+
+
+def test_types_are_sized_by_requests_per_cost():
+    from batching.options import plan_from_profiles
+    from sim.pairs import size_by_throughput
+
+    plan = plan_from_profiles(TABLE, "m", ACC, ["gpu", "cpu"], 32)
+    # big: ~3200 rows/s a gpu replica, ~1070 a cpu one (largest batch within half the 25 ms SLO)
+    equal = size_by_throughput(TABLE, "m", plan, 6000.0, 0.025, 32)
+    assert equal == {"gpu": 2, "cpu": 1}
+    cheap_cpu = size_by_throughput(TABLE, "m", plan, 6000.0, 0.025, 32, cost={"gpu": 10.0, "cpu": 1.0})
+    assert cheap_cpu["cpu"] > 1 and cheap_cpu["gpu"] == 1
