@@ -101,7 +101,7 @@ async def read_body(request: Request, limit: int, ticket: Ticket | None = None) 
     return b"".join(chunks)
 
 
-SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant")
+SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant", "x-device-type")
 
 
 def body_timeout(timeout_s: float) -> RequestTimeout:

@@ -80,3 +80,20 @@ def test_under_load_both_device_types_answer(two_types):
     with ThreadPoolExecutor(24) as pool:
         seen = [d for part in pool.map(client, range(24)) for d in part]
     assert {device_type("cpu"), EMULATED} <= set(seen), {d: seen.count(d) for d in set(seen)}
+
+
+def test_the_device_type_header_pins_the_type(two_types):
+    import urllib.request
+
+    body = json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 1024], "datatype": "FP32", "data": [0.0] * 1024}]}
+    ).encode()
+    for pin, want in ((EMULATED, EMULATED), ("cpu", device_type("cpu"))):
+        r = urllib.request.Request(
+            f"http://{two_types.http_url}/v2/models/heavy/infer",
+            body,
+            {"content-type": "application/json", "x-device-type": pin, "x-variant": "medium"},
+        )
+        with urllib.request.urlopen(r, timeout=10) as resp:
+            params = json.loads(resp.read())["parameters"]
+        assert (params["device_type"], params["variant"]) == (want, "medium")
