@@ -6,6 +6,10 @@ A policy gets its latency knowledge from one of three sources, resolved once her
 * a :class:`~batching.profile.ProfileTable` (used as is),
 * a callable ``latency_fn(variant, rows) -> seconds`` (tests, the simulator, analytic models).
 
+A key is a variant, or for a model on several device types an option key ``"<variant>@<type>"``
+(``batching.options``): the profile and the calibrator are read for that variant on that type; a
+plain variant on ``device_type``. A callable gets the key as it is.
+
 Tables are built lazily per variant for rows ``0..max_batch_size`` (``table[0] == 0``), made
 non-decreasing (a bigger batch never finishes sooner), and rebuilt when the calibrator has seen
 ``refresh_every`` new batches (at once when it flags a jump in latency, ``Calibrator.urgent``), so
@@ -20,9 +24,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from batching.calibration import Calibrator
+from batching.options import is_option_key, split_key
 from batching.profile import ProfileTable
 from batching.types import BatchResult
 
@@ -66,10 +72,9 @@ class LatencyModel:
     # ---- raw source -----------------------------------------------------------------------
     def _raw(self, variant: str, rows: int) -> float:
         src = self.source
-        if isinstance(src, Calibrator):
-            return src.latency_s(self.model, variant, self.device_type, rows, self.quantile)
-        if isinstance(src, ProfileTable):
-            return src.latency_s(self.model, variant, self.device_type, rows, self.quantile)
+        if isinstance(src, Calibrator | ProfileTable):
+            v, device = split_key(variant, self.device_type)
+            return src.latency_s(self.model, v, device, rows, self.quantile)
         return float(src(variant, rows))
 
     def _maybe_refresh(self) -> None:
@@ -134,5 +139,8 @@ class LatencyModel:
 
     def observe(self, result: BatchResult) -> None:
         if self.calibrator is not None and result.model == self.model:
+            if is_option_key(result.variant):  # the calibrator keys on the pair the key names
+                v, device = split_key(result.variant, self.device_type)
+                result = replace(result, variant=v, device_type=device)
             self.calibrator.observe(result)
             self._maybe_refresh()

@@ -58,6 +58,15 @@ class ModelOverride(BaseModel):
     device_type: str | None = Field(
         default=None, description="Device type its Ray replicas run on: cpu, or a GPU type such as T4 / A100."
     )
+    device_types: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Device types it has replicas on at once, e.g. [cpu, T4]: every (variant, device type) pair "
+        "is a serving option with its own profile, and the batching policy picks a pair per batch "
+        "(docs/batching.md, 'Variants across device types'). In-process, a type other than cpu (or "
+        "cuda, or this host's GPU) is emulated: a replica runs the real session, then waits out the "
+        "pair's profiled time. Not with device_type, nor with shared_replicas.",
+    )
     autoscaling: AutoscalingSettings | None = Field(
         default=None, description="Scale this model's Ray replicas with the swayam policy (None: fixed count)."
     )
@@ -77,6 +86,29 @@ class ModelOverride(BaseModel):
         "(with ray_deploy false, deploy models.ray_replica:build_app with args.variants, best first). "
         "The replicas gauge counts them once, under the best variant. Not with replica_processes.",
     )
+
+    @model_validator(mode="after")
+    def _one_device_spelling(self) -> ModelOverride:
+        if self.device_type is not None and self.device_types is not None:
+            raise ValueError(
+                "set device_type (one device type) or device_types (several), not both: "
+                f"device_type={self.device_type!r}, device_types={self.device_types!r}"
+            )
+        if self.device_types is not None:
+            seen = [d.lower() for d in self.device_types]
+            if len(set(seen)) != len(seen):
+                raise ValueError(f"device_types lists a device type twice: {self.device_types}")
+            if any("@" in d or not d.strip() for d in self.device_types):
+                raise ValueError(f"device_types: names must be non-empty and without '@': {self.device_types}")
+            if self.shared_replicas and len(self.device_types) > 1:
+                raise ValueError("shared_replicas does not work with several device_types (one replica holds one type)")
+        return self
+
+    def devices(self) -> list[str]:
+        """The device types as configured (``device_types``, else ``[device_type]``, else ``[]``)."""
+        if self.device_types is not None:
+            return list(self.device_types)
+        return [self.device_type] if self.device_type else []
 
 
 class TrainingSettings(BaseModel):
@@ -372,6 +404,12 @@ class Settings(BaseSettings):
             )
         if self.training.enabled and self.backend != "ray":
             raise ValueError("training.enabled needs backend ray (jobs run as Ray actors on GPU resources)")
+        typed = sorted(m for m, o in self.models.items() if len(o.devices()) > 1)
+        if typed and self.backend == "inprocess" and self.replica_processes:
+            raise ValueError(
+                f"models.{typed[0]}.device_types (several) does not work with replica_processes in-process "
+                f"(a worker process holds one session); set replica_processes false or list one type"
+            )
         shared = sorted(m for m, o in self.models.items() if o.shared_replicas)
         if shared and self.backend == "inprocess" and self.replica_processes:
             raise ValueError(

@@ -23,14 +23,15 @@ the `--config` file (`.yaml`, `.toml` or `.json`), defaults. A bad value stops s
 message naming the key and the value, e.g. `http_port='eighty': Input should be a valid integer`.
 
 Per-request SLO parameters (V2 `parameters`, or headers `x-slo-ms`, `x-min-accuracy`,
-`x-priority`, `x-variant` for clients that cannot set parameters; the body wins):
+`x-priority`, `x-variant`, `x-device-type` for clients that cannot set parameters; the body wins):
 
 | parameter | type | meaning |
 |---|---|---|
 | `slo_ms` | number > 0 | this request's latency budget from arrival at the gateway. Without it the request is best-effort: never refused for a deadline, served behind requests that name one, counted against the model's `slo_ms` in the SLO metrics |
 | `min_accuracy` | 0..1 | lowest acceptable variant accuracy; the batcher may degrade down to it under load |
 | `priority` | integer | higher first among equal deadlines |
-| `variant` | string | pin a variant; the batcher will not switch it |
+| `variant` | string | pin a variant; the batcher will not switch it (on a model with several `device_types` it may still pick the type) |
+| `device_type` | string | pin the device type of a model served on several (`cpu` names the host's CPU type); an unknown type is a 400 listing the model's types |
 
 Response parameters: `variant`, `accuracy`, `batch_size`, `queue_ms`, `compute_ms`, `device_type`.
 """

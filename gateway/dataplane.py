@@ -16,6 +16,7 @@ import numpy as np
 
 from batching.batcher import Batcher, ShedHook
 from batching.clock import Clock, MonotonicClock
+from batching.options import split_key, variant_of
 from batching.policies.slo_settings import SLOSettings
 from batching.policy import POLICIES, make_policy, policy_settings
 from batching.profile import ProfileTable
@@ -43,7 +44,11 @@ EXTENSIONS = ["binary_tensor_data", "slo_parameters", "accuracy_variants"]
 
 
 class ModelState:
-    """A model's resolved config (repository + overrides), its batcher and its variant order."""
+    """A model's resolved config (repository + overrides), its batcher and its variant order.
+
+    ``keys``: what the batcher and the policy choose among, best first: the variants, or for a model
+    on several device types its serving options (``batching.options``: ``plan`` is the backend's).
+    """
 
     def __init__(
         self,
@@ -65,18 +70,24 @@ class ModelState:
         best = cfg.best_variant
         self.default_variants = tuple([best] + [v for v in self.by_accuracy if v != best])
         self.accuracy = {v.name: v.accuracy for v in cfg.variants}
+        self.plan = plan = backend.options_of(cfg.name)
+        self.device_types: tuple[str, ...] = (
+            plan.device_types() if plan is not None else (backend.device_type_of(cfg.name),)
+        )
+        self.keys: list[str] = list(plan.keys) if plan is not None else list(self.by_accuracy)
+        key_accuracy = {k: self.accuracy[variant_of(k)] for k in self.keys}
         batching = dict(cfg.batching)
         if over is not None and over.batching is not None:
             batching = dict(over.batching)
         policy_name = batching.pop("policy", None) or settings.default_policy
         context = {
             "max_batch_size": cfg.max_batch_size,
-            "default_variant": best,
+            "default_variant": best if plan is None else self.keys[0],
             "model": cfg.name,
             "profile": profiles,
             "device_type": backend.device_type_of(cfg.name),
-            "accuracy": dict(self.accuracy),
-            "variants": list(self.by_accuracy),
+            "accuracy": key_accuracy,
+            "variants": list(self.keys),
         }
         try:
             knobs = {**_gateway_defaults(policy_name, settings), **batching}
@@ -96,7 +107,7 @@ class ModelState:
             cfg.name,
             self.policy,
             backend,
-            self.by_accuracy,
+            self.keys,
             cfg.max_batch_size,
             max_queue_rows=max_rows,
             clock=clock,
@@ -107,7 +118,7 @@ class ModelState:
             uniform_inputs=all(-1 not in t.shape for t in cfg.inputs),
         )
         depth.set_function(lambda: self.batcher.queued_rows)
-        for v in self.by_accuracy:  # read at scrape time only
+        for v in self.keys:  # read at scrape time only
             metrics.batch_slots.labels(cfg.name, v).set_function(functools.partial(backend.slots, cfg.name, v))
 
     def triton_config(self) -> dict[str, Any]:
@@ -130,6 +141,7 @@ class ModelState:
                 ],
                 "default_variant": c.best_variant,
                 "batching_policy": self.policy.name,
+                **({"device_types": list(self.device_types)} if self.plan is not None else {}),
             },
         }
 
@@ -349,7 +361,7 @@ class DataPlane:
         )
 
     def _has_replicas(self, m: ModelState) -> bool:
-        return all(self.backend.replica_count(m.config.name, v) > 0 for v in m.by_accuracy)
+        return all(self.backend.replica_count(m.config.name, v) > 0 for v in m.keys)
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
@@ -428,6 +440,37 @@ class DataPlane:
         return arrays, rows or 0
 
     def allowed_variants(self, m: ModelState, req: InferRequest) -> tuple[str, ...]:
+        """The keys that may serve ``req``, best first: its variants (pinned, at or above
+        ``min_accuracy``, or all), each on its device types fastest first for a model on several
+        (only the pinned ``device_type`` when it names one)."""
+        variants = self._variants(m, req)
+        pin = req.params.device_type
+        if m.plan is None:
+            if pin is not None:
+                self._device_type(m, pin)  # one type: only it may be pinned
+            return variants
+        dev = self._device_type(m, pin) if pin is not None else None
+        keys = tuple(k for v in variants for k in m.plan.of_variant(v) if dev is None or split_key(k, "")[1] == dev)
+        if not keys:
+            served = sorted({variant_of(k) for k in m.keys if dev is None or split_key(k, "")[1] == dev})
+            where = f" on device type '{dev}'" if dev is not None else ""
+            raise InvalidArgument(
+                f"model '{m.config.name}' serves none of {list(variants)}{where} (an option less accurate and "
+                f"no faster than another on the same type is not served); it serves {served}{where}"
+            )
+        return keys
+
+    def _device_type(self, m: ModelState, name: str) -> str:
+        """The model's device type ``name`` names (its profile name, any case; ``cpu`` for the CPU's)."""
+        n = name.lower()
+        for d in m.device_types:
+            if d == n or (n == "cpu" and d.startswith("cpu")):
+                return d
+        raise InvalidArgument(
+            f"unknown device_type '{name:.64}' for model '{m.config.name}'; device types: {list(m.device_types)}"
+        )
+
+    def _variants(self, m: ModelState, req: InferRequest) -> tuple[str, ...]:
         p = req.params
         if p.variant is not None:
             if p.variant not in m.accuracy:
@@ -488,7 +531,8 @@ class DataPlane:
             raise
         done = self.clock.now()
         latency = done - arrival
-        self.metrics.observe_request(m.config.name, out.variant, "ok", latency, done <= target)
+        variant = variant_of(out.variant)  # (a key of a model on several device types: its variant)
+        self.metrics.observe_request(m.config.name, variant, "ok", latency, done <= target)
         m.stats.success(latency, out.queue_s, out.compute_s, rows, time.time())
         outputs = out.outputs
         if req.outputs is not None:
@@ -501,8 +545,8 @@ class DataPlane:
             requested=req.outputs,
             binary_output=req.binary_output,
             parameters={
-                "variant": out.variant,
-                "accuracy": m.accuracy[out.variant],
+                "variant": variant,
+                "accuracy": m.accuracy[variant],
                 "batch_size": out.batch_rows,
                 "queue_ms": round(out.queue_s * 1e3, 3),
                 "compute_ms": round(out.compute_s * 1e3, 3),

@@ -58,6 +58,7 @@ def make_backend(settings: Settings, repo: ModelRepository, role: WorkerRole | N
             pipeline_depth=settings.inprocess_pipeline_depth or (2 if settings.replica_processes else 1),
             processes=settings.replica_processes,
             shared={m for m, o in settings.models.items() if o.shared_replicas},
+            device_types={m: o.devices() for m, o in settings.models.items() if len(o.devices()) > 1},
         )
     from gateway.backends.ray import RayServeBackend
 

@@ -24,6 +24,7 @@ class RequestParams:
     min_accuracy: float | None = None
     priority: int = 0
     variant: str | None = None
+    device_type: str | None = None  # pins the device type (a model served on several)
 
 
 @dataclass(slots=True)

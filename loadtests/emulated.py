@@ -40,3 +40,49 @@ def slow_variant_repo(src: Path, dst: Path, model: str, variant: str, delay_ms: 
         )
     )
     return dst
+
+
+def emulated_type_repo(
+    src: Path, dst: Path, model: str, device: str, scale: float, variants: list[str] | None = None
+) -> Path:
+    """``dst`` holding ``model`` as built (every variant, its files and profiles) plus a profile per
+    variant for the emulated device type ``device``: this host's measured CPU profile with every
+    latency multiplied by ``scale`` (>= 1), marked ``"emulated"`` with what it was derived from.
+
+    Serve it with ``models.<model>.device_types: [cpu, <device>]``: the in-process backend then runs
+    ``device``'s replicas as real CPU sessions that wait out the rest of this profile, so the type is a
+    slower device that adds capacity, which is what this box can emulate honestly (a type faster than
+    the CPU cannot be: its replica computes on the CPU first). ``variants``: keep only these."""
+    if scale < 1:
+        raise ValueError("an emulated type runs the real CPU session first: it cannot be faster (scale >= 1)")
+    shutil.copytree(src / model, dst / model, symlinks=True)
+    if variants is not None:  # only these (a smaller copy starts faster)
+        cfg = json.loads((dst / model / "config.json").read_text())
+        for v in cfg["variants"]:
+            if v["name"] not in variants:
+                shutil.rmtree(dst / model / v["name"])
+        cfg["variants"] = [v for v in cfg["variants"] if v["name"] in variants]
+        if cfg.get("default_variant") not in (None, *variants):
+            cfg["default_variant"] = None
+        (dst / model / "config.json").write_text(json.dumps(cfg, indent=2))
+    add_emulated_profiles(dst, model, device, scale)
+    return dst
+
+
+def add_emulated_profiles(repo: Path, model: str, device: str, scale: float) -> None:
+    """Beside each variant's profile for this host's CPU in ``repo``, one for ``device``: every
+    latency times ``scale``, marked ``"emulated"`` (see :func:`emulated_type_repo`)."""
+    if scale < 1:
+        raise ValueError("an emulated type runs the real CPU session first: it cannot be faster (scale >= 1)")
+    dst = repo
+    host = device_type("cpu")
+    for prof in sorted((dst / model).glob(f"*/profiles/{host}.json")):
+        doc = json.loads(prof.read_text())
+        doc.update(
+            device_type=device,
+            p50_ms=[x * scale for x in doc["p50_ms"]],
+            p99_ms=[x * scale for x in doc["p99_ms"]],
+            throughput_rps=[b / (x * scale / 1e3) for b, x in zip(doc["batch_sizes"], doc["p50_ms"], strict=True)],
+            emulated={"derived_from": host, "latency_scale": scale},
+        )
+        (prof.parent / f"{device}.json").write_text(json.dumps(doc, indent=1) + "\n")

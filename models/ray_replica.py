@@ -26,6 +26,7 @@ os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(2**31 - 1
 
 from ray import serve
 
+from batching.profile import Curve
 from models.repository import check_name, load_model_dir
 from models.runtime import Replica, RuntimeOptions, device_type
 
@@ -57,12 +58,16 @@ class OnnxReplica:
         variants: list[str] | None = None,
         channel_host: str | None = "",
         config_override: dict[str, Any] | None = None,
+        emulate: dict[str, Any] | None = None,
     ):
         """``config_override``: the config keys a load through the repository API replaced.
         ``variants``: a shared replica (``models.<name>.shared_replicas``) loads each of them and
         runs the one a batch names; ``variant`` is then the first (the default). ``channel_host``: the
         address its batch channel listens on ("" : this node's IP as Ray knows it; the embedded Ray of
-        one gateway passes 127.0.0.1); None opens no channel (batches come through Serve's handle)."""
+        one gateway passes 127.0.0.1); None opens no channel (batches come through Serve's handle).
+        ``emulate`` (``{batch_sizes, p50_ms}``: a device type of a model on several, on a node whose
+        session runs on the CPU): each batch runs for real, then the replica waits until that profile's
+        median for the batch has passed, and says its provider is ``emulated``."""
         check_name("model", model)
         for v in variants or [variant]:
             check_name("variant", v)
@@ -75,6 +80,10 @@ class OnnxReplica:
             rep.warm_up()
         self.replica = self.replicas[variant]
         self.device_type = device_type(opts.device) if device == "cpu" else device.lower()
+        self.emulate: Curve | None = None
+        if emulate and device.lower() != "cpu" and all(r.device == "cpu" for r in self.replicas.values()):
+            sizes, p50 = tuple(emulate["batch_sizes"]), tuple(x / 1e3 for x in emulate["p50_ms"])
+            self.emulate = Curve(sizes, p50, p50)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
         self.batches = 0
         self.model, self.variant = model, variant
@@ -99,7 +108,11 @@ class OnnxReplica:
             "device_type": self.device_type,
             "variants": sorted(self.replicas),
             "pid": os.getpid(),
-            "runtime": {v: [rep.device, rep.provider] for v, rep in self.replicas.items()},  # what each really runs on
+            # what each really runs on
+            "runtime": {
+                v: [self.device_type, "emulated"] if self.emulate else [rep.device, rep.provider]
+                for v, rep in self.replicas.items()
+            },
         }
         self._listener = ChannelListener(self._server, host or ray.util.get_node_ip_address(), info)
         rid = serve.get_replica_context().replica_id
@@ -117,7 +130,17 @@ class OnnxReplica:
         if rep is None:
             raise ValueError(f"this replica of '{self.model}' holds variants {sorted(self.replicas)}, not '{variant}'")
         self.batches += 1
-        return rep.run(inputs)
+        return self._run(rep, inputs)
+
+    def _run(self, rep: Replica, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        out = rep.run(inputs)
+        if self.emulate is not None:  # an emulated device: busy until its profile's median for this batch
+            rows = next(iter(inputs.values())).shape[0] if inputs else 1
+            rest = t0 + self.emulate.at(rows, "p50") - time.perf_counter()
+            if rest > 0:
+                time.sleep(rest)
+        return out
 
     def __del__(self) -> None:
         """Serve stops this replica: take no new gateway, finish what is queued (up to ``DRAIN_S``)."""
@@ -149,7 +172,7 @@ class OnnxReplica:
         if self.fault_delay_s:
             await asyncio.sleep(self.fault_delay_s)  # chaos drill: a batch that takes long
         t0 = time.perf_counter()
-        outputs = await asyncio.get_running_loop().run_in_executor(self.pool, rep.run, inputs)
+        outputs = await asyncio.get_running_loop().run_in_executor(self.pool, self._run, rep, inputs)
         self.batches += 1
         return outputs, time.perf_counter() - t0, self.device_type
 
@@ -256,4 +279,5 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         variants,
         args.get("channel_host", ""),
         args.get("config_override") or None,
+        args.get("emulate") or None,
     )

@@ -171,6 +171,8 @@ class HarvestController:
         self.round_s = 0.0  # how long the last round took (observe + decide + act)
         self._usage: dict[tuple[str, str], int] = {}
         self._pending_since: dict[tuple[str, str], float] = {}
+        self._tput: dict = {}
+        self._tput_for: tuple = ()
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -287,7 +289,7 @@ class HarvestController:
         out = {}
         apps = self.backend.applications()
         for key, app in apps.items():
-            dev = self.backend.device_of(key[0])
+            dev = self.backend.device_of(key[0], key[1])  # (a model on several device types: the option's)
             if dev.lower() != "cpu":
                 out[key] = (app, dev)
         return out
@@ -409,7 +411,30 @@ class HarvestController:
             for i in range(min(holders.get((model, variant), 0), len(slots))):
                 replicas.append(Replica(f"{model}/{variant}#{i}", model, variant, slots[i], self.replica_memory_mib))
             taken.update(slots[: holders.get((model, variant), 0)])
-        return PlacementSnapshot(gpus=gpus, targets=tuple(targets), replicas=tuple(replicas), jobs=tuple(jobs))
+        return PlacementSnapshot(
+            gpus=gpus,
+            targets=tuple(targets),
+            replicas=tuple(replicas),
+            jobs=tuple(jobs),
+            replica_throughput_rps=self._throughputs(serve_view, by_type),
+        )
+
+    def _throughputs(self, serve_view, by_type) -> dict:
+        """Gavel's table for the served (model, variant or option) on every GPU type, from the
+        repository's profiles (cached per set of keys): placement ranks types by requests/s per cost."""
+        keys = tuple(sorted(serve_view))
+        types = tuple(sorted(by_type))
+        if self._tput_for != (keys, types):
+            from autoscaler.placement.cost import throughputs_from_profile
+            from batching.profile import ProfileTable
+
+            table = ProfileTable.load(self.backend.repo.root)
+            slo = {m: lm.config.slo_ms / 1e3 for m, lm in self.backend.models.items()}
+            self._tput = throughputs_from_profile(
+                table, [k for k in keys if k[0] in slo], types, slo, device_type_of={t: t.lower() for t in types}
+            )
+            self._tput_for = (keys, types)
+        return self._tput
 
     # ------------------------------------------------------------------ carrying out a decision
     def _apply(self, decision: PlacementDecision, serve_view, holders, now: float) -> None:

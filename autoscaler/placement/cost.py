@@ -33,6 +33,7 @@ from autoscaler.placement.types import (
     PreemptionCost,
     TrainingJob,
 )
+from batching.options import variant_of
 
 
 def checkpoints_in_grace(job: TrainingJob, config: PlacementConfig) -> bool:
@@ -89,11 +90,14 @@ def throughputs_from_profile(
 
     One replica's throughput is ``b / latency(b)`` at the largest batch ``b`` whose p99 latency fits
     half the model's SLO (a request may wait one batch and then run in the next, as Nexus assumes).
-    ``device_type_of`` maps a GPU type to the profile's device-type name (identity by default).
+    ``device_type_of`` maps a GPU type to the profile's device-type name (identity by default). A
+    variant may be a serving option key (``batching.options``, ``"large@t4"``): its variant's profile is
+    read for each type, and the entry stays keyed as given.
     """
     out: dict[tuple[str, str, str], float] = {}
     types = list(gpu_types)
-    for model, variant in keys:
+    for model, key in keys:
+        variant = variant_of(key)
         for t in types:
             dev = (device_type_of or {}).get(t, t)
             if table.curve(model, variant, dev) is None:
@@ -107,5 +111,5 @@ def throughputs_from_profile(
                     break
                 best = max(best, b / lat)
                 b *= 2
-            out[(model, variant, t)] = best
+            out[(model, key, t)] = best
     return out

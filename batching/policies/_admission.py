@@ -3,7 +3,7 @@
 The queue ahead of the request (in deadline order) is played out batch by batch: full batches of
 ``B`` rows go to whichever allowed replica frees first, each costing its latency plus ``gap`` (the
 dispatch margin, paid by every batch in the chain), and the request rides in the batch after them
-with the leftover rows (a request is never split). A fluid estimate (rows / throughput, from now)
+with the leftover rows (a request is never split), on the allowed replica that finishes it first. A fluid estimate (rows / throughput, from now)
 admits up to a batch and a half too many at a small ``B`` under overload (docs/reliability.md).
 
 >>> from batching.latency import LatencyModel
@@ -44,5 +44,5 @@ def predict_finish(
         tput = sum(lat.throughput_rps(v, B) for _, _, v in free)
         t0 = min(t for t, _, _ in free)
         return t0 + ahead / tput + min(lat.latency_s(v, size) for _, _, v in free)
-    t, _, v = free[0]
-    return t + lat.latency_s(v, max(ahead, 0) + size) + gap
+    rows = max(ahead, 0) + size  # on whichever replica finishes it first (variants differ in speed)
+    return min(t + lat.latency_s(v, rows) for t, _, v in free) + gap

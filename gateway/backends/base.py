@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from batching.batcher import BatchRunner
+from batching.options import OptionPlan
 from models.repository import LoadedModel
 
 
@@ -51,7 +52,11 @@ class Backend(BatchRunner, Protocol):
         """Replicas serving (model, variant) now (not batch slots)."""
 
     def device_type_of(self, model: str) -> str:
-        """The device type its replicas run on, as profiles name it."""
+        """The device type its replicas run on, as profiles name it (the first of several)."""
+
+    def options_of(self, model: str) -> OptionPlan | None:
+        """A model on several device types: its serving options (``batching.options``), whose keys
+        the batcher and ``run`` take in place of variant names. None: one device type, plain variants."""
 
     def note_arrival(self, model: str, rows: int) -> None:
         """A request of ``rows`` rows arrived for ``model`` (the autoscaler's demand signal)."""
@@ -86,6 +91,9 @@ class BackendBase:
 
     def shared(self, model: str) -> bool:
         return False
+
+    def options_of(self, model: str) -> OptionPlan | None:
+        return None
 
     async def add_model(self, model: LoadedModel) -> None:
         raise ModelLoadError(f"the {self.name} backend cannot load models while serving")

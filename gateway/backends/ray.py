@@ -24,6 +24,7 @@ import grpc
 import numpy as np
 
 from batching.batcher import RunResult
+from batching.options import OptionPlan, plan_from_profiles, split_key, variant_of
 from batching.profile import ProfileTable
 from gateway.backends.base import BackendBase, ModelLoadError
 from gateway.backends.ray_capacity import LeaseClient, leases_wanted, start_leases
@@ -88,6 +89,10 @@ class RayServeBackend(BackendBase):
         self._top: dict[str, str] = {}  # a shared deployment's label: its replicas' default variant, the most accurate
         self._shared: set[str] = set()  # models whose replicas hold every variant (read on every batch)
         self._autoscaled: dict[str, bool] = {}
+        # a model on several device types (models.<name>.device_types): its options, and the device
+        # each option's deployment asks Ray for, as configured (cpu, T4, ...)
+        self._plans: dict[str, OptionPlan] = {}
+        self._key_device: dict[tuple[str, str], str] = {}
         for lm in repo.models.values():
             self._setup(lm)
 
@@ -99,6 +104,19 @@ class RayServeBackend(BackendBase):
         for v in cfg.variants:
             self._served[(m, v.name)] = RateMeter(time.monotonic)
         self._best[m] = cfg.best_variant
+        self._plans.pop(m, None)
+        devices = over.devices() if over is not None else []
+        if len(devices) > 1:
+            named = {self._profile_name(d): d for d in devices}
+            accuracy = {v.name: v.accuracy for v in cfg.variants}
+            plan = plan_from_profiles(ProfileTable.load(self.repo.root), m, accuracy, list(named), cfg.max_batch_size)
+            for dominated, by in plan.dropped:
+                log.info("model %s: option %s dropped (not faster than the more accurate %s)", m, dominated, by)
+            self._plans[m] = plan
+            for key in plan.keys:
+                self._key_device[(m, key)] = named[split_key(key, "")[1]]
+                self._served[(m, key)] = RateMeter(time.monotonic)
+            self._best[m] = plan.keys[0]  # its demand is the model's; the others' what they serve
         self._top[m] = cfg.variants_by_accuracy[0].name
         if len(cfg.variants) > 1 and over is not None and over.shared_replicas:
             self._shared.add(m)
@@ -107,9 +125,24 @@ class RayServeBackend(BackendBase):
         self._autoscaled[m] = bool(over and over.autoscaling)
 
     # ---- life cycle -----------------------------------------------------------------------
-    def device_of(self, model: str) -> str:
+    def device_of(self, model: str, key: str | None = None) -> str:
+        """The device a deployment asks Ray for, as configured (``cpu``, ``T4``): the model's, or one
+        option's (``key``) on a model with several."""
+        if key is not None and (model, key) in self._key_device:
+            return self._key_device[(model, key)]
         over = self.settings.models.get(model)
+        if over is not None and over.device_types:
+            return over.device_types[0]
         return over.device_type if over and over.device_type else "cpu"
+
+    @staticmethod
+    def _profile_name(device: str) -> str:
+        from models.runtime import device_type
+
+        return device_type("cpu") if device.lower() == "cpu" else device.lower()
+
+    def options_of(self, model: str) -> OptionPlan | None:
+        return self._plans.get(model)
 
     def shared(self, model: str) -> bool:
         """Whether ``model``'s replicas hold all its variants (``shared_replicas``: one deployment)."""
@@ -146,14 +179,16 @@ class RayServeBackend(BackendBase):
             return None
         table = ProfileTable.load(self.repo.root)
         cfg = self.models[model].config
-        return swayam_autoscaling(over, cfg, table, self.device_type_of(model), variant, self.shared(model))
+        v, dev = split_key(variant, self.device_type_of(model))  # an option: its own pair's profile
+        return swayam_autoscaling(over, cfg, table, dev, v, self.shared(model))
 
     def device_type_of(self, model: str) -> str:
-        """The device type name profiles and replicas use (CPU model slug for cpu replicas)."""
-        from models.runtime import device_type
-
-        dev = self.device_of(model)
-        return device_type("cpu") if dev == "cpu" else dev.lower()
+        """The device type name profiles and replicas use (CPU model slug for cpu replicas); the
+        fastest type of a model on several."""
+        plan = self._plans.get(model)
+        if plan is not None:
+            return plan.device_types()[0]
+        return self._profile_name(self.device_of(model))
 
     def replicas_of(self, model: str) -> int:
         over = self.settings.models.get(model)
@@ -192,14 +227,26 @@ class RayServeBackend(BackendBase):
             "device": self.opts.device,
         }
         name, model = lm.config.name, lm
-        device = self.device_of(name)
         shared = self.shared(name)
         ranked = [v.name for v in model.config.variants_by_accuracy]
         out = []
-        # a shared model: one deployment, its replicas holding every variant (best first, the default)
-        for v in ranked[:1] if shared else [v.name for v in model.config.variants]:
+        plan = self._plans.get(name)
+        table = ProfileTable.load(self.repo.root) if plan is not None else None
+        # a shared model: one deployment, its replicas holding every variant (best first, the default);
+        # a model on several device types: one per option (variant, device type)
+        keys = (
+            list(plan.keys) if plan is not None else ranked[:1] if shared else [v.name for v in model.config.variants]
+        )
+        for key in keys:
             if self._cancel_deploy:
                 break
+            v = variant_of(key)
+            device = self.device_of(name, key)
+            emulate = None
+            if table is not None and device.lower() != "cpu":  # its replica waits out this profile on a CPU
+                curve = table.curves.get((name, v, split_key(key, "")[1]))
+                if curve is not None:
+                    emulate = {"batch_sizes": list(curve.batch_sizes), "p50_ms": [x * 1e3 for x in curve.p50_s]}
             dep = deployment_name(name, SHARED if shared else v, device)
             app = APP_PREFIX + dep
             if self.settings.ray_deploy:
@@ -216,7 +263,8 @@ class RayServeBackend(BackendBase):
                             "pipeline_depth": self.settings.pipeline_depth,
                             "runtime": runtime,
                             "fault_delay_s": self._fault_delay_s(name),
-                            "autoscaling": self.autoscaling_config(name, v),
+                            "autoscaling": self.autoscaling_config(name, key),
+                            **({"emulate": emulate} if emulate else {}),
                             "channel_host": self._channel_host(),
                             **({"variants": ranked} if shared else {}),
                             **({"config_override": model.override} if model.override else {}),
@@ -227,7 +275,7 @@ class RayServeBackend(BackendBase):
                     blocking=False,
                 )
             handle = self._handle(self._deployment_handle(dep, app))
-            out += [((name, served), app, handle) for served in (ranked if shared else [v])]
+            out += [((name, served), app, handle) for served in (ranked if shared else [key])]
         return out
 
     def _deployment_handle(self, dep: str, app: str) -> Any:
@@ -287,10 +335,10 @@ class RayServeBackend(BackendBase):
 
             await asyncio.get_running_loop().run_in_executor(None, delete)
         if lm is not None:
-            device = self.device_of(name).lower()
-            for v in lm.config.variants:
+            for key in keys:
+                device = split_key(key[1], self.device_of(name).lower())[1]  # (an option: its profile's name)
                 for state in ("starting", "running", "stopping"):
-                    self._report_replicas(name, v.name, device, state, 0)
+                    self._report_replicas(name, variant_of(key[1]), device, state, 0)
 
     def _channel_host(self) -> str | None:
         """Where each replica's batch channel listens: loopback under the gateway's own embedded Ray,
@@ -406,19 +454,25 @@ class RayServeBackend(BackendBase):
 
     def _count_replicas(self) -> None:
         """Replicas that take batches: RUNNING in Serve's view, and with the direct transport, connected."""
+        runtimes: dict[tuple[str, str], list[tuple[str, str]]] = {}  # per (model, variant): its options' together
         for key, app in self._apps.items():
             states = self.replica_states(app)
             self._replicas[key] = self.channels.count(app) if self.channels is not None else states.get("RUNNING", 0)
+            variant = variant_of(key[1])
             if not self.shared(key[0]) or key[1] == self._top[key[0]]:
-                device = self.device_of(key[0]).lower()
+                device = self.device_of(key[0], key[1]).lower()
+                if key[0] in self._plans:
+                    device = split_key(key[1], device)[1]
                 for state in ("STARTING", "RUNNING", "STOPPING"):
-                    self._report_replicas(key[0], key[1], device, state.lower(), states.get(state, 0))
+                    self._report_replicas(key[0], variant, device, state.lower(), states.get(state, 0))
             if self.channels is not None:  # each connected replica said what it runs on when it connected
                 chans = self.channels.channels(app)
-                said = [c.info.get("runtime", {}).get(key[1]) for c in chans]
-                self._report_runtime(key[0], key[1], [(d, p) for d, p in filter(None, said)])
+                said = [c.info.get("runtime", {}).get(variant) for c in chans]
+                runtimes.setdefault((key[0], variant), []).extend((d, p) for d, p in filter(None, said))
                 if chans and self.on_held is not None:
                     self.on_held(key[0], key[1], max(c.peak_held for c in chans))
+        for (model, variant), pairs in runtimes.items():
+            self._report_runtime(model, variant, pairs)
 
     def _channels_changed(self, app: str) -> None:
         """A channel opened or closed: the slots follow at once (a dead replica's are gone now)."""

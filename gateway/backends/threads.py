@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -13,10 +15,43 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from batching.batcher import RunResult
+from batching.options import OptionPlan, plan_from_profiles, split_key
+from batching.profile import Curve, ProfileTable
 from gateway.backends.base import BackendBase, ModelLoadError
 from gateway.errors import DeadlineExceeded
 from models.repository import LoadedModel, ModelRepository
-from models.runtime import Replica, RuntimeOptions, device_type
+from models.runtime import Replica, RuntimeOptions, device_type, gpu_present
+
+log = logging.getLogger("sloserve.backend")
+
+EMULATED = "emulated"  # the provider label of an emulated device type's replicas
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """One configured device type of a model, as this host serves it in-process: ``name`` as profiles
+    name it, ``session`` the ONNX Runtime device (``cpu`` or ``cuda``), ``emulated`` when this host
+    has no such device (the replica runs the real session, then waits out the pair's profile)."""
+
+    name: str
+    session: str
+    emulated: bool
+
+
+def resolve_device(configured: str) -> DeviceSpec:
+    """``cpu`` (or this host's CPU slug) is a real CPU session; ``cuda`` (or this host's GPU name) a
+    real CUDA session, which needs a GPU; any other type is emulated on the CPU."""
+    n = configured.strip().lower()
+    host_cpu = device_type("cpu")
+    if n in ("cpu", host_cpu):
+        return DeviceSpec(host_cpu, "cpu", False)
+    if n == "cuda":
+        if not gpu_present():
+            raise ModelLoadError("device type 'cuda' needs a GPU and onnxruntime-gpu; this host has none")
+        return DeviceSpec(device_type("cuda"), "cuda", False)
+    if gpu_present() and n == device_type("cuda"):
+        return DeviceSpec(n, "cuda", False)
+    return DeviceSpec(n, "cpu", True)
 
 
 class InProcessBackend(BackendBase):
@@ -40,6 +75,11 @@ class InProcessBackend(BackendBase):
     delay included, the wait for a replica excluded). A batch abandoned before it reached a
     replica (its timeout passed, or it was cancelled) is skipped, never run late.
 
+    A model in ``device_types`` (two or more) has sessions per serving option (variant, device
+    type), keyed as ``batching.options`` spells them; a type this host lacks is emulated
+    (:func:`resolve_device`): its replica runs the real session, then sleeps until the pair's
+    profiled median at that batch size has passed, and says so (provider ``emulated``).
+
     A model in ``shared`` has replicas that hold all of its variants: replica ``i`` is the ``i``-th
     session of every variant, and one free queue per model hands out replica indices, so a batch of
     any variant occupies the whole replica (``shared(model)`` tells the batcher).
@@ -59,8 +99,15 @@ class InProcessBackend(BackendBase):
         pipeline_depth: int = 1,
         processes: bool = False,
         shared: set[str] | None = None,
+        device_types: dict[str, list[str]] | None = None,
     ):
         self.repo = repo
+        self.device_types = {m: ts for m, ts in (device_types or {}).items() if len(ts) > 1}
+        if self.device_types and processes:
+            raise ValueError("several device_types per model are not supported with replica_processes")
+        self._plans: dict[str, tuple[OptionPlan, dict[str, DeviceSpec]]] = {}  # computed on first ask
+        self._devices: dict[tuple[str, str], DeviceSpec] = {}  # (model, option key) -> its device
+        self._emulated: dict[tuple[str, str], Curve] = {}  # (model, option key) -> the profile it waits out
         # what it serves; the repository API changes it (no repository: a unit test installs replicas itself)
         self.models: dict[str, LoadedModel] = dict(repo.models) if repo is not None else {}
         self._shared = set(shared or ())
@@ -82,7 +129,7 @@ class InProcessBackend(BackendBase):
         self._fast: dict[tuple[str, str], bool] = {}
 
     async def start(self) -> None:
-        self._pool = self._new_pool(sum(len(m.config.variants) for m in self.models.values()))
+        self._pool = self._new_pool(self._pool_slots())
         if self.processes:
             await self._start_workers(self.models)
         else:
@@ -92,6 +139,10 @@ class InProcessBackend(BackendBase):
             self._report(name)
         self._ready = True
 
+    def _pool_slots(self) -> int:
+        """Replica keys over every model: variants, times device types for a model on several."""
+        return sum(len(m.config.variants) * len(self.device_types.get(n, "x")) for n, m in self.models.items())
+
     def _new_pool(self, variants: int) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
             max_workers=max(2, variants * self.instances * self.pipeline_depth), thread_name_prefix="ort"
@@ -99,11 +150,60 @@ class InProcessBackend(BackendBase):
 
     async def _load_sessions(self, name: str, model: LoadedModel) -> None:
         outs = [o.name for o in model.config.outputs]
+        if name in self.device_types:
+            await self._load_options(name, model, outs)
+            return
         for v in model.config.variants:
             reps = await self._sessions(name, model, v.name, outs, self.instances)
             self._install(name, v.name, reps)
             # a shared replica's batches all go through its free queue (none inline on the loop)
             self._fast[(name, v.name)] = name not in self._shared and self._probe_fast(reps[0], model)
+
+    def _plan(self, name: str, model: LoadedModel) -> tuple[OptionPlan, dict[str, DeviceSpec]]:
+        """The model's options from its profiles (once: the data plane asks before the sessions load)."""
+        known = self._plans.get(name)
+        if known is not None:
+            return known
+        specs = {}
+        for configured in self.device_types[name]:
+            spec = resolve_device(configured)
+            specs[spec.name] = spec
+        table = ProfileTable.load(self.repo.root) if self.repo is not None else ProfileTable({})
+        accuracy = {v.name: v.accuracy for v in model.config.variants}
+        plan = plan_from_profiles(table, name, accuracy, list(specs), model.config.max_batch_size)
+        for dominated, by in plan.dropped:
+            log.info("model %s: option %s dropped (not faster than the more accurate %s)", name, dominated, by)
+        for key in plan.keys:
+            variant, dev = split_key(key, "")
+            if specs[dev].emulated:
+                curve = table.curves.get((name, variant, dev))
+                if curve is None:
+                    raise ModelLoadError(
+                        f"model '{name}' variant '{variant}': device type '{dev}' is emulated on this host and "
+                        f"needs its profile, {name}/{variant}/profiles/{dev}.json in the repository"
+                    )
+                self._emulated[(name, key)] = curve
+        self._plans[name] = (plan, specs)
+        return plan, specs
+
+    async def _load_options(self, name: str, model: LoadedModel, outs: list[str]) -> None:
+        """Sessions per serving option of a model on several device types."""
+        plan, specs = self._plan(name, model)
+        for key in plan.keys:
+            variant, dev = split_key(key, "")
+            spec = specs[dev]
+            self._devices[(name, key)] = spec
+            opts = dataclasses.replace(self.opts, device=spec.session)
+            reps = await self._sessions(name, model, variant, outs, self.instances, opts)
+            self._install(name, key, reps)
+            self._fast[(name, key)] = not spec.emulated and self._probe_fast(reps[0], model)
+            if spec.emulated:
+                log.info("model %s: %s is emulated (a CPU session, then the profile's median time)", name, key)
+
+    def options_of(self, model: str) -> OptionPlan | None:
+        if model not in self.device_types or model not in self.models:
+            return None
+        return self._plan(model, self.models[model])[0]
 
     async def add_model(self, model: LoadedModel) -> None:
         """Load ``model``'s replicas while serving (the repository API); its old ones, if any, are gone
@@ -111,7 +211,7 @@ class InProcessBackend(BackendBase):
         name = model.config.name
         self.models[name] = model
         pool = self._pool
-        self._pool = self._new_pool(sum(len(m.config.variants) for m in self.models.values()))
+        self._pool = self._new_pool(self._pool_slots())
         if pool is not None:
             pool.shutdown(wait=False)  # batches already handed to it finish there
         try:
@@ -134,7 +234,14 @@ class InProcessBackend(BackendBase):
             self._workers.pop(k, None)
             self._free_q.pop(k, None)
             self._fast.pop(k, None)
-        if model is not None:
+        known = self._plans.pop(name, None)
+        if known is not None:
+            for key in known[0].keys:
+                variant, dev = split_key(key, "")
+                self._report_replicas(name, variant, dev, "running", 0)
+                self._devices.pop((name, key), None)
+                self._emulated.pop((name, key), None)
+        elif model is not None:
             for v in model.config.variants:
                 self._report_replicas(name, v.name, self.device_type, "running", 0)
 
@@ -143,6 +250,19 @@ class InProcessBackend(BackendBase):
         model's replicas hold every variant: counted once, under its most accurate one."""
         model = self.models[name]
         ranked = [v.name for v in model.config.variants_by_accuracy]
+        plan = self.options_of(name)
+        if plan is not None:  # per option: the gauge's (variant, device type); runtimes per variant
+            for v in ranked:
+                runtimes = []
+                for key in plan.of_variant(v):
+                    spec = self._devices[(name, key)]
+                    self._report_replicas(name, v, spec.name, "running", self.replica_count(name, key))
+                    runtimes += [
+                        (spec.name, EMULATED) if spec.emulated else (r.device, r.provider)
+                        for r in self._replicas.get((name, key), ())
+                    ]
+                self._report_runtime(name, v, runtimes)
+            return
         for v in ranked[:1] if name in self._shared else ranked:
             self._report_replicas(name, v, self.device_type, "running", self.replica_count(name, v))
         for v in ranked:
@@ -223,14 +343,18 @@ class InProcessBackend(BackendBase):
         worker = min(live, key=lambda w: w.in_flight)
         return await worker.run(inputs, limit)
 
-    async def _sessions(self, name: str, model, variant: str, outs: list[str], n: int) -> list[Replica]:
+    async def _sessions(
+        self, name: str, model, variant: str, outs: list[str], n: int, opts: RuntimeOptions | None = None
+    ) -> list[Replica]:
         """``n`` ORT sessions of (``name``, ``variant``), built in the pool; a file ORT cannot load is a
         :class:`ModelLoadError` naming it."""
         loop = asyncio.get_running_loop()
         reps = []
         for _ in range(n):
             try:
-                reps.append(await loop.run_in_executor(self._pool, Replica, model.onnx_path(variant), self.opts, outs))
+                reps.append(
+                    await loop.run_in_executor(self._pool, Replica, model.onnx_path(variant), opts or self.opts, outs)
+                )
             except Exception as e:
                 raise ModelLoadError(
                     f"model '{name}' variant '{variant}': {model.onnx_path(variant)} cannot be loaded: {e}"
@@ -261,7 +385,8 @@ class InProcessBackend(BackendBase):
         return self._ready
 
     def device_type_of(self, model: str) -> str:
-        return self.device_type
+        plan = self.options_of(model)
+        return plan.device_types()[0] if plan is not None else self.device_type
 
     def replica_count(self, model: str, variant: str) -> int:
         """Replicas (ORT sessions or worker processes), not batch slots."""
@@ -284,9 +409,11 @@ class InProcessBackend(BackendBase):
         key = (model, variant)
         t0 = time.perf_counter()
         delay = self.fault_delay_s.get(model)
+        spec = self._devices.get(key)
+        dev = spec.name if spec is not None else self.device_type
         if self._fast[key] and not delay:  # tiny: on the loop (ORT sessions may run concurrently)
             out = self._replicas[key][0].run(inputs)
-            return RunResult(out, time.perf_counter() - t0, self.device_type)
+            return RunResult(out, time.perf_counter() - t0, dev)
         limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
         limit = min(limits) if limits else None
         abandoned = threading.Event()
@@ -311,7 +438,7 @@ class InProcessBackend(BackendBase):
         except asyncio.CancelledError:
             abandoned.set()
             raise
-        return RunResult(outputs, compute_s, self.device_type)
+        return RunResult(outputs, compute_s, dev)
 
     def _on_free_replica(
         self, key: tuple[str, str], inputs: dict[str, np.ndarray], delay: float | None, abandoned: threading.Event
@@ -326,6 +453,12 @@ class InProcessBackend(BackendBase):
             if delay:
                 time.sleep(delay)  # chaos drill: the replica is busy this long, as a Ray replica would be
             out = self._replicas[key][i].run(inputs)
+            curve = self._emulated.get(key)
+            if curve is not None:  # an emulated device: busy until the profile's median for this batch
+                rows = next(iter(inputs.values())).shape[0] if inputs else 1
+                rest = t0 + curve.at(rows, "p50") - time.perf_counter()
+                if rest > 0:
+                    time.sleep(rest)
             return out, time.perf_counter() - t0
         finally:
             free.put(i)

@@ -5,6 +5,13 @@ Example (one Azure Functions column, scaled so its peak needs 8 replicas)::
     sloserve sim --trace loadtests/traces/azure_functions_2019_selected_per_minute.csv \\
         --column diurnal_strong --kind counts --interval-s 60 --peak-replicas 8 --slo-ms 1000 \\
         --autoscaler swayam,ray-default,kpa,oracle --seed 0 --out out/sim
+
+With ``--device-types`` it simulates variants across device types instead (``sim/pairs.py``): one model
+of a model repository, a replica set per (variant, device type), the ``slo`` policy choosing a pair per
+batch against the best single variant and the best single pair, on a 3-phase burst::
+
+    sloserve sim --repo model_repository --pair-model heavy --device-types cpu:1,emul-slow:1 \
+        --emulate emul-slow=2 --rate 3000 --burst-factor 3 --duration-s 3 --slo-ms 20 --out out/pairs
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peak-replicas", type=int, help="scale each model so its peak needs N replicas")
     p.add_argument("--start-min", type=float, default=0.0, help="replay from this minute of the trace")
     p.add_argument("--minutes", type=float, default=0.0, help="replay only this many minutes (0 = all)")
-    p.add_argument("--slo-ms", type=float, default=1000.0)
+    p.add_argument("--slo-ms", type=float, default=None, help="default 1000 (--device-types: the model's slo_ms)")
     p.add_argument("--model-class", default="gpt2-gen", help="profile of sim/profiles.py (comma list: round robin)")
     p.add_argument("--device", default="t4", help="simulated GPU type of the profile")
     p.add_argument(
@@ -108,6 +115,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     t.add_argument("--unknown-durations", action="store_true", help="hide job durations from the policy")
     t.add_argument("--harvest-plot", default="", help="also write the GPUs-by-use plot here")
+    g = p.add_argument_group("variants across device types (sim/pairs.py)")
+    g.add_argument(
+        "--device-types",
+        default="",
+        help="TYPE[:REPLICAS][,...] per option; cpu = this host's CPU profile. A type without a count is sized "
+        "for the burst's peak with the throughput-per-type table, best requests/s per --type-cost first",
+    )
+    g.add_argument("--type-cost", default="", help="TYPE=COST[,...]: price of a replica per type (default 1)")
+    g.add_argument("--repo", default="model_repository", help="model repository whose profiles to use")
+    g.add_argument("--pair-model", default="heavy", help="the model (of --repo)")
+    g.add_argument("--burst-factor", type=float, default=3.0, help="the middle third's rate, times --rate")
+    g.add_argument(
+        "--emulate",
+        default="",
+        help="TYPE=SCALE[,...]: a type profiled as this host's CPU times SCALE (loadtests/emulated.py)",
+    )
+    g.add_argument("--pairs-plot", default="", help="also draw the comparison here (PNG)")
     p.add_argument("--out", default="out/sim")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=main)
@@ -140,6 +164,10 @@ def load_arrivals(a: argparse.Namespace) -> list:
 
 
 def main(a: argparse.Namespace) -> int:
+    if a.device_types:
+        return pairs_main(a)
+    if a.slo_ms is None:
+        a.slo_ms = 1000.0
     from sim.engine import SimConfig
     from sim.placement import FixedPool
     from sim.profiles import default_profiles, service_for
@@ -307,4 +335,94 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
             f"wall={r['wall_s']:.1f}s"
         )
     print(f"wrote {path}")
+    return 0
+
+
+def pairs_main(a: argparse.Namespace) -> int:
+    """``--device-types``: the pair choice against one-choice systems, in virtual time."""
+    import tempfile
+    from pathlib import Path
+
+    from batching.profile import ProfileTable
+    from models.repository import ModelRepository
+    from models.runtime import device_type
+    from sim.pairs import best_of, burst_arrivals, compare, plan_for, size_by_throughput
+
+    repo = Path(a.repo)
+    if a.emulate:
+        from loadtests.emulated import emulated_type_repo
+
+        tmp = Path(tempfile.mkdtemp(prefix="sloserve-pairs-"))
+        for item in a.emulate.split(","):
+            name, _, scale = item.partition("=")
+            emulated_type_repo(repo, tmp / name, a.pair_model, name.lower(), float(scale or 1.0))
+        tables = [ProfileTable.load(repo)] + [
+            ProfileTable.load(tmp / i.partition("=")[0]) for i in a.emulate.split(",")
+        ]
+        table = ProfileTable({k: c for t in tables for k, c in t.curves.items()}, tables[0].accuracy)
+    else:
+        table = ProfileTable.load(repo)
+    cfg = ModelRepository(repo).load().models[a.pair_model].config
+    accuracy = {v.name: v.accuracy for v in cfg.variants}
+    replicas: dict[str, int] = {}
+    sized: list[str] = []
+    for item in a.device_types.split(","):
+        name, _, n = item.partition(":")
+        dev = device_type("cpu") if name.lower() == "cpu" else name.lower()
+        replicas[dev] = int(n) if n else 1
+        if not n:
+            sized.append(dev)
+    slo_s = (a.slo_ms or cfg.slo_ms) / 1e3
+    max_batch = min(a.max_batch, cfg.max_batch_size)
+    if sized:  # sized for the peak with the throughput-per-type table (requests/s per unit cost)
+        cost = {}
+        for item in filter(None, a.type_cost.split(",")):
+            name, _, c = item.partition("=")
+            cost[device_type("cpu") if name.lower() == "cpu" else name.lower()] = float(c)
+        plan = plan_for(table, a.pair_model, accuracy, list(replicas), max_batch)
+        want = size_by_throughput(table, a.pair_model, plan, a.rate * a.burst_factor, slo_s, max_batch, cost)
+        replicas.update({d: want[d] for d in sized if d in want})
+    arrivals = burst_arrivals(a.rate, a.burst_factor, a.duration_s, a.seed)
+    t = time.perf_counter()
+    res = compare(table, a.pair_model, accuracy, replicas, arrivals, slo_s, max_batch, a.seed)
+    print(
+        f"sloserve sim (pairs): {a.pair_model}, {len(arrivals)} requests, rate {a.rate:g}/s x{a.burst_factor:g} "
+        f"burst, SLO {slo_s * 1e3:g} ms, replicas {replicas} ({time.perf_counter() - t:.1f} s)",
+        file=sys.stderr,
+    )
+    for name, r in res.items():
+        share = " ".join(f"{k}={n}" for k, n in r.rows.items() if n)
+        print(f"{name:40s} attainment={r.attainment:.4f} effective_accuracy={r.effective_accuracy:.4f}  {share}")
+    best_v, best_p = best_of(res, "variant:"), best_of(res, "pair:")
+    if best_v is not None and best_p is not None:
+        p = res["pairs"]
+        print(
+            f"pairs {p.effective_accuracy:.4f} vs best single variant {best_v.system} {best_v.effective_accuracy:.4f} "
+            f"vs best single pair {best_p.system} {best_p.effective_accuracy:.4f} (effective accuracy)"
+        )
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "argv": sys.argv[1:],
+        "model": a.pair_model,
+        "slo_ms": slo_s * 1e3,
+        "replicas": replicas,
+        "accuracy": accuracy,
+        "systems": {
+            n: {
+                "attainment": r.attainment,
+                "effective_accuracy": r.effective_accuracy,
+                "rows": dict(r.rows),
+                "timeline": r.timeline,
+            }
+            for n, r in res.items()
+        },
+    }
+    (out / "pairs.json").write_text(json.dumps(doc, indent=1))
+    print(f"wrote {out / 'pairs.json'}")
+    if a.pairs_plot:
+        from loadtests.pairs_plot import draw
+
+        draw(doc, a.pairs_plot, a.rate, a.burst_factor)
+        print(f"wrote {a.pairs_plot}")
     return 0

@@ -61,7 +61,7 @@ def shape_of(raw: Any, where: str) -> tuple[int, ...]:
 
 
 def parse_params(raw: Any, where: str = "parameters") -> RequestParams:
-    """Read the SLO parameters (``slo_ms``, ``min_accuracy``, ``priority``, ``variant``)."""
+    """Read the SLO parameters (``slo_ms``, ``min_accuracy``, ``priority``, ``variant``, ``device_type``)."""
     p = RequestParams()
     if raw is None:
         return p
@@ -81,6 +81,11 @@ def parse_params(raw: Any, where: str = "parameters") -> RequestParams:
         if not isinstance(v, str) or not v:
             raise InvalidArgument(f"parameter 'variant' must be a variant name (string), got {v!r:.40}")
         p.variant = v
+    if "device_type" in raw:
+        v = raw["device_type"]
+        if not isinstance(v, str) or not v:
+            raise InvalidArgument(f"parameter 'device_type' must be a device type name (string), got {v!r:.40}")
+        p.device_type = v
     return p
 
 
@@ -275,6 +280,7 @@ _HEADER_PARAMS = {
     "x-min-accuracy": "min_accuracy",
     "x-priority": "priority",
     "x-variant": "variant",
+    "x-device-type": "device_type",
 }
 
 

@@ -46,6 +46,7 @@ INFER_BODY_DOC = {
                                 "min_accuracy": {"type": "number"},
                                 "priority": {"type": "integer"},
                                 "variant": {"type": "string"},
+                                "device_type": {"type": "string"},
                                 "binary_data_output": {"type": "boolean"},
                             },
                         },
@@ -100,7 +101,7 @@ async def read_body(request: Request, limit: int, ticket: Ticket | None = None) 
     return b"".join(chunks)
 
 
-SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant")
+SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant", "x-device-type")
 
 
 def body_timeout(timeout_s: float) -> RequestTimeout:

@@ -1,6 +1,7 @@
 """Per-round effective accuracy of a burst run, from `sloserve bench slo`'s log lines: for each offered rate,
 each system's rounds and median, and each `@any` system against the best single variant (`@large`, `@medium`),
-on medians and paired per round.
+on medians and paired per round; a `sloserve-...-types@any` system (variants across device types) also against
+the best single (variant, device type) pair (`@VARIANT+TYPE`, or a one-type `@VARIANT` system).
 
     python loadtests/bench/burst_log_table.py docs/data/burst/burst8-250-r6.log [more logs: rounds pooled]
 """
@@ -27,6 +28,18 @@ for rate, rows in sorted(by_rate.items()):
     for s, v in rows.items():
         e = [v[k][1] for k in keys if k in v]
         print(f"{s:28s} effacc " + " ".join(f"{x:.3f}" for x in e) + f"  median {st.median(e):.4f}")
+    # runs with variants across device types (`sloserve-...-types` systems): the pair choice against the
+    # best single (variant, device type) pair, i.e. a pinned `@VARIANT+TYPE` or a one-type `@VARIANT` system
+    pairs_in = [
+        s for s in rows if "+" in s.rpartition("@")[2] or ("-types@" not in s and "@" in s and not s.endswith("@any"))
+    ]
+    typed = [s for s in rows if "-types@" in s and s.endswith("@any")]
+    if typed and pairs_in:
+        bp = max(pairs_in, key=lambda s: st.median(x[1] for x in rows[s].values()))
+        bp_med = st.median(x[1] for x in rows[bp].values())
+        for s in typed:
+            med = st.median(x[1] for x in rows[s].values())
+            print(f"{s}: median - best single pair ({bp}) median = {100 * (med - bp_med):+.2f} points")
     singles_in = [s for s in rows if s.endswith(("@large", "@medium"))]
     if not singles_in:
         print("no @large or @medium rounds at this rate: nothing to compare @any with")

@@ -36,6 +36,20 @@ the policy may choose a cheaper variant); ``sloserve-shared-<policy>`` runs the 
 ``shared_replicas`` (one set of replicas holding every variant, in-process backend); ``triton``,
 ``rayserve``, ``mlserver`` (tuned), or one configuration: ``triton-<delay ms>x<instances>``,
 ``rayserve-<wait ms>x<replicas>[-opt|-ha]``, ``mlserver-<batch time ms>x<workers>``.
+
+Variants across device types: ``sloserve-<policy>-types@...`` serves the model on every type of
+``--device-types`` (``models.<model>.device_types``); ``@any`` lets the policy pick a (variant, device
+type) pair per batch, ``@<variant>`` pins the variant (on any type), ``@<variant>+<type>`` pins one pair
+(the ``x-device-type`` header). ``--emulate TYPE=SCALE`` serves from a copy of the model with a profile
+for TYPE derived from this host's CPU profile (every latency times SCALE >= 1): in-process, such a
+replica runs the real CPU session, then waits out that profile (docs/batching.md, "Variants across
+device types"). ``loadtests/bench/burst_log_table.py`` on the log compares a ``-types@any`` system with
+the best single variant and the best single pair::
+
+    sloserve bench slo --model heavy --slo-ms 20 --arrival burst --burst-factor 3 --emulate emul-slow=2 \
+        --device-types cpu,emul-slow --systems sloserve-slo-types@any,sloserve-slo-types@large,\
+    sloserve-slo-types@medium,sloserve-slo@large,sloserve-slo@medium,sloserve-slo-types@large+emul-slow \
+        --rates 200,300,400,500,600,800 --duration 6 --rounds 3 --out results/types.json 2> results/types.log
 """
 
 from __future__ import annotations
@@ -324,6 +338,18 @@ def light_step(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     repo = Path(args.repo).resolve()  # absolute: a system from another tree (--tree) starts in that tree
+    if args.emulate:  # a copy of the model with the emulated types' derived profiles beside its own
+        from loadtests.emulated import add_emulated_profiles, emulated_type_repo
+
+        copy = default_tmp() / "emulated-repo"
+        shutil.rmtree(copy, ignore_errors=True)
+        for k, item in enumerate(args.emulate.split(",")):
+            name, _, scale = item.partition("=")
+            if k == 0:
+                emulated_type_repo(repo, copy, args.model, name.strip().lower(), float(scale or 1.0))
+            else:
+                add_emulated_profiles(copy, args.model, name.strip().lower(), float(scale or 1.0))
+        repo = copy
     cfg = json.loads((repo / args.model / "config.json").read_text())
     args._variants = [v["name"] for v in cfg["variants"]]
     args._accuracy = {v["name"]: float(v["accuracy"]) for v in cfg["variants"]}

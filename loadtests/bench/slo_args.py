@@ -65,6 +65,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-column", help="trace arrivals: column of the CSV (default: the first)")
     p.add_argument("--trace-bucket-s", type=float, default=1.0, help="seconds per trace minute")
     p.add_argument("--burst-factor", type=float, default=3.0)
+    p.add_argument(
+        "--device-types",
+        default="cpu,emul-slow",
+        help="the device types of a sloserve-...-types system (models.<model>.device_types)",
+    )
+    p.add_argument(
+        "--emulate",
+        default="",
+        help="TYPE=SCALE[,...]: serve from a copy of --repo whose model has a profile for TYPE derived "
+        "from this host's CPU profile times SCALE (loadtests/emulated.py); in-process replicas of TYPE "
+        "then run the real CPU session and wait out that profile",
+    )
     p.add_argument("--rates", default=DEFAULT_RATES, help="offered rates swept upward (requests/s)")
     p.add_argument("--duration", type=float, default=4.0, help="seconds of arrivals per rate")
     p.add_argument(

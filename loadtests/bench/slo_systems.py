@@ -68,12 +68,18 @@ def _launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) ->
             model_cfg = {"slo_ms": args.slo_ms, "batching": policy_batching(policy, args)}
             if "shared" in parts[1:]:  # sloserve-shared-<policy>: every replica holds every variant
                 model_cfg["shared_replicas"] = True
+            if "types" in parts[1:]:  # sloserve-...-types: replicas on every --device-types type, a pair per batch
+                model_cfg["device_types"] = [d.strip() for d in args.device_types.split(",") if d.strip()]
             cfg.write_text(json.dumps({"models": {args.model: model_cfg}}))
             knobs = BatchingKnobs(sloserve_config=str(cfg), sloserve_backend=backend)
             launch = make_launch("sloserve", repo, args.model, args.variant, knobs, tmp)
         launch.system = system
         # the readiness probe carries the warm-up budget: at the benchmark's SLO a cold start can be refused
         launch.headers = {"x-slo-ms": f"{args.warmup_slo_ms:g}"}
+        pin, _, device = pin.partition("+")  # @VARIANT+TYPE pins a (variant, device type) pair
+        if device:
+            launch.headers["x-device-type"] = device
+            hdrs["x-device-type"] = device
         if pin != "any":
             launch.headers["x-variant"] = pin
             hdrs["x-variant"] = pin

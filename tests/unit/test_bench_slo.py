@@ -213,3 +213,21 @@ def test_a_system_runs_from_another_tree(tmp_path):
     )
     assert launch.argv[:3] == [sys.executable, "-m", "gateway.cli"] and launch.argv[3:] == ["serve", "--repo", "r"]
     assert launch.cwd == tmp_path.resolve() and launch.env["PYTHONPATH"] == str(tmp_path.resolve())
+
+
+def test_a_types_system_serves_every_device_type_and_may_pin_a_pair(tmp_path, model_repo):
+    import json
+
+    from loadtests.bench.slo import add_arguments
+    from loadtests.bench.slo_systems import launch_for
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--device-types", "cpu,emul-slow"])
+    args._trees = {}
+    launch, hdrs, pin = launch_for("sloserve-slo-types@large+emul-slow", args, model_repo, tmp_path)
+    assert (hdrs["x-variant"], hdrs["x-device-type"], pin) == ("large", "emul-slow", "large")
+    cfg = json.loads((tmp_path / "sloserve-slo-types_large+emul-slow.json").read_text())
+    assert cfg["models"]["heavy"]["device_types"] == ["cpu", "emul-slow"]
+    _, hdrs, pin = launch_for("sloserve-slo-types@any", args, model_repo, tmp_path)
+    assert "x-variant" not in hdrs and "x-device-type" not in hdrs and pin == "any"

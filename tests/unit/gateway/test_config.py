@@ -49,3 +49,18 @@ def test_binding_beyond_loopback_needs_tokens(host):
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
 def test_loopback_needs_no_tokens(host):
     assert Settings(host=host).host == host
+
+
+def test_device_types_and_device_type_are_one_or_the_other():
+    import pytest
+
+    from gateway.config import Settings
+
+    with pytest.raises(ValueError, match="device_type .* or device_types"):
+        Settings(models={"heavy": {"device_type": "T4", "device_types": ["cpu", "T4"]}})
+    with pytest.raises(ValueError, match="twice"):
+        Settings(models={"heavy": {"device_types": ["T4", "t4"]}})
+    with pytest.raises(ValueError, match="replica_processes"):
+        Settings(backend="inprocess", replica_processes=True, models={"heavy": {"device_types": ["cpu", "T4"]}})
+    assert Settings(models={"heavy": {"device_types": ["cpu", "T4"]}}).models["heavy"].devices() == ["cpu", "T4"]
+    assert Settings(models={"heavy": {"device_type": "T4"}}).models["heavy"].devices() == ["T4"]

@@ -1,0 +1,83 @@
+"""A model on several device types, as the data plane sees it: its options from the profiles (dominated
+ones dropped), the policy's keys, and each request's allowed options (pinned variant, pinned device
+type, unknown type). Nothing is started: the backend computes the options on the first ask."""
+
+import pytest
+
+from batching.options import split_key, variant_of
+from gateway.backends.threads import InProcessBackend
+from gateway.config import Settings
+from gateway.dataplane import DataPlane
+from gateway.errors import InvalidArgument
+from gateway.types import InferRequest, RequestParams
+from loadtests.emulated import emulated_type_repo
+from models.repository import ModelRepository
+from models.runtime import RuntimeOptions, device_type
+
+EMUL = "emul-slow"
+
+
+def make_plane(model_repo, root, types) -> DataPlane:
+    emulated_type_repo(model_repo, root, "heavy", EMUL, 3.0)
+    emulated_type_repo(model_repo, root, "digits", EMUL, 3.0)
+    repo = ModelRepository(root).load()
+    settings = Settings(backend="inprocess", repo=root, models={m: {"device_types": t} for m, t in types.items()})
+    backend = InProcessBackend(repo, RuntimeOptions(device="cpu"), device_types=types)
+    return DataPlane(repo, backend, settings)
+
+
+@pytest.fixture(scope="module")
+def plane(model_repo, tmp_path_factory):
+    return make_plane(model_repo, tmp_path_factory.mktemp("opts") / "repo", {"heavy": ["cpu", EMUL]})
+
+
+def req(model: str = "heavy", **params) -> InferRequest:
+    return InferRequest(model, None, {}, params=RequestParams(**params))
+
+
+def test_options_rank_variants_by_accuracy_and_types_fastest_first(plane):
+    m = plane.models["heavy"]
+    cpu = device_type("cpu")
+    assert m.device_types == (cpu, EMUL)
+    assert [variant_of(k) for k in m.keys] == ["large", "large", "medium", "medium", "small", "small"]
+    assert [split_key(k, "")[1] for k in m.keys[:2]] == [cpu, EMUL]  # the CPU is 3x faster than the emulated type
+    assert m.policy.context.variants == m.keys
+    assert m.metadata()["parameters"]["device_types"] == [cpu, EMUL]
+    assert plane.allowed_variants(m, req()) == tuple(m.keys)
+
+
+def test_a_pinned_variant_runs_on_any_type_and_a_pinned_type_on_that_type_only(plane):
+    m = plane.models["heavy"]
+    cpu = device_type("cpu")
+    assert plane.allowed_variants(m, req(variant="medium")) == (f"medium@{cpu}", f"medium@{EMUL}")
+    assert plane.allowed_variants(m, req(device_type="CPU")) == tuple(k for k in m.keys if k.endswith(cpu))
+    assert plane.allowed_variants(m, req(variant="large", device_type=EMUL)) == (f"large@{EMUL}",)
+    assert plane.allowed_variants(m, req(min_accuracy=0.9, device_type=EMUL)) == (f"large@{EMUL}", f"medium@{EMUL}")
+
+
+def test_an_unknown_device_type_is_refused_with_the_models_types(plane):
+    m = plane.models["heavy"]
+    with pytest.raises(InvalidArgument) as e:
+        plane.allowed_variants(m, req(device_type="tpu"))
+    assert "tpu" in str(e.value) and EMUL in str(e.value) and device_type("cpu") in str(e.value)
+
+
+def test_a_one_type_model_keeps_plain_variant_keys(plane):
+    m = plane.models["digits"]
+    assert m.plan is None and m.keys == m.by_accuracy
+    assert plane.allowed_variants(m, req("digits")) == m.default_variants
+    assert (
+        plane.allowed_variants(m, req("digits", device_type="cpu")) == m.default_variants
+    )  # its one type may be pinned
+    with pytest.raises(InvalidArgument, match="unknown device_type"):
+        plane.allowed_variants(m, req("digits", device_type=EMUL))
+
+
+def test_a_dominated_option_is_not_served_and_pinning_it_says_so(model_repo, tmp_path):
+    """digits' large is less accurate than its medium and slower on every type: dropped on both."""
+    p = make_plane(model_repo, tmp_path / "repo", {"digits": ["cpu", EMUL]})
+    m = p.models["digits"]
+    assert m.plan is not None and {d for d, _ in m.plan.dropped} >= {f"large@{device_type('cpu')}", f"large@{EMUL}"}
+    assert "large" not in {variant_of(k) for k in m.keys}
+    with pytest.raises(InvalidArgument, match="serves none of"):
+        p.allowed_variants(m, req("digits", variant="large"))
