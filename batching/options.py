@@ -7,9 +7,12 @@ option ``"<variant>@<device_type>"`` (``"large@t4"``); :func:`option_key` builds
 :func:`split_key` takes one apart, so no other code parses the string.
 
 :func:`plan_options` orders a model's options for the policy (most accurate variant first; per
-variant its device types fastest at one row first) and drops the **dominated** ones: on one device
-type, an option less accurate than another and not faster than it at any profiled batch size is
-never a useful fallback (an INT8 graph on a GPU is often slower than the FP32 one).
+variant its device types fastest at one row first) and drops the **dominated** ones from the
+fallback chain: on one device type, an option less accurate than another and not faster than it at
+any profiled batch size is never a useful fallback (an INT8 graph on a GPU is often slower than the
+FP32 one). A dropped option is still served, to a request that pins its variant: ``served`` lists
+every option (the fallback chain, then the dropped ones), and :meth:`OptionPlan.of_variant` with
+``pinned=True`` gives a variant's options whether dropped or not, fastest first.
 
 >>> option_key("large", "t4"), split_key("large@t4", "cpu"), split_key("large", "cpu")
 ('large@t4', ('large', 't4'), ('large', 'cpu'))
@@ -18,6 +21,8 @@ never a useful fallback (an INT8 graph on a GPU is often slower than the FP32 on
 ...                  lambda v, d, n: lat[(v, d)] * n, [1, 8])
 >>> p.keys, p.dropped
 (('large@t4', 'large@cpu', 'small@cpu'), (('small@t4', 'large@t4'),))
+>>> p.of_variant("small"), p.of_variant("small", pinned=True), p.served[-1]
+(('small@cpu',), ('small@cpu', 'small@t4'), 'small@t4')
 """
 
 from __future__ import annotations
@@ -58,17 +63,29 @@ def is_option_key(key: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class OptionPlan:
-    """A multi-type model's options: ``keys`` as the policy ranks them (best first); ``dropped`` as
-    (dominated key, the key that dominates it)."""
+    """A multi-type model's options: ``keys``, the fallback chain as the policy ranks it (best
+    first); ``dropped`` as (dominated key, the key that dominates it); ``pinned_order``: each
+    variant's options fastest first, dropped or not (empty: ``keys`` then the dropped, in order)."""
 
     keys: tuple[str, ...]
     dropped: tuple[tuple[str, str], ...] = ()
+    pinned_order: tuple[str, ...] = ()
 
-    def of_variant(self, variant: str) -> tuple[str, ...]:
-        return tuple(k for k in self.keys if variant_of(k) == variant)
+    @property
+    def served(self) -> tuple[str, ...]:
+        """Every option that has replicas: the fallback chain, then the dropped ones (pinned only)."""
+        return self.keys + tuple(d for d, _ in self.dropped if d not in self.keys)
+
+    def of_variant(self, variant: str, pinned: bool = False) -> tuple[str, ...]:
+        """``variant``'s options fastest first: in the fallback chain, or (``pinned``) all of them,
+        for a request that names the variant."""
+        if not pinned:
+            return tuple(k for k in self.keys if variant_of(k) == variant)
+        order = self.pinned_order or self.served
+        return tuple(k for k in order if variant_of(k) == variant)
 
     def device_types(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(split_key(k, "")[1] for k in self.keys))
+        return tuple(dict.fromkeys(split_key(k, "")[1] for k in self.served))
 
 
 def plan_options(
@@ -83,12 +100,18 @@ def plan_options(
     Per variant, device types go fastest first by ``latency(variant, type, 1)`` (a pair without a
     profile of its own last, in the order given). An option (v, d) is dropped when a more accurate
     variant u on the same type d has a profile and ``latency(u, d, b) <= latency(v, d, b)`` at every
-    size of ``batch_sizes``: serving v there never buys time u would not. Options without a profile
-    of their own are never dropped (nothing says they are slower)."""
+    size of ``batch_sizes``: serving v there never buys time u would not (it stays in ``served``, for
+    a request pinning v). Options without a profile of their own are never dropped (nothing says
+    they are slower)."""
     ranked = sorted(variants, key=lambda v: -accuracy.get(v, 0.0))
     dropped: list[tuple[str, str]] = []
     kept: dict[str, list[str]] = {}
+    every: dict[str, list[str]] = {}
     for i, v in enumerate(ranked):
+        one_row = {d: latency(v, d, 1) for d in device_types}
+        every[v] = sorted(
+            device_types, key=lambda d: (math.inf if (r := one_row[d]) is None else r, device_types.index(d))
+        )
         types = []
         for d in device_types:
             own = [latency(v, d, b) for b in batch_sizes]
@@ -105,10 +128,9 @@ def plan_options(
                 dropped.append((option_key(v, d), option_key(dominator, d)))
                 continue
             types.append(d)
-        one_row = {d: latency(v, d, 1) for d in types}
-        kept[v] = sorted(types, key=lambda d: (math.inf if one_row[d] is None else one_row[d], device_types.index(d)))
+        kept[v] = [d for d in every[v] if d in types]
     keys = tuple(option_key(v, d) for v in ranked for d in kept[v])
-    return OptionPlan(keys, tuple(dropped))
+    return OptionPlan(keys, tuple(dropped), tuple(option_key(v, d) for v in ranked for d in every[v]))
 
 
 def plan_from_profiles(

@@ -74,7 +74,8 @@ class ModelState:
         self.device_types: tuple[str, ...] = (
             plan.device_types() if plan is not None else (backend.device_type_of(cfg.name),)
         )
-        self.keys: list[str] = list(plan.keys) if plan is not None else list(self.by_accuracy)
+        # every served option: the fallback chain, then the dominated ones (served only when pinned)
+        self.keys: list[str] = list(plan.served) if plan is not None else list(self.by_accuracy)
         key_accuracy = {k: self.accuracy[variant_of(k)] for k in self.keys}
         batching = dict(cfg.batching)
         if over is not None and over.batching is not None:
@@ -442,7 +443,8 @@ class DataPlane:
     def allowed_variants(self, m: ModelState, req: InferRequest) -> tuple[str, ...]:
         """The keys that may serve ``req``, best first: its variants (pinned, at or above
         ``min_accuracy``, or all), each on its device types fastest first for a model on several
-        (only the pinned ``device_type`` when it names one)."""
+        (only the pinned ``device_type`` when it names one). A pinned variant runs on all its
+        options; otherwise only the fallback chain's (dominated options left out)."""
         variants = self._variants(m, req)
         pin = req.params.device_type
         if m.plan is None:
@@ -450,14 +452,17 @@ class DataPlane:
                 self._device_type(m, pin)  # one type: only it may be pinned
             return variants
         dev = self._device_type(m, pin) if pin is not None else None
-        keys = tuple(k for v in variants for k in m.plan.of_variant(v) if dev is None or split_key(k, "")[1] == dev)
-        if not keys:
+        pinned = req.params.variant is not None
+        keys = tuple(
+            k
+            for v in variants
+            for k in m.plan.of_variant(v, pinned=pinned)
+            if dev is None or split_key(k, "")[1] == dev
+        )
+        if not keys:  # (a dominated option's dominator is on the same type: not reached with a known type)
             served = sorted({variant_of(k) for k in m.keys if dev is None or split_key(k, "")[1] == dev})
             where = f" on device type '{dev}'" if dev is not None else ""
-            raise InvalidArgument(
-                f"model '{m.config.name}' serves none of {list(variants)}{where} (an option less accurate and "
-                f"no faster than another on the same type is not served); it serves {served}{where}"
-            )
+            raise InvalidArgument(f"model '{m.config.name}' serves none of {list(variants)}{where}; it serves {served}")
         return keys
 
     def _device_type(self, m: ModelState, name: str) -> str:

@@ -111,9 +111,14 @@ class RayServeBackend(BackendBase):
             accuracy = {v.name: v.accuracy for v in cfg.variants}
             plan = plan_from_profiles(ProfileTable.load(self.repo.root), m, accuracy, list(named), cfg.max_batch_size)
             for dominated, by in plan.dropped:
-                log.info("model %s: option %s dropped (not faster than the more accurate %s)", m, dominated, by)
+                log.info(
+                    "model %s: option %s leaves the fallback chain (not faster than the more accurate %s; served when its variant is pinned)",
+                    m,
+                    dominated,
+                    by,
+                )
             self._plans[m] = plan
-            for key in plan.keys:
+            for key in plan.served:  # a dominated option too: it serves requests pinning its variant
                 self._key_device[(m, key)] = named[split_key(key, "")[1]]
                 self._served[(m, key)] = RateMeter(time.monotonic)
             self._best[m] = plan.keys[0]  # its demand is the model's; the others' what they serve
@@ -235,7 +240,7 @@ class RayServeBackend(BackendBase):
         # a shared model: one deployment, its replicas holding every variant (best first, the default);
         # a model on several device types: one per option (variant, device type)
         keys = (
-            list(plan.keys) if plan is not None else ranked[:1] if shared else [v.name for v in model.config.variants]
+            list(plan.served) if plan is not None else ranked[:1] if shared else [v.name for v in model.config.variants]
         )
         for key in keys:
             if self._cancel_deploy:

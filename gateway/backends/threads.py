@@ -172,8 +172,13 @@ class InProcessBackend(BackendBase):
         accuracy = {v.name: v.accuracy for v in model.config.variants}
         plan = plan_from_profiles(table, name, accuracy, list(specs), model.config.max_batch_size)
         for dominated, by in plan.dropped:
-            log.info("model %s: option %s dropped (not faster than the more accurate %s)", name, dominated, by)
-        for key in plan.keys:
+            log.info(
+                "model %s: option %s leaves the fallback chain (not faster than the more accurate %s; served when its variant is pinned)",
+                name,
+                dominated,
+                by,
+            )
+        for key in plan.served:
             variant, dev = split_key(key, "")
             if specs[dev].emulated:
                 curve = table.curves.get((name, variant, dev))
@@ -187,9 +192,10 @@ class InProcessBackend(BackendBase):
         return plan, specs
 
     async def _load_options(self, name: str, model: LoadedModel, outs: list[str]) -> None:
-        """Sessions per serving option of a model on several device types."""
+        """Sessions per serving option of a model on several device types (a dominated one too: it
+        serves the requests that pin its variant)."""
         plan, specs = self._plan(name, model)
-        for key in plan.keys:
+        for key in plan.served:
             variant, dev = split_key(key, "")
             spec = specs[dev]
             self._devices[(name, key)] = spec
@@ -236,7 +242,7 @@ class InProcessBackend(BackendBase):
             self._fast.pop(k, None)
         known = self._plans.pop(name, None)
         if known is not None:
-            for key in known[0].keys:
+            for key in known[0].served:
                 variant, dev = split_key(key, "")
                 self._report_replicas(name, variant, dev, "running", 0)
                 self._devices.pop((name, key), None)
@@ -254,7 +260,7 @@ class InProcessBackend(BackendBase):
         if plan is not None:  # per option: the gauge's (variant, device type); runtimes per variant
             for v in ranked:
                 runtimes = []
-                for key in plan.of_variant(v):
+                for key in plan.of_variant(v, pinned=True):
                     spec = self._devices[(name, key)]
                     self._report_replicas(name, v, spec.name, "running", self.replica_count(name, key))
                     runtimes += [

@@ -2,6 +2,7 @@
 ones dropped), the policy's keys, and each request's allowed options (pinned variant, pinned device
 type, unknown type). Nothing is started: the backend computes the options on the first ask."""
 
+import numpy as np
 import pytest
 
 from batching.options import split_key, variant_of
@@ -73,11 +74,31 @@ def test_a_one_type_model_keeps_plain_variant_keys(plane):
         plane.allowed_variants(m, req("digits", device_type=EMUL))
 
 
-def test_a_dominated_option_is_not_served_and_pinning_it_says_so(model_repo, tmp_path):
-    """digits' large is less accurate than its medium and slower on every type: dropped on both."""
+def test_a_dominated_option_leaves_the_fallback_chain_but_a_pinned_variant_is_served(model_repo, tmp_path):
+    """digits' large is less accurate than its medium and slower on every type: out of the fallback
+    chain on both, yet a request pinning it runs on its own options, fastest type first."""
     p = make_plane(model_repo, tmp_path / "repo", {"digits": ["cpu", EMUL]})
     m = p.models["digits"]
-    assert m.plan is not None and {d for d, _ in m.plan.dropped} >= {f"large@{device_type('cpu')}", f"large@{EMUL}"}
-    assert "large" not in {variant_of(k) for k in m.keys}
-    with pytest.raises(InvalidArgument, match="serves none of"):
-        p.allowed_variants(m, req("digits", variant="large"))
+    cpu = device_type("cpu")
+    assert m.plan is not None and {d for d, _ in m.plan.dropped} >= {f"large@{cpu}", f"large@{EMUL}"}
+    assert "large" not in {variant_of(k) for k in m.plan.keys}
+    assert m.keys[-2:] == [f"large@{cpu}", f"large@{EMUL}"]  # served, ranked after every fallback
+    assert "large" not in {variant_of(k) for k in p.allowed_variants(m, req("digits"))}
+    assert "large" not in {variant_of(k) for k in p.allowed_variants(m, req("digits", min_accuracy=0.0))}
+    assert p.allowed_variants(m, req("digits", variant="large")) == (f"large@{cpu}", f"large@{EMUL}")
+    assert p.allowed_variants(m, req("digits", variant="large", device_type=EMUL)) == (f"large@{EMUL}",)
+    assert m.policy.context.variants == m.keys
+
+
+@pytest.mark.asyncio
+async def test_a_pinned_dominated_variant_is_answered_by_its_own_replicas(model_repo, tmp_path):
+    p = make_plane(model_repo, tmp_path / "repo", {"digits": ["cpu", EMUL]})
+    await p.start()
+    try:
+        m = p.models["digits"]
+        x = np.zeros([1, *m.config.inputs[0].shape], dtype=np.float32)
+        params = RequestParams(variant="large", slo_ms=5000)
+        out = await p.infer(InferRequest("digits", None, {m.config.inputs[0].name: ("FP32", x)}, params=params))
+        assert out.parameters["variant"] == "large" and out.parameters["device_type"] == device_type("cpu")
+    finally:
+        await p.stop()
