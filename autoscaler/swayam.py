@@ -13,6 +13,7 @@ Per call, for one model:
    smallest of those rises, or the largest when every one was a clear spike (more than
    ``season_spike_frac`` of its base level), whose height varies from cycle to cycle.
 3. **Size**: plan for ``base * (1 + margin) + noise_z * sqrt(base / window) + burst_z * sqrt(k * base)``
+   (one device type of a variant on several: its part of that, ``autoscaler.typesplit``)
    and take the fewest replicas whose tail latency meets the SLO percentile
    (``autoscaler.queueing.replicas_needed``). ``margin`` is ``margin_frac``; ``k = (I - 1) / bin_s``
    is how clumped the arrivals are (``autoscaler.burst``: ``I`` the index of dispersion of the
@@ -466,10 +467,15 @@ def decide(
         """Rate ``r`` plus the margin, the noise term and the clumps' term: what replicas are sized for."""
         return r * (1 + margin) + config.noise_z * math.sqrt(r / span) + clump * math.sqrt(r)
 
-    def size(r: float) -> int:
-        return replicas_needed(snap.service, plan_rate(r), snap.max_replicas) if r > 0 else 0
+    split = snap.split
 
-    planned = plan_rate(base)
+    def size(r: float) -> int:
+        if r <= 0:
+            return 0
+        p = plan_rate(r) if split is None else split.part(plan_rate(r))  # one type: its part of the plan
+        return replicas_needed(snap.service, p, snap.max_replicas) if p > 0 else 0
+
+    planned = plan_rate(base) if split is None else split.part(plan_rate(base))
     need = size(base)
     needs = _push_max(state.needs, now, need, config.keep_alive_s)  # needs[0]: the largest of the keep-alive
     held = needs[0][1]

@@ -9,8 +9,12 @@ clock; policies never read a clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from batching.profile import Curve
+
+if TYPE_CHECKING:
+    from autoscaler.typesplit import DemandSplit
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +65,9 @@ class ScalingSnapshot:
     driver over the time since the previous call (what Ray Serve's default policy reads).
     ``windows``: gateway reports since the previous call (what ``swayam`` reads).
     ``future_peak_rps``: the true peak rate over the coming start-up horizon; only a clairvoyant
-    driver fills it in and only ``oracle`` reads it.
+    driver fills it in and only ``oracle`` reads it. ``split``: this deployment is one device type
+    of a variant on several (``autoscaler.typesplit``); the windows carry the variant's whole demand
+    and ``swayam`` sizes for this type's part of the rate it plans for.
     """
 
     model: str
@@ -73,6 +79,7 @@ class ScalingSnapshot:
     min_replicas: int = 0
     max_replicas: int = 1_000_000
     future_peak_rps: float | None = None
+    split: DemandSplit | None = None
 
 
 @dataclass(frozen=True, slots=True)

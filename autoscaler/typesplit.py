@@ -1,0 +1,114 @@
+"""A model's demand for one variant split over the device types it runs on (ours).
+
+A variant served on several device types (``models.<m>.device_types``) has a deployment per type,
+each sized by swayam on its own profile. If each saw the model's whole demand, every type would
+scale to carry all of it. :func:`split_demand` hands each type its part instead:
+
+* the types rank by Gavel's throughput table normalised by price: requests/s of one replica at the
+  SLO (``autoscaler.placement.cost.throughputs_from_profile``) per unit of ``cost``; name order
+  breaks ties;
+* the best-ranked type takes the demand first, up to its **bound**: what ``max_replicas`` of its
+  replicas serve within the SLO (``autoscaler.queueing.capacity_rps``, the queueing model swayam
+  sizes with, so a type handed its bound needs exactly ``max_replicas``);
+* the next type takes the rest, up to its bound, and so on; demand beyond every bound stays with the
+  last type (it scales to its cap; nothing more fits).
+
+Swayam applies the split to the rate it plans for (prediction, head-room and all:
+``ScalingSnapshot.split``), so a rising demand fills the cheap-per-throughput type to its bound
+before the next type scales, and a falling one releases the costlier type first (its part drops to
+zero first; its keep-alive still applies). Only the most accurate variant's deployments split the
+model's demand; a cheaper variant's deployment sizes on what it served.
+
+>>> from batching.profile import Curve
+>>> svc = ServiceModel(Curve((1, 32), (0.002, 0.016), (0.002, 0.016)), slo_s=0.05, max_batch_size=32)
+>>> a, b = TypeOption("a", svc, 1000.0, cost=1.0, max_replicas=2), TypeOption("b", svc, 1000.0, cost=3.0)
+>>> bound = a.bound_rps
+>>> s = split_demand(bound + 100.0, (b, a))
+>>> round(s["a"] - bound, 6), round(s["b"], 6)
+(0.0, 100.0)
+>>> split_demand(50.0, (a, b))
+{'a': 50.0, 'b': 0.0}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autoscaler.queueing import capacity_rps
+from autoscaler.types import ServiceModel
+
+
+@dataclass(frozen=True, slots=True)
+class TypeOption:
+    """One device type of a variant: one replica's service there, its throughput-table entry
+    (requests/s of one replica at the SLO), its price per replica (any unit, the same for every
+    type) and the most replicas it may run."""
+
+    device_type: str
+    service: ServiceModel
+    throughput_rps: float
+    cost: float = 1.0
+    max_replicas: int = 1_000_000
+
+    @property
+    def score(self) -> float:
+        """Requests/s per unit of cost (Gavel's normalised throughput)."""
+        return self.throughput_rps / self.cost if self.cost > 0 else float("inf")
+
+    @property
+    def bound_rps(self) -> float:
+        """What ``max_replicas`` replicas serve within the SLO (the queueing model's capacity)."""
+        return capacity_rps(self.service, self.max_replicas)
+
+
+def rank_types(options: Sequence[TypeOption]) -> list[TypeOption]:
+    """Best requests/s per unit of cost first; name breaks ties."""
+    return sorted(options, key=lambda o: (-o.score, o.device_type))
+
+
+def split_demand(demand_rps: float, options: Sequence[TypeOption]) -> dict[str, float]:
+    """Requests/s per device type: ``demand_rps`` poured into the ranked types up to each bound."""
+    out = {o.device_type: 0.0 for o in options}
+    ranked = rank_types(options)
+    left = max(demand_rps, 0.0)
+    for o in ranked:
+        take = min(left, o.bound_rps)
+        out[o.device_type] = take
+        left -= take
+    if left > 0 and ranked:
+        out[ranked[-1].device_type] += left
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class DemandSplit:
+    """What one (variant, device type) deployment needs to size on its part: the variant's types
+    and which of them it is (``own``)."""
+
+    options: tuple[TypeOption, ...]
+    own: str
+
+    def part(self, demand_rps: float) -> float:
+        """This deployment's requests/s of the variant's ``demand_rps``."""
+        return split_demand(demand_rps, self.options).get(self.own, 0.0)
+
+
+def type_options(
+    services: Mapping[str, ServiceModel],
+    throughputs: Mapping[str, float],
+    cost: Mapping[str, float] | None = None,
+    max_replicas: Mapping[str, int] | None = None,
+) -> tuple[TypeOption, ...]:
+    """A variant's :class:`TypeOption` per device type of ``services``, from the throughput table
+    (a type missing there ranks last), ``cost`` (1 where not given) and ``max_replicas``."""
+    return tuple(
+        TypeOption(
+            t,
+            svc,
+            float(throughputs.get(t, 0.0)),
+            float((cost or {}).get(t, 1.0)),
+            int((max_replicas or {}).get(t, 1_000_000)),
+        )
+        for t, svc in services.items()
+    )
