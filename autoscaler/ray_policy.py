@@ -37,6 +37,7 @@ from typing import Any
 
 from autoscaler.swayam import SwayamConfig, SwayamState, decide
 from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from autoscaler.typesplit import DemandSplit, TypeOption
 from batching.profile import Curve
 
 RATE_PREFIX = "sloserve_rate_rps/"
@@ -92,6 +93,18 @@ def state_from_json(d: dict[str, Any] | None) -> SwayamState:
     )
 
 
+def split_from_kwargs(split: dict[str, Any], slo_s: float, max_batch_size: int, slo_percentile: float) -> DemandSplit:
+    """The :class:`~autoscaler.typesplit.DemandSplit` of ``SwayamRayPolicy``'s ``split`` kwargs."""
+    options = []
+    for t, d in split["types"].items():
+        p99 = tuple(x / 1e3 for x in d["p99_ms"])
+        svc = ServiceModel(Curve(tuple(d["batch_sizes"]), p99, p99), slo_s, max_batch_size, slo_percentile)
+        options.append(
+            TypeOption(t, svc, float(d["throughput_rps"]), float(d.get("cost", 1.0)), int(d["max_replicas"]))
+        )
+    return DemandSplit(tuple(options), str(split["own"]))
+
+
 class SwayamRayPolicy:
     """A Ray Serve custom autoscaling policy (class form) wrapping :func:`autoscaler.swayam.decide`.
 
@@ -100,6 +113,9 @@ class SwayamRayPolicy:
     ``swayam`` (a dict of :class:`~autoscaler.swayam.SwayamConfig` fields over its defaults).
     ``fallback_batch_sizes`` + ``fallback_p99_ms``: the profile of the cheaper variant the same
     replicas hold (``shared_replicas``), which swayam sizes its warm buffer with (``fallback_buffer``).
+    ``split``: this deployment is one device type of a variant on several, whose stamps carry the
+    model's whole demand: ``{"own": type, "types": {type: {batch_sizes, p99_ms, throughput_rps, cost,
+    max_replicas}}}``; swayam sizes it for its part (``autoscaler.typesplit``).
     """
 
     def __init__(
@@ -113,6 +129,7 @@ class SwayamRayPolicy:
         swayam: dict[str, Any] | None = None,
         fallback_batch_sizes: list[int] | None = None,
         fallback_p99_ms: list[float] | None = None,
+        split: dict[str, Any] | None = None,
     ):
         curve = Curve(tuple(batch_sizes), tuple(x / 1e3 for x in (p50_ms or p99_ms)), tuple(x / 1e3 for x in p99_ms))
         fallback = None
@@ -125,6 +142,7 @@ class SwayamRayPolicy:
             fallback = ServiceModel(fb, slo_ms / 1e3, max_batch_size, slo_percentile)
         self.service = ServiceModel(curve, slo_ms / 1e3, max_batch_size, slo_percentile, fallback)
         self.config = SwayamConfig.model_validate(swayam or {})
+        self.split = split_from_kwargs(split, slo_ms / 1e3, max_batch_size, slo_percentile) if split else None
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         now = float(ctx.current_time)
@@ -145,6 +163,7 @@ class SwayamRayPolicy:
             windows=windows,
             min_replicas=int(ctx.capacity_adjusted_min_replicas),
             max_replicas=int(ctx.capacity_adjusted_max_replicas),
+            split=self.split,
         )
         decision, state = decide(snap, self.config, state_from_json(policy_state.get(STATE_KEY)), now)
         policy_state[STATE_KEY] = state_to_json(state)

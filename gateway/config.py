@@ -174,6 +174,13 @@ class Settings(BaseSettings):
     ray_num_cpus: float | None = Field(
         default=None, gt=0, description="CPUs the embedded local Ray offers (default: all cores)."
     )
+    device_cost: dict[str, float] = Field(
+        default_factory=dict,
+        description="Price of one replica on each device type, e.g. {cpu: 0.1, T4: 0.35, A100: 2.9} (any unit, "
+        "per hour; 1 where not listed). A model on several device_types with autoscaling splits its demand "
+        "over them best requests/s per unit of price first, each type up to what max_replicas serve "
+        "(autoscaler/typesplit.py).",
+    )
     emulated_gpus: dict[str, int] = Field(
         default_factory=dict,
         description="Typed GPUs the embedded local Ray pretends to have, e.g. {T4: 2, A100: 1} (CPU boxes).",
@@ -377,6 +384,14 @@ class Settings(BaseSettings):
         default_factory=TrainingSettings, description="Preemptible training jobs on idle GPUs (harvest)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("device_cost")
+    @classmethod
+    def _device_cost(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: c for k, c in v.items() if not c > 0}
+        if bad:
+            raise ValueError(f"device_cost: prices must be positive, got {bad}")
+        return v
 
     @field_validator("host")
     @classmethod

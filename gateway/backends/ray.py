@@ -121,7 +121,7 @@ class RayServeBackend(BackendBase):
             for key in plan.served:  # a dominated option too: it serves requests pinning its variant
                 self._key_device[(m, key)] = named[split_key(key, "")[1]]
                 self._served[(m, key)] = RateMeter(time.monotonic)
-            self._best[m] = plan.keys[0]  # its demand is the model's; the others' what they serve
+            self._best[m] = plan.keys[0]  # its variant's demand is the model's; the others' what they serve
         self._top[m] = cfg.variants_by_accuracy[0].name
         if len(cfg.variants) > 1 and over is not None and over.shared_replicas:
             self._shared.add(m)
@@ -160,7 +160,11 @@ class RayServeBackend(BackendBase):
 
     def _stamp(self, model: str, variant: str) -> tuple[str, float, float, float]:
         # a shared deployment serves the whole model: its demand is the model's arrivals, whatever variant runs
+        # (every type of the most accurate variant of a model on several: the model's demand, which
+        # each type's policy splits with the others, autoscaler.typesplit)
         best = variant == self._best[model] or self.shared(model)
+        if not best and model in self._plans:
+            best = variant_of(variant) == variant_of(self._best[model])
         meter = self._arrivals[model] if best else self._served[(model, variant)]
         share = self.leases.share(self._apps[(model, variant)]) if self.leases is not None else 1.0
         return (self.gateway_id, meter.rate_rps(), share, meter.dispersion())
@@ -185,7 +189,24 @@ class RayServeBackend(BackendBase):
         table = ProfileTable.load(self.repo.root)
         cfg = self.models[model].config
         v, dev = split_key(variant, self.device_type_of(model))  # an option: its own pair's profile
-        return swayam_autoscaling(over, cfg, table, dev, v, self.shared(model))
+        return swayam_autoscaling(
+            over,
+            cfg,
+            table,
+            dev,
+            v,
+            self.shared(model),
+            self._split_types(model, variant),
+            {self._profile_name(t): c for t, c in self.settings.device_cost.items()},
+        )
+
+    def _split_types(self, model: str, key: str) -> list[str] | None:
+        """The device types sharing the model's demand when ``key`` is an option of its most accurate
+        variant (``autoscaler.typesplit``); None otherwise (a cheaper option sizes on what it served)."""
+        plan = self._plans.get(model)
+        if plan is None or variant_of(key) != variant_of(self._best[model]):
+            return None
+        return [split_key(k, "")[1] for k in plan.of_variant(variant_of(key), pinned=True)]
 
     def device_type_of(self, model: str) -> str:
         """The device type name profiles and replicas use (CPU model slug for cpu replicas); the

@@ -15,11 +15,23 @@ from models.repository import ModelConfig
 
 
 def swayam_autoscaling(
-    over: ModelOverride, cfg: ModelConfig, table: ProfileTable, device_type: str, variant: str, shared: bool
+    over: ModelOverride,
+    cfg: ModelConfig,
+    table: ProfileTable,
+    device_type: str,
+    variant: str,
+    shared: bool,
+    split_types: list[str] | None = None,
+    type_cost: dict[str, float] | None = None,
 ) -> dict[str, Any] | None:
     """Ray Serve's autoscaling config for ``variant`` of the model ``cfg`` when its settings
     (``over.autoscaling``) ask for one: the swayam policy on the variant's p99 profile on
-    ``device_type``, and on a shared deployment the next variant down as its fallback."""
+    ``device_type``, and on a shared deployment the next variant down as its fallback.
+
+    ``split_types``: the device types the variant runs on when this deployment is one of them and
+    they share the model's demand (``autoscaler.typesplit``): each type's profile, throughput-table
+    entry (``autoscaler.placement.cost``), ``type_cost`` (1 where not given) and max_replicas go to
+    the policy, which sizes this type for its part."""
     a = over.autoscaling
     if a is None:
         return None
@@ -39,6 +51,24 @@ def swayam_autoscaling(
         # the next variant down is the shared replicas' fallback: swayam sizes its warm buffer with it
         fb_sizes, fb_p99 = points(ranked[ranked.index(variant) + 1])
         fallback = {"fallback_batch_sizes": fb_sizes, "fallback_p99_ms": fb_p99}
+    split = {}
+    if split_types and len(split_types) > 1:
+        from autoscaler.placement.cost import throughputs_from_profile
+
+        slo_s = (over.slo_ms if over.slo_ms else cfg.slo_ms) / 1e3
+        tput = throughputs_from_profile(table, [(model, variant)], split_types, {model: slo_s}, cfg.max_batch_size)
+        types = {}
+        for t in split_types:
+            curve = table.curve(model, variant, t)
+            t_sizes, t_p99 = (list(curve.batch_sizes), [x * 1e3 for x in curve.p99_s]) if curve else points(variant)
+            types[t] = {
+                "batch_sizes": t_sizes,
+                "p99_ms": t_p99,
+                "throughput_rps": tput.get((model, variant, t), 0.0),
+                "cost": (type_cost or {}).get(t, 1.0),
+                "max_replicas": a.max_replicas,
+            }
+        split = {"split": {"own": device_type, "types": types}}
     return {
         "min_replicas": a.min_replicas,
         "max_replicas": a.max_replicas,
@@ -56,6 +86,7 @@ def swayam_autoscaling(
                 "batch_sizes": sizes,
                 "p99_ms": p99,
                 **fallback,
+                **split,
                 "swayam": a.swayam(),
             },
         },

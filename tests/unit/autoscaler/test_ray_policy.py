@@ -179,3 +179,51 @@ def test_calls_between_rounds_do_not_turn_a_step_into_a_trend():
     often, once = run(10.0), run(0.2)
     assert often.planned_rps == pytest.approx(once.planned_rps, rel=0.05)
     assert often.target_replicas == once.target_replicas <= 3
+
+
+def test_each_type_of_the_best_variant_sizes_for_its_part_of_the_models_demand(model_repo, tmp_path):
+    """heavy on the CPU and a type emulated 3x slower: both large deployments get the model's demand
+    and the split (the CPU ranks first at equal prices); medium sizes on what it served, unsplit. The
+    slower type stays at its minimum until the CPU is at its maximum."""
+    from gateway.backends.ray import RayServeBackend
+    from gateway.config import load_settings
+    from loadtests.emulated import emulated_type_repo
+    from models.repository import ModelRepository
+    from models.runtime import device_type
+
+    root = tmp_path / "repo"
+    emulated_type_repo(model_repo, root, "heavy", "emul-slow", 3.0)
+    repo = ModelRepository(root).load()
+    auto = {"min_replicas": 1, "max_replicas": 2}
+    s = load_settings(
+        backend="ray",
+        repo=str(root),
+        device_cost={"emul-slow": 0.5},
+        models={"heavy": {"device_types": ["cpu", "emul-slow"], "autoscaling": auto}},
+    )
+    b = RayServeBackend(repo, None, s)
+    cpu = device_type("cpu")
+    kw = b.autoscaling_config("heavy", f"large@{cpu}")["policy"]["policy_kwargs"]
+    assert kw["split"]["own"] == cpu and set(kw["split"]["types"]) == {cpu, "emul-slow"}
+    assert kw["split"]["types"]["emul-slow"]["cost"] == 0.5 and kw["split"]["types"][cpu]["cost"] == 1.0
+    slow_kw = b.autoscaling_config("heavy", "large@emul-slow")["policy"]["policy_kwargs"]
+    assert slow_kw["split"]["own"] == "emul-slow"
+    assert "split" not in b.autoscaling_config("heavy", f"medium@{cpu}")["policy"]["policy_kwargs"]
+    assert b._stamp("heavy", "large@emul-slow")[1] == b._stamp("heavy", f"large@{cpu}")[1]  # both: the model's
+    swayam = {"startup_s": 5, "interval_s": 1, "hold_quantile": 0, "season_periods_s": [], "noise_z": 0, "burst_z": 0}
+    policies = {}
+    for key, k in ((cpu, kw), ("emul-slow", slow_kw)):
+        cfg = ray_config({**k, "swayam": swayam})
+        policies[key] = (cfg, _apply_autoscaling_config(_resolve_policy_callable(cfg.policy)))
+    ranked = SwayamRayPolicy(**{**kw, "swayam": swayam}).split
+    first = max(ranked.options, key=lambda o: o.score)
+    low = 0.5 * first.bound_rps
+    high = first.bound_rps + 0.5 * min(o.bound_rps for o in ranked.options if o is not first)
+    for rate, want_other in ((low, 1), (high, 2)):
+        got = {
+            t: policy(make_ctx(cfg, now=1.0, rate_by_gw={"gw0": (rate, 1.0)}))[0]
+            for t, (cfg, policy) in policies.items()
+        }
+        other = next(t for t in got if t != first.device_type)
+        assert got[first.device_type] >= 1 and got[other] == want_other, (rate, got)
+    assert got[first.device_type] == 2  # the best-ranked type at its maximum
