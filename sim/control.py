@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from autoscaler.registry import Autoscaler
 from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from autoscaler.typesplit import DemandSplit
 from sim.arrivals import Arrivals
 from sim.placement import PlacementHook
 
@@ -22,6 +23,9 @@ class ModelSpec:
     max_replicas: int = 10_000
     initial_replicas: int = 1
     autoscaler_kwargs: dict | None = None  # per policy name: this model's config overrides
+    # one device type of a model on several (sim/typesize.py): its part of the model's demand
+    split: DemandSplit | None = None
+    group: str = ""  # the model this lane belongs to ("": a model of its own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,7 @@ class Controller:
                 spec.min_replicas,
                 spec.max_replicas,
                 o.future_peak_rps,
+                spec.split,
             )
             for spec, o in zip(self.specs, obs, strict=True)
         ]

@@ -171,6 +171,8 @@ def simulate_requests(
     specs: list[ModelSpec], autoscaler: str, cfg: SimConfig, placement: PlacementHook | None = None, progress=None
 ) -> dict[str, Any]:
     """Simulate every request of ``specs`` under ``autoscaler``; returns summary, records, timing."""
+    if any(s.group for s in specs):
+        raise ValueError("a model on several device types (sim/typesize.py lanes) runs in fluid mode only")
     ctl = Controller(
         make_autoscaler(autoscaler, **cfg.autoscaler_kwargs.get(autoscaler, {})), specs, placement or FixedPool()
     )

@@ -187,6 +187,23 @@ class _FluidRun:
         self.hold_cap: np.ndarray | None = None
         self.late_key: int | None = None
         self.alloc = self.target.astype(float)
+        # lanes of a model on several device types (sim/typesize.py): columns sharing one arrival stream
+        groups: dict[str, list[int]] = {}
+        for j, s in enumerate(specs):
+            if s.group:
+                groups.setdefault(s.group, []).append(j)
+        self.groups = [(np.array(cols), [specs[j].service for j in cols]) for cols in groups.values()]
+
+    def lane_rates(self, lam: np.ndarray) -> np.ndarray:
+        """The step's rates with each model's stream routed over its lanes (``sim.typesize.route``)."""
+        if not self.groups:
+            return lam
+        from sim.typesize import route
+
+        lam = lam.copy()
+        for cols, services in self.groups:
+            lam[cols] = route(float(lam[cols[0]]), services, self.ready[cols].tolist())
+        return lam
 
     def apply(self, ctl: Controller, j: int, g: int, now: float) -> None:
         """Model ``j`` is granted ``g`` replicas at ``now``: start or drop the difference."""
@@ -218,7 +235,10 @@ class _FluidRun:
         i0 = min(int(t // self.interval), self.n_int - 1)
         i1 = min(int((t + cfg.startup_s + cfg.tick_s) // self.interval), self.n_int - 1)
         fut = self.rates[i0 : i1 + 1].max(axis=0).tolist()
-        share = (self.blk_arr * self.share_w).tolist()
+        arr = self.blk_arr.copy()
+        for cols, _ in self.groups:  # each lane's autoscaler sees its model's whole demand
+            arr[cols] = arr[cols].sum()
+        share = (arr * self.share_w).tolist()
         # each gateway's view of the block's per-step counts: a 1/n random split of the stream's
         steps = max(self.blk_steps, 1)
         mean = self.blk_arr / steps
@@ -241,6 +261,7 @@ class _FluidRun:
                 s.min_replicas,
                 s.max_replicas,
                 fut[j],
+                s.split,
             )
             for j, s in enumerate(specs)
         ]
@@ -270,8 +291,8 @@ class _FluidRun:
                 ready[j] += cnt
                 changed = True
             ii = int(tt // self.interval)
-            if changed or self.late_key != ii or self.cap_step is None or self.hold_cap is None:
-                lam = rates[ii]
+            if changed or self.late_key != ii or self.cap_step is None or self.hold_cap is None or self.groups:
+                lam = self.lane_rates(rates[ii])
                 for tab, idx, sv in self.tables:
                     late[idx] = tab.lookup(ready[idx], lam[idx])
                     if sv.fallback is not None:

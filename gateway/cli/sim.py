@@ -71,6 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batching", default="", help="batching policy (request level; default slo, else timeout)")
     p.add_argument("--gpus", type=int, default=1_000_000, help="size of the fixed GPU pool")
     p.add_argument("--swayam", default="{}", help="JSON overrides of SwayamConfig")
+    p.add_argument(
+        "--split-types",
+        default="",
+        help="TYPE[,TYPE...] of sim/profiles.py: each model runs on all of them (fluid mode), each type sized "
+        "for its part of the demand (autoscaler/typesplit.py: best requests/s per --type-cost first, up to "
+        "--type-max); reports replica-seconds and cost per type",
+    )
+    p.add_argument("--type-max", default="", help="TYPE=N[,...]: most replicas per type with --split-types")
     p.add_argument("--seed", type=int, default=0)
     t = p.add_argument_group("training harvest", "share typed GPUs with preemptible training jobs")
     t.add_argument("--training-trace", help="CSV of training jobs (submit time, duration, GPU count)")
@@ -196,6 +204,10 @@ def main(a: argparse.Namespace) -> int:
         except KeyError as e:
             raise SystemExit(f"sloserve sim: {e.args[0]} (--model-class, --fallback-class, --device)") from None
         specs.append(make_spec(s.name or f"m{i}", s, svc, dev, peak_replicas=a.peak_replicas, scale=a.scale))
+    cost = _type_map(a.type_cost, float)
+    if a.split_types:
+        specs = _split_specs(a, specs, table, classes, cost)
+        a.mode = "fluid"
     cfg = SimConfig(
         startup_s=a.startup_s,
         tick_s=a.tick_s,
@@ -227,8 +239,48 @@ def main(a: argparse.Namespace) -> int:
             f"minutes_sla_met={s['minutes_sla_met_fraction']:.4f} replica_s={s['replica_seconds']:.0f} "
             f"goodput_rps={s['goodput_rps']:.2f} fallback_share={s['fallback_share']:.4f} wall={res['wall_s']:.1f}s"
         )
+    if a.split_types:
+        from sim.typesize import type_report
+
+        for name, res in runs.items():
+            for lane, r in type_report(res["summary"], cost).items():
+                print(
+                    f"{name:12s} {lane:24s} replica_s={r['replica_seconds']:.0f} cost={r['cost']:.3f} "
+                    f"requests={r['requests']:.0f} attainment={r['slo_attainment']:.4f}"
+                )
     print(f"wrote {path}")
     return 0
+
+
+def _type_map(text: str, conv):
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, _, v = item.partition("=")
+        out[name.strip().lower()] = conv(v)
+    return out
+
+
+def _split_specs(a: argparse.Namespace, specs: list, table, classes: list[str], cost: dict[str, float]) -> list:
+    """Each model as one lane per ``--split-types`` type (sim/typesize.py), each with its type's
+    service model, Gavel's throughput entry, ``--type-cost`` and ``--type-max``."""
+    from autoscaler.placement.cost import throughputs_from_profile
+    from autoscaler.typesplit import type_options
+    from sim.profiles import service_for
+    from sim.typesize import lanes
+
+    types = [t.strip().lower() for t in a.split_types.split(",") if t.strip()]
+    most = _type_map(a.type_max, int)
+    out = []
+    for i, spec in enumerate(specs):
+        cls = classes[i % len(classes)]
+        try:
+            services = {t: service_for(table, cls, t, a.slo_ms, a.max_batch) for t in types}
+        except KeyError as e:
+            raise SystemExit(f"sloserve sim: {e.args[0]} (--split-types)") from None
+        tput = throughputs_from_profile(table, [(cls, "default")], types, {cls: a.slo_ms / 1e3}, a.max_batch)
+        per = {t: tput.get((cls, "default", t), 0.0) for t in types}
+        out += lanes(spec, type_options(services, per, cost, {t: most.get(t, spec.max_replicas) for t in types}))
+    return out
 
 
 def _s(x: float | None) -> str:
