@@ -32,11 +32,13 @@ model's demand; a cheaper variant's deployment sizes on what it served.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from autoscaler.placement.cost import throughputs_from_profile
 from autoscaler.queueing import capacity_rps
 from autoscaler.types import ServiceModel
+from batching.profile import ProfileTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +64,30 @@ class TypeOption:
         return capacity_rps(self.service, self.max_replicas)
 
 
+def _rank_key(throughput_rps: float, cost: float, device_type: str) -> tuple[float, str]:
+    return (-(throughput_rps / cost if cost > 0 else float("inf")), device_type)
+
+
 def rank_types(options: Sequence[TypeOption]) -> list[TypeOption]:
     """Best requests/s per unit of cost first; name breaks ties."""
-    return sorted(options, key=lambda o: (-o.score, o.device_type))
+    return sorted(options, key=lambda o: _rank_key(o.throughput_rps, o.cost, o.device_type))
+
+
+def profile_type_order(
+    table: ProfileTable, model: str, slo_s: float, max_batch: int, cost: Mapping[str, float] | None = None
+) -> Callable[[str, Sequence[str]], list[str]]:
+    """The order the gateway serves a variant's device types in, the very order :func:`split_demand`
+    sizes them in: best requests/s per unit of cost first, from the throughput table of the model's
+    profiles (a type without a profile of its own last). For ``batching.options.plan_options``."""
+
+    def order(variant: str, types: Sequence[str]) -> list[str]:
+        tput = throughputs_from_profile(table, [(model, variant)], types, {model: slo_s}, max_batch)
+        return sorted(
+            types,
+            key=lambda t: _rank_key(tput.get((model, variant, t), 0.0), float((cost or {}).get(t, 1.0)), t),
+        )
+
+    return order
 
 
 def split_demand(demand_rps: float, options: Sequence[TypeOption]) -> dict[str, float]:

@@ -7,12 +7,12 @@ option ``"<variant>@<device_type>"`` (``"large@t4"``); :func:`option_key` builds
 :func:`split_key` takes one apart, so no other code parses the string.
 
 :func:`plan_options` orders a model's options for the policy (most accurate variant first; per
-variant its device types fastest at one row first) and drops the **dominated** ones from the
+variant its device types in the gateway's order, by default fastest at one row first) and drops the **dominated** ones from the
 fallback chain: on one device type, an option less accurate than another and not faster than it at
 any profiled batch size is never a useful fallback (an INT8 graph on a GPU is often slower than the
 FP32 one). A dropped option is still served, to a request that pins its variant: ``served`` lists
 every option (the fallback chain, then the dropped ones), and :meth:`OptionPlan.of_variant` with
-``pinned=True`` gives a variant's options whether dropped or not, fastest first.
+``pinned=True`` gives a variant's options whether dropped or not, in the same type order.
 
 >>> option_key("large", "t4"), split_key("large@t4", "cpu"), split_key("large", "cpu")
 ('large@t4', ('large', 't4'), ('large', 'cpu'))
@@ -37,6 +37,8 @@ SEP = "@"
 
 # (variant, device type, rows) -> seconds, or None when that pair has no profile of its own
 PairLatency = Callable[[str, str, int], float | None]
+# (variant, its device types) -> the types in the order they serve it, best first
+TypeOrder = Callable[[str, Sequence[str]], Sequence[str]]
 
 
 def option_key(variant: str, device_type: str) -> str:
@@ -65,7 +67,7 @@ def is_option_key(key: str) -> bool:
 class OptionPlan:
     """A multi-type model's options: ``keys``, the fallback chain as the policy ranks it (best
     first); ``dropped`` as (dominated key, the key that dominates it); ``pinned_order``: each
-    variant's options fastest first, dropped or not (empty: ``keys`` then the dropped, in order)."""
+    variant's options in type order, dropped or not (empty: ``keys`` then the dropped, in order)."""
 
     keys: tuple[str, ...]
     dropped: tuple[tuple[str, str], ...] = ()
@@ -77,7 +79,7 @@ class OptionPlan:
         return self.keys + tuple(d for d, _ in self.dropped if d not in self.keys)
 
     def of_variant(self, variant: str, pinned: bool = False) -> tuple[str, ...]:
-        """``variant``'s options fastest first: in the fallback chain, or (``pinned``) all of them,
+        """``variant``'s options in type order: in the fallback chain, or (``pinned``) all of them,
         for a request that names the variant."""
         if not pinned:
             return tuple(k for k in self.keys if variant_of(k) == variant)
@@ -94,11 +96,13 @@ def plan_options(
     device_types: Sequence[str],
     latency: PairLatency,
     batch_sizes: Sequence[int],
+    type_order: TypeOrder | None = None,
 ) -> OptionPlan:
     """Order and prune the options of ``variants`` (most accurate first) on ``device_types``.
 
-    Per variant, device types go fastest first by ``latency(variant, type, 1)`` (a pair without a
-    profile of its own last, in the order given). An option (v, d) is dropped when a more accurate
+    Per variant, device types go in ``type_order(variant, types)`` (the gateway's: best requests/s
+    per unit of cost first, the order the autoscaler sizes them in), by default fastest first by
+    ``latency(variant, type, 1)`` (a pair without a profile of its own last, in the order given). An option (v, d) is dropped when a more accurate
     variant u on the same type d has a profile and ``latency(u, d, b) <= latency(v, d, b)`` at every
     size of ``batch_sizes``: serving v there never buys time u would not (it stays in ``served``, for
     a request pinning v). Options without a profile of their own are never dropped (nothing says
@@ -108,10 +112,13 @@ def plan_options(
     kept: dict[str, list[str]] = {}
     every: dict[str, list[str]] = {}
     for i, v in enumerate(ranked):
-        one_row = {d: latency(v, d, 1) for d in device_types}
-        every[v] = sorted(
-            device_types, key=lambda d: (math.inf if (r := one_row[d]) is None else r, device_types.index(d))
-        )
+        if type_order is not None:
+            every[v] = list(type_order(v, device_types))
+        else:
+            one_row = {d: latency(v, d, 1) for d in device_types}
+            every[v] = sorted(
+                device_types, key=lambda d: (math.inf if (r := one_row[d]) is None else r, device_types.index(d))
+            )
         types = []
         for d in device_types:
             own = [latency(v, d, b) for b in batch_sizes]
@@ -139,6 +146,7 @@ def plan_from_profiles(
     accuracy: Mapping[str, float],
     device_types: Sequence[str],
     max_batch_size: int,
+    type_order: TypeOrder | None = None,
 ) -> OptionPlan:
     """:func:`plan_options` on the model's own profiles (median latency, at every batch size up to
     ``max_batch_size`` that any of its profiles measured); a pair without a profile file of its own
@@ -151,4 +159,4 @@ def plan_from_profiles(
         c = table.curves.get((model, v, d))
         return None if c is None else c.at(rows, "p50")
 
-    return plan_options(list(accuracy), accuracy, device_types, lat, sizes)
+    return plan_options(list(accuracy), accuracy, device_types, lat, sizes, type_order)

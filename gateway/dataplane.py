@@ -442,7 +442,7 @@ class DataPlane:
 
     def allowed_variants(self, m: ModelState, req: InferRequest) -> tuple[str, ...]:
         """The keys that may serve ``req``, best first: its variants (pinned, at or above
-        ``min_accuracy``, or all), each on its device types fastest first for a model on several
+        ``min_accuracy``, or all), each on its device types in the backend's order for a model on several
         (only the pinned ``device_type`` when it names one). A pinned variant runs on all its
         options; otherwise only the fallback chain's (dominated options left out)."""
         variants = self._variants(m, req)

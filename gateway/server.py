@@ -59,6 +59,8 @@ def make_backend(settings: Settings, repo: ModelRepository, role: WorkerRole | N
             processes=settings.replica_processes,
             shared={m for m, o in settings.models.items() if o.shared_replicas},
             device_types={m: o.devices() for m, o in settings.models.items() if len(o.devices()) > 1},
+            device_cost=settings.device_cost,
+            slo_ms={m: o.slo_ms for m, o in settings.models.items() if o.slo_ms},
         )
     from gateway.backends.ray import RayServeBackend
 

@@ -3,9 +3,10 @@
 A lane is a :class:`~sim.control.ModelSpec` named ``"<model>@<type>"`` with that type's service
 model and a :class:`~autoscaler.typesplit.DemandSplit`: each round its autoscaler sees the model's
 whole demand and sizes the lane for its part (best requests/s per unit of cost first, up to each
-type's bound), as each (variant, type) deployment does live. Serving follows the ``slo`` policy's
-order of a variant's types: fastest first, each lane taking what its ready replicas serve within
-the SLO, the rest spilling to the next (:func:`route`); the fluid mode (``sim/fluid.py``) drives it.
+type's bound), as each (variant, type) deployment does live. Serving follows the same order, the
+``slo`` policy's order of a variant's types live (``autoscaler.typesplit.rank_types``: best
+requests/s per unit of cost first), each lane taking what its ready replicas serve within the SLO,
+the rest spilling to the next (:func:`route`); the fluid mode (``sim/fluid.py``) drives it.
 
 >>> from batching.profile import Curve
 >>> from autoscaler.types import ServiceModel
@@ -24,14 +25,15 @@ from dataclasses import replace
 
 from autoscaler.queueing import capacity_of
 from autoscaler.types import ServiceModel
-from autoscaler.typesplit import DemandSplit, TypeOption
+from autoscaler.typesplit import DemandSplit, TypeOption, rank_types
 from sim.control import ModelSpec
 
 
 def lanes(spec: ModelSpec, options: Sequence[TypeOption]) -> list[ModelSpec]:
-    """``spec`` as one lane per device type of ``options`` (the same arrivals), fastest type first."""
+    """``spec`` as one lane per device type of ``options`` (the same arrivals), in the order that sizes
+    and serves them (:func:`~autoscaler.typesplit.rank_types`)."""
     opts = tuple(options)
-    order = sorted(opts, key=lambda o: (o.service.curve.at(1, "p50"), o.device_type))
+    order = rank_types(opts)
     return [
         replace(
             spec,

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from autoscaler.typesplit import profile_type_order
 from batching.batcher import RunResult
 from batching.options import OptionPlan, plan_from_profiles, split_key, variant_of
 from batching.profile import ProfileTable
@@ -109,7 +110,11 @@ class RayServeBackend(BackendBase):
         if len(devices) > 1:
             named = {self._profile_name(d): d for d in devices}
             accuracy = {v.name: v.accuracy for v in cfg.variants}
-            plan = plan_from_profiles(ProfileTable.load(self.repo.root), m, accuracy, list(named), cfg.max_batch_size)
+            table = ProfileTable.load(self.repo.root)
+            slo_s = (over.slo_ms if over is not None and over.slo_ms else cfg.slo_ms) / 1e3
+            cost = {self._profile_name(t): c for t, c in self.settings.device_cost.items()}
+            order = profile_type_order(table, m, slo_s, cfg.max_batch_size, cost)
+            plan = plan_from_profiles(table, m, accuracy, list(named), cfg.max_batch_size, order)
             for dominated, by in plan.dropped:
                 log.info(
                     "model %s: option %s leaves the fallback chain (not faster than the more accurate %s; served when its variant is pinned)",

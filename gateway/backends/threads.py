@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from autoscaler.typesplit import profile_type_order
 from batching.batcher import RunResult
 from batching.options import OptionPlan, plan_from_profiles, split_key
 from batching.profile import Curve, ProfileTable
@@ -100,8 +101,12 @@ class InProcessBackend(BackendBase):
         processes: bool = False,
         shared: set[str] | None = None,
         device_types: dict[str, list[str]] | None = None,
+        device_cost: dict[str, float] | None = None,
+        slo_ms: dict[str, float] | None = None,
     ):
         self.repo = repo
+        self.device_cost = dict(device_cost or {})  # price per device type: the order types serve in
+        self.slo_ms = dict(slo_ms or {})  # models' slo_ms overrides (the throughput table's SLO)
         self.device_types = {m: ts for m, ts in (device_types or {}).items() if len(ts) > 1}
         if self.device_types and processes:
             raise ValueError("several device_types per model are not supported with replica_processes")
@@ -170,7 +175,15 @@ class InProcessBackend(BackendBase):
             specs[spec.name] = spec
         table = ProfileTable.load(self.repo.root) if self.repo is not None else ProfileTable({})
         accuracy = {v.name: v.accuracy for v in model.config.variants}
-        plan = plan_from_profiles(table, name, accuracy, list(specs), model.config.max_batch_size)
+        slo_s = self.slo_ms.get(name, model.config.slo_ms) / 1e3
+        cost = {}
+        for t, c in self.device_cost.items():
+            try:
+                cost[resolve_device(t).name] = c
+            except ModelLoadError:  # cuda on a host without one: no option of that type here
+                pass
+        order = profile_type_order(table, name, slo_s, model.config.max_batch_size, cost)
+        plan = plan_from_profiles(table, name, accuracy, list(specs), model.config.max_batch_size, order)
         for dominated, by in plan.dropped:
             log.info(
                 "model %s: option %s leaves the fallback chain (not faster than the more accurate %s; served when its variant is pinned)",
