@@ -78,3 +78,24 @@ def test_without_torch_the_build_skips_cnn_in_one_line(tmp_path, monkeypatch):
     assert len(said) == 1 and "pip install 'sloserve[train]'" in said[0], lines
     assert not (tmp_path / "cnn").exists()
     assert json.loads((tmp_path / ".built").read_text())["models"] == ["digits", "heavy"]
+
+
+def test_where_a_gpu_runs_it_the_large_variant_gets_an_fp16_twin(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from models import variants_build
+
+    devices: list[str] = []
+    real_predict = variants_build.predict
+
+    def predict(path, x, input_name, output, device="cpu"):
+        devices.append(device)
+        return real_predict(path, x, input_name, output)  # this host's CPU stands in for the GPU
+
+    monkeypatch.setattr(variants_build, "cuda_available", lambda: True)
+    monkeypatch.setattr(variants_build, "predict", predict)
+    x_tr, y_tr, x_te, y_te = _digits(200)
+    cfg = cnn.build_cnn(tmp_path, x_tr, y_tr, x_te, y_te, log=lambda _: None, archs=TINY)
+    assert {v.name for v in cfg.variants} == {"small", "large", "large-fp16"}
+    half = onnx.load(str(tmp_path / "cnn/large-fp16/model.onnx"))
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in half.graph.initializer)
+    assert devices[-1] == "cuda"  # its accuracy is measured where it runs
