@@ -14,11 +14,11 @@ FLOPs, so the variants differ in depth (the node count of ONNX Runtime's optimiz
 ``int8=True`` adds ``large-int8``: ``large`` statically quantized by ONNX Runtime (QDQ, the
 calibration of ``sloserve models variants``, :func:`models.variants_build.quantize_int8`, on rows of
 the training split). The default build leaves it out: it is as accurate as ``large`` but slower on a
-CPU (2.4x at batch 1, 1.8x at batch 8: ONNX Runtime fuses about half of the convs into QLinearConv
+CPU (2.4x at batch 1, 1.9x at batch 8: ONNX Runtime fuses about half of the convs into QLinearConv
 and runs the rest in float between Quantize/Dequantize nodes, 211 nodes against 40), so it trades
 nothing.
 
-The nets are trained at build time in PyTorch (seeded, deterministic, two threads) on the training
+The nets are trained at build time in PyTorch (seeded, deterministic, one thread) on the training
 split of ``sloserve models build`` and scored on its held-out split, like ``digits``. The input is
 ``[-1, 64]`` as ``digits``'s (values 0..16), so a client sends the same rows to both. PyTorch is
 imported here only: without it (``pip install 'sloserve[train]'``) the other demo models still build.
@@ -289,7 +289,7 @@ def build_cnn(
 
     label = TensorSpec(name="label", datatype="INT64", shape=())
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # two threads on a shared two-core box ran 1x-5x slower, one stays ~11 s
     torch.use_deterministic_algorithms(True)
     variants: list[VariantConfig] = []
     try:
