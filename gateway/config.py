@@ -172,7 +172,9 @@ class Settings(BaseSettings):
     )
     instances: int = Field(default=1, ge=1, le=64, description="Replicas per (model, variant).")
     ray_num_cpus: float | None = Field(
-        default=None, gt=0, description="CPUs the embedded local Ray offers (default: all cores)."
+        default=None,
+        gt=0,
+        description="CPUs the embedded local Ray offers (default: all cores, or the CPUs its start-up replicas reserve where that is more).",
     )
     device_cost: dict[str, float] = Field(
         default_factory=dict,

@@ -34,7 +34,7 @@ from locust import log as locust_log
 from locust.runners import WorkerRunner
 from locust.user.wait_time import constant_throughput
 
-SHAPES = {"digits": 64, "heavy": 1024}
+SHAPES = {"digits": 64, "heavy": 1024, "cnn": 64}
 EXIT_SLO_MISSED = 3
 
 

@@ -7,6 +7,9 @@
   hidden ReLU layers of 2,048 (random features, ridge read-out) (batch-1 CPU latency ~1-2 ms, per-row cost falling ~8x by batch 64),
   ``medium`` a linear classifier on the 4x4-pooled (8x8) image, ``small`` one on the 8x8-pooled
   (4x4) image: cheap variants that are really less accurate (~0.93 and ~0.83 against ~0.98).
+* ``cnn``: the digits (``[-1, 64]``, as ``digits``) through convolutional nets trained in PyTorch at
+  build time, whose variants differ in depth, so in cost on a GPU as well as on a CPU
+  (:mod:`models.cnn`); built where PyTorch is installed (``sloserve[train]``).
 
 Held-out accuracy (stratified 25% split, fixed seed) is measured and written into each
 model's ``config.json``; so is each variant's cost in FLOPs per row.
@@ -24,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from models import cnn
 from models.repository import ModelConfig, TensorSpec, VariantConfig, write_config
 
 OPSET = 17
@@ -210,7 +214,8 @@ def copy_measured_profiles(
 
 
 def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = print) -> list[ModelConfig]:
-    """Train, export, measure and write the ``digits`` and ``heavy`` models into ``repo``."""
+    """Train, export, measure and write the ``digits``, ``heavy`` and (with PyTorch) ``cnn`` models into
+    ``repo``."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -275,6 +280,12 @@ def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = pri
         )
         write_config(repo, cfg)
         built.append(cfg)
+    if cnn.torch_available():
+        cfg = cnn.build_cnn(repo, x_tr, y_tr, x_te, y_te, seed=seed, log=log)
+        write_config(repo, cfg)
+        built.append(cfg)
+    else:
+        log(f"  {cnn.NAME}: skipped, its variants are trained in PyTorch: {cnn.TRAIN_HINT}")
     copy_measured_profiles(repo, [c.name for c in built], log)
     (repo / ".built").write_text(json.dumps({"models": [c.name for c in built], "seed": seed}) + "\n")
     return built

@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
 import os
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -91,6 +94,29 @@ def init_ray(s: Settings, autoscaled: bool, loopback: bool = False) -> bool:
         return _init_ray_now(ray, s)
 
 
+def replica_cpus(s: Settings) -> float:
+    """The CPUs the replicas a gateway deploys at start-up reserve: every variant of every model in
+    ``s.repo`` (one deployment for a model with ``shared_replicas``), ``instances`` replicas each,
+    ``replica_num_cpus`` apiece. 0 where the repository cannot be read (the gateway says why later)."""
+    total = 0.0
+    for cfg in sorted(Path(s.repo).glob("*/config.json")):
+        try:
+            variants = len(json.loads(cfg.read_text())["variants"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        over = s.models.get(cfg.parent.name)
+        deployments = 1 if over and over.shared_replicas else variants
+        total += deployments * (over.instances if over and over.instances else s.instances) * s.replica_num_cpus
+    return total
+
+
+def local_cpus(s: Settings) -> int:
+    """CPUs the embedded Ray offers when ``ray_num_cpus`` says none: every core, or as many as the
+    start-up replicas reserve where that is more (Ray's CPUs are a count it schedules by, and the
+    replicas idle between batches: on a two-core box the demo repository's nine replicas reserve 2.25)."""
+    return max(os.cpu_count() or 1, math.ceil(replica_cpus(s)))
+
+
 def _init_ray_now(ray: Any, s: Settings) -> bool:
     if s.ray_address:
         ray.init(address=s.ray_address, namespace="sloserve", log_to_driver=False)
@@ -110,7 +136,7 @@ def _init_ray_now(ray: Any, s: Settings) -> bool:
             # (ray.init() alone would attach to it and then refuse num_cpus).
             ray.init(
                 address="local",
-                num_cpus=s.ray_num_cpus or os.cpu_count(),
+                num_cpus=s.ray_num_cpus or local_cpus(s),
                 num_gpus=sum(s.emulated_gpus.values()) or None,
                 resources=resources or None,
                 include_dashboard=False,

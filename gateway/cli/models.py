@@ -9,7 +9,7 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("models", help="model repository tools")
     msub = m.add_subparsers(dest="mcmd", required=True)
-    b = msub.add_parser("build", help="build the demo models (digits, heavy) locally, no downloads")
+    b = msub.add_parser("build", help="build the demo models (digits, heavy, cnn) locally, no downloads")
     b.add_argument("--repo", default="model_repository")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument(

@@ -36,6 +36,19 @@ WIDTH = {"digits": 64, "heavy": 1024}
 RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
+@pytest.fixture(scope="module")
+def serve_repo(model_repo, tmp_path_factory):
+    """The models the Serve config deploys (digits and heavy: the image's build, deploy/kuberay/Dockerfile,
+    has no PyTorch, so no cnn), copied from the demo repository: a gateway attaching with
+    ``ray_deploy: false`` expects an application for every model of its repository."""
+    import shutil
+
+    repo = tmp_path_factory.mktemp("serve-repo")
+    for model in sorted({a["args"]["model"] for a in yaml.safe_load(SERVE_CONFIG.read_text())["applications"]}):
+        shutil.copytree(model_repo / model, repo / model)
+    return repo
+
+
 def configmap(key: str) -> str:
     (cm,) = [d for d in yaml.safe_load_all(RAYSERVICE.read_text()) if d and d["kind"] == "ConfigMap"]
     return cm["data"][key]
@@ -78,7 +91,7 @@ def test_example_config_serves_with_autoscaling_and_the_harvest_on(model_repo, t
 
 
 # ---- the Serve config and the RayService's gateway settings ---------------------------------------
-def test_serve_config_autoscaling_is_what_the_gateway_deploys(model_repo):
+def test_serve_config_autoscaling_is_what_the_gateway_deploys(serve_repo):
     """For the ConfigMap's settings, the gateway's own autoscaling_config (what `ray_deploy: true`
     deploys) and each application's `autoscaling` arg agree: bounds, delays, windows, the policy,
     its SLO, batch limit and profile, and the swayam knobs after their defaults."""
@@ -89,8 +102,8 @@ def test_serve_config_autoscaling_is_what_the_gateway_deploys(model_repo):
     from models.repository import ModelRepository
 
     raw = yaml.safe_load(configmap("sloserve.yaml"))
-    settings = Settings.model_validate({**raw, "host": "127.0.0.1", "repo": str(model_repo)})
-    repo = ModelRepository(model_repo).load()
+    settings = Settings.model_validate({**raw, "host": "127.0.0.1", "repo": str(serve_repo)})
+    repo = ModelRepository(serve_repo).load()
     backend = RayServeBackend(repo=repo, opts=None, settings=settings)
     apps = {a["name"]: a for a in yaml.safe_load(SERVE_CONFIG.read_text())["applications"]}
     for model, loaded in repo.models.items():
@@ -133,10 +146,10 @@ ray.shutdown()
 """
 
 
-def test_serve_config_runs_and_the_configmap_gateway_attaches(model_repo, tmp_path):
+def test_serve_config_runs_and_the_configmap_gateway_attaches(serve_repo, tmp_path):
     cfg = yaml.safe_load(SERVE_CONFIG.read_text())
     for app in cfg["applications"]:
-        app["args"]["repo"] = str(model_repo)  # the docs' sed "s#/models#$PWD/model_repository#"
+        app["args"]["repo"] = str(serve_repo)  # the docs' sed "s#/models#$PWD/model_repository#"
     serve_cfg = tmp_path / "serve.yaml"
     serve_cfg.write_text(yaml.safe_dump(cfg))
     holder = subprocess.Popen(
@@ -167,7 +180,7 @@ def test_serve_config_runs_and_the_configmap_gateway_attaches(model_repo, tmp_pa
         gw_cfg = tmp_path / "sloserve.yaml"
         gw_cfg.write_text(configmap("sloserve.yaml"))
         gw = ServerProcess(
-            model_repo,
+            serve_repo,
             "ray",  # as in the ConfigMap (ray_deploy: false): it attaches to the applications above
             extra=["--config", str(gw_cfg), "--host", "127.0.0.1", "--ray-address", said["GCS"]],
             env=RAY_ENV,

@@ -1,4 +1,5 @@
-"""Which local ``ray.init`` failures the Ray backend retries once (a busy box starts daemons late)."""
+"""Which local ``ray.init`` failures the Ray backend retries once (a busy box starts daemons late), and
+how many CPUs the embedded Ray offers."""
 
 from gateway.backends.ray_local import startup_timed_out
 
@@ -12,3 +13,27 @@ def test_ray_start_up_timeouts_are_retried_and_nothing_else():
     )
     assert not startup_timed_out(RuntimeError("Timed out waiting for file /tmp/ray/other_file"))
     assert not startup_timed_out(ValueError("num_cpus must be positive"))
+
+
+def _repo(tmp_path, variants: dict[str, int]):
+    import json
+
+    for model, n in variants.items():
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "config.json").write_text(json.dumps({"variants": [{"name": f"v{i}"} for i in range(n)]}))
+    return tmp_path
+
+
+def test_the_embedded_ray_offers_the_cpus_its_start_up_replicas_reserve(tmp_path, monkeypatch):
+    from gateway.backends.ray_local import local_cpus, replica_cpus
+    from gateway.config import Settings
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    repo = _repo(tmp_path, {"digits": 3, "heavy": 3, "cnn": 3})
+    s = Settings(repo=str(repo))
+    assert replica_cpus(s) == 9 * 0.25 and local_cpus(s) == 3  # nine replicas of 0.25 do not fit in 2
+    shared = Settings(repo=str(repo), models={"cnn": {"shared_replicas": True}})
+    assert replica_cpus(shared) == 7 * 0.25 and local_cpus(shared) == 2  # never fewer than the cores
+    more = Settings(repo=str(repo), models={"heavy": {"instances": 2}}, replica_num_cpus=0.5)
+    assert replica_cpus(more) == (3 + 6 + 3) * 0.5 and local_cpus(more) == 6
+    assert local_cpus(Settings(repo=str(tmp_path / "missing"))) == 2
