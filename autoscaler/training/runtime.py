@@ -234,7 +234,8 @@ class TrainingDriver:
         # the workers import the entry from where this process found it
         extra: dict[str, Any] = {}
         if self.pythonpath:
-            extra["worker_runtime_env"] = {"env_vars": {"PYTHONPATH": self.pythonpath}}
+            path = os.pathsep.join(p for p in (self.pythonpath, os.environ.get("PYTHONPATH")) if p)
+            extra["worker_runtime_env"] = {"env_vars": {"PYTHONPATH": path}}  # added to, not replacing, ours
         trainer = TorchTrainer(
             _train_loop_per_worker,
             train_loop_config={

@@ -60,3 +60,25 @@ def test_without_onnx_runtime_the_import_names_both_extras(monkeypatch):
     monkeypatch.delitem(sys.modules, "models.runtime")
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'sloserve\[cpu\]'.*pip install 'sloserve\[gpu\]'"):
         importlib.import_module("models.runtime")
+
+
+def test_a_cuda_session_picks_cudnn_algorithms_by_heuristic(monkeypatch, tmp_path):
+    """A served model meets every batch size; ONNX Runtime's default exhaustive cuDNN benchmark would
+    run inside the first batch of each new size."""
+    from models import runtime
+
+    seen = {}
+
+    class _Session:
+        def __init__(self, path, sess_options=None, providers=None):
+            seen["providers"] = providers
+
+        def get_providers(self):
+            return [runtime.CUDA, runtime.CPU]
+
+    monkeypatch.setattr(
+        runtime, "providers_for", lambda device: runtime.ProviderChoice((runtime.CUDA, runtime.CPU), "test")
+    )
+    monkeypatch.setattr(runtime.ort, "InferenceSession", _Session)
+    runtime.make_session(tmp_path / "m.onnx", runtime.RuntimeOptions(device="cuda"))
+    assert seen["providers"] == [(runtime.CUDA, {"cudnn_conv_algo_search": "HEURISTIC"}), runtime.CPU]
