@@ -38,7 +38,8 @@ def test_gpu_host_with_the_cuda_provider_profiles_as_its_gpu(monkeypatch):
 
 class _FakeSession:
     def __init__(self, path, sess_options=None, providers=None):
-        self.providers = [p for p in providers if p != "CUDAExecutionProvider"]  # CUDA failed to load
+        names = [p[0] if isinstance(p, tuple) else p for p in providers]  # (name, options) or name
+        self.providers = [p for p in names if p != "CUDAExecutionProvider"]  # CUDA failed to load
 
     def get_providers(self):
         return self.providers
