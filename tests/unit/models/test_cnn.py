@@ -95,6 +95,8 @@ def test_where_a_gpu_runs_it_the_large_variant_gets_an_fp16_twin(tmp_path, monke
     monkeypatch.setattr(variants_build, "predict", predict)
     x_tr, y_tr, x_te, y_te = _digits(200)
     cfg = cnn.build_cnn(tmp_path, x_tr, y_tr, x_te, y_te, log=lambda _: None, archs=TINY)
+    assert {v.name for v in cfg.variants} == {"small", "large"}  # not by default: it trades nothing on an H100
+    cfg = cnn.build_cnn(tmp_path, x_tr, y_tr, x_te, y_te, log=lambda _: None, archs=TINY, fp16=True)
     assert {v.name for v in cfg.variants} == {"small", "large", "large-fp16"}
     half = onnx.load(str(tmp_path / "cnn/large-fp16/model.onnx"))
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in half.graph.initializer)
