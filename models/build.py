@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from models import cnn
+from models.onnx_graph import classifier_model
 from models.repository import ModelConfig, TensorSpec, VariantConfig, write_config
 
 OPSET = 17
@@ -67,22 +68,7 @@ def mlp_to_onnx(net: Dense, n_in: int, scale: float, pre: np.ndarray | None, nam
         if i < len(net.weights) - 1:
             nodes.append(helper.make_node("Relu", [cur], [f"r{i}"]))
             cur = f"r{i}"
-    nodes.append(helper.make_node("Softmax", [cur], ["probs"], axis=-1))
-    nodes.append(helper.make_node("ArgMax", [cur], ["label"], axis=1, keepdims=0))
-    graph = helper.make_graph(
-        nodes,
-        name,
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", n_in])],
-        [
-            helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10]),
-            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
-        ],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sloserve")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return classifier_model(nodes, inits, cur, name, n_in, OPSET)
 
 
 def _pool_matrix(side: int, factor: int) -> np.ndarray:

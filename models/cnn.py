@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
+from models.onnx_graph import classifier_model
 from models.repository import ModelConfig, TensorSpec, VariantConfig
 
 NAME = "cnn"
@@ -229,22 +230,7 @@ def to_onnx(net: Any, arch: Arch, name: str) -> onnx.ModelProto:
         ]
     )
     nodes.append(helper.make_node("Gemm", ["features", "head.w", "head.b"], ["logits"], transB=1))
-    nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], axis=-1))
-    nodes.append(helper.make_node("ArgMax", ["logits"], ["label"], axis=1, keepdims=0))
-    graph = helper.make_graph(
-        nodes,
-        name,
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 64])],
-        [
-            helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10]),
-            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
-        ],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sloserve")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return classifier_model(nodes, inits, "logits", name, 64, OPSET)
 
 
 def _torch_logits(net: Any, x: np.ndarray) -> np.ndarray:

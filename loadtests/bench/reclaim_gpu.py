@@ -108,28 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     gpu = Gpu()
     cuda = torch.cuda.is_available()
     base_mib = gpu.used_mib()
+
+    def start_ray(resources: dict[str, float] | None = None) -> None:
+        ray.init(address="local", num_gpus=1, resources=resources, include_dashboard=False, log_to_driver=False)
+
+    gpu_type = "T4"  # emulated where torch sees no GPU
     if cuda:
-        ray.init(address="local", num_gpus=1, include_dashboard=False, log_to_driver=False)
+        start_ray()
         types = [k.split(":", 1)[1] for k in ray.cluster_resources() if k.startswith("accelerator_type:")]
         gpu_type = types[0] if types else "GPU"
         if not types:  # Ray names the type itself on a real GPU; else declare one
             ray.shutdown()
-            ray.init(
-                address="local",
-                num_gpus=1,
-                resources={"accelerator_type:GPU": 1.0},
-                include_dashboard=False,
-                log_to_driver=False,
-            )
+            start_ray({"accelerator_type:GPU": 1.0})
     else:
-        gpu_type = "T4"
-        ray.init(
-            address="local",
-            num_gpus=1,
-            resources={"accelerator_type:T4": 1.0},
-            include_dashboard=False,
-            log_to_driver=False,
-        )
+        start_ray({"accelerator_type:T4": 1.0})
     launcher = RayLauncher(backend=None if cuda else "gloo")
     spec = TrainingSpec(
         job_id="reclaim-gpu",
