@@ -97,7 +97,7 @@ def split_from_kwargs(split: dict[str, Any], slo_s: float, max_batch_size: int, 
     """The :class:`~autoscaler.typesplit.DemandSplit` of ``SwayamRayPolicy``'s ``split`` kwargs."""
     options = []
     for t, d in split["types"].items():
-        p99 = tuple(x / 1e3 for x in d["p99_ms"])
+        p99 = tuple(x / 1e3 for x in d["p99_ms"])  # on the p99 profile, as each deployment sizes itself
         svc = ServiceModel(Curve(tuple(d["batch_sizes"]), p99, p99), slo_s, max_batch_size, slo_percentile)
         options.append(
             TypeOption(t, svc, float(d["throughput_rps"]), float(d.get("cost", 1.0)), int(d["max_replicas"]))

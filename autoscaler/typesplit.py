@@ -54,11 +54,6 @@ class TypeOption:
     max_replicas: int = 1_000_000
 
     @property
-    def score(self) -> float:
-        """Requests/s per unit of cost (Gavel's normalised throughput)."""
-        return self.throughput_rps / self.cost if self.cost > 0 else float("inf")
-
-    @property
     def bound_rps(self) -> float:
         """What ``max_replicas`` replicas serve within the SLO (the queueing model's capacity)."""
         return capacity_rps(self.service, self.max_replicas)

@@ -429,10 +429,19 @@ class HarvestController:
             from batching.profile import ProfileTable
 
             table = ProfileTable.load(self.backend.repo.root)
-            slo = {m: lm.config.slo_ms / 1e3 for m, lm in self.backend.models.items()}
-            self._tput = throughputs_from_profile(
+            overrides = self.settings.models
+            slo = {
+                m: ((o.slo_ms if (o := overrides.get(m)) is not None and o.slo_ms else lm.config.slo_ms) / 1e3)
+                for m, lm in self.backend.models.items()
+            }
+            tput = throughputs_from_profile(
                 table, [k for k in keys if k[0] in slo], types, slo, device_type_of={t: t.lower() for t in types}
             )
+            # only rows with a profile on every type: a missing one would read as 1 request/s beside
+            # measured hundreds, and substitution would trade one replica for hundreds (or none)
+            self._tput = {
+                (m, k, t): tput[(m, k, t)] for m, k in keys if all((m, k, u) in tput for u in types) for t in types
+            }
             self._tput_for = (keys, types)
         return self._tput
 

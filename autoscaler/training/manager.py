@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import psutil
 
 from autoscaler.training.checkpoint import write_json_atomic
-from autoscaler.training.job import PreemptOutcome, TrainingSpec, preempt_then_kill, resolve_entry
+from autoscaler.training.job import JobRejected, PreemptOutcome, TrainingSpec, preempt_then_kill, resolve_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_ID_RE = re.compile(TrainingSpec.model_fields["job_id"].metadata[0].pattern)
@@ -219,7 +219,12 @@ class TrainingManager:
                     )
                 if info.state in ("finished", "cancelled"):
                     raise ValueError(f"training job {job_id!r} is {info.state}")
-                spec = TrainingSpec.model_validate({**spec.model_dump(mode="json"), "gpu_type": gpu_type})
+                try:
+                    spec = TrainingSpec.model_validate({**spec.model_dump(mode="json"), "gpu_type": gpu_type})
+                except ValueError as e:  # pydantic's ValidationError: a malformed type name
+                    raise JobRejected(
+                        f"gpu_type {gpu_type!r}: {e.errors()[0]['msg'] if hasattr(e, 'errors') else e}"
+                    ) from None
                 self.launcher.check(spec)
                 write_json_atomic(self._job_dir(job_id) / "spec.json", spec.model_dump(mode="json"))
                 info = self.get(job_id)

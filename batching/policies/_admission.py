@@ -3,7 +3,8 @@
 The queue ahead of the request (in deadline order) is played out batch by batch: full batches of
 ``B`` rows go to whichever allowed replica frees first, each costing its latency plus ``gap`` (the
 dispatch margin, paid by every batch in the chain), and the request rides in the batch after them
-with the leftover rows (a request is never split), on the allowed replica that finishes it first. A fluid estimate (rows / throughput, from now)
+with the leftover rows (a request is never split), on the replica that frees first (for a model on
+several device types, whose options differ in speed: the one that finishes it first). A fluid estimate (rows / throughput, from now)
 admits up to a batch and a half too many at a small ``B`` under overload (docs/reliability.md).
 
 >>> from batching.latency import LatencyModel
@@ -19,6 +20,7 @@ from __future__ import annotations
 import heapq
 
 from batching.latency import LatencyModel
+from batching.options import is_option_key
 
 
 def predict_finish(
@@ -44,5 +46,8 @@ def predict_finish(
         tput = sum(lat.throughput_rps(v, B) for _, _, v in free)
         t0 = min(t for t, _, _ in free)
         return t0 + ahead / tput + min(lat.latency_s(v, size) for _, _, v in free)
-    rows = max(ahead, 0) + size  # on whichever replica finishes it first (variants differ in speed)
-    return min(t + lat.latency_s(v, rows) for t, _, v in free) + gap
+    rows = max(ahead, 0) + size
+    if any(is_option_key(v) for _, _, v in free):  # options on device types of different speeds:
+        return min(t + lat.latency_s(v, rows) for t, _, v in free) + gap  # whichever finishes it first
+    t, _, v = free[0]  # the replica that frees first
+    return t + lat.latency_s(v, rows) + gap

@@ -370,6 +370,9 @@ class RayServeBackend(BackendBase):
                 device = split_key(key[1], self.device_of(name).lower())[1]  # (an option: its profile's name)
                 for state in ("starting", "running", "stopping"):
                     self._report_replicas(name, variant_of(key[1]), device, state, 0)
+        self._plans.pop(name, None)
+        for k in [k for k in self._key_device if k[0] == name]:
+            del self._key_device[k]
 
     def _channel_host(self) -> str | None:
         """Where each replica's batch channel listens: loopback under the gateway's own embedded Ray,

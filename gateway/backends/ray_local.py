@@ -96,7 +96,8 @@ def init_ray(s: Settings, autoscaled: bool, loopback: bool = False) -> bool:
 
 def replica_cpus(s: Settings) -> float:
     """The CPUs the replicas a gateway deploys at start-up reserve: every variant of every model in
-    ``s.repo`` (one deployment for a model with ``shared_replicas``), ``instances`` replicas each,
+    ``s.repo`` on each of its device types (one deployment for a model with ``shared_replicas``),
+    ``instances`` replicas each,
     ``replica_num_cpus`` apiece. 0 where the repository cannot be read (the gateway says why later)."""
     total = 0.0
     for cfg in sorted(Path(s.repo).glob("*/config.json")):
@@ -105,7 +106,7 @@ def replica_cpus(s: Settings) -> float:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         over = s.models.get(cfg.parent.name)
-        deployments = 1 if over and over.shared_replicas else variants
+        deployments = 1 if over and over.shared_replicas else variants * max(1, len(over.devices()) if over else 1)
         total += deployments * (over.instances if over and over.instances else s.instances) * s.replica_num_cpus
     return total
 

@@ -426,17 +426,17 @@ def pairs_main(a: argparse.Namespace) -> int:
             sized.append(dev)
     slo_s = (a.slo_ms or cfg.slo_ms) / 1e3
     max_batch = min(a.max_batch, cfg.max_batch_size)
+    cost = {}
+    for item in filter(None, a.type_cost.split(",")):
+        name, _, c = item.partition("=")
+        cost[device_type("cpu") if name.lower() == "cpu" else name.lower()] = float(c)
     if sized:  # sized for the peak with the throughput-per-type table (requests/s per unit cost)
-        cost = {}
-        for item in filter(None, a.type_cost.split(",")):
-            name, _, c = item.partition("=")
-            cost[device_type("cpu") if name.lower() == "cpu" else name.lower()] = float(c)
-        plan = plan_for(table, a.pair_model, accuracy, list(replicas), max_batch)
+        plan = plan_for(table, a.pair_model, accuracy, list(replicas), max_batch, slo_s, cost)
         want = size_by_throughput(table, a.pair_model, plan, a.rate * a.burst_factor, slo_s, max_batch, cost)
         replicas.update({d: want[d] for d in sized if d in want})
     arrivals = burst_arrivals(a.rate, a.burst_factor, a.duration_s, a.seed)
     t = time.perf_counter()
-    res = compare(table, a.pair_model, accuracy, replicas, arrivals, slo_s, max_batch, a.seed)
+    res = compare(table, a.pair_model, accuracy, replicas, arrivals, slo_s, max_batch, a.seed, cost=cost)
     print(
         f"sloserve sim (pairs): {a.pair_model}, {len(arrivals)} requests, rate {a.rate:g}/s x{a.burst_factor:g} "
         f"burst, SLO {slo_s * 1e3:g} ms, replicas {replicas} ({time.perf_counter() - t:.1f} s)",

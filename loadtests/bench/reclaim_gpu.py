@@ -90,7 +90,7 @@ def _pct(xs: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtests.bench.reclaim_gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="the replica's ONNX file")
-    p.add_argument("--reclaims", type=int, default=10)
+    p.add_argument("--reclaims", type=lambda v: max(1, int(v)), default=10, help="at least 1")
     p.add_argument("--grace-s", type=float, default=1.0)
     p.add_argument("--train-s", type=float, default=3.0, help="new training between reclaims")
     p.add_argument("--checkpoint-every", type=int, default=20)
@@ -136,65 +136,77 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if cuda else "cpu"
     print(f"GPU: {gpu.name or 'none (emulated ' + gpu_type + ')'}; baseline used {base_mib} MiB; replica on {device}")
     rows: list[dict[str, Any]] = []
-    for k in range(args.reclaims):
-        h = launcher.start(spec, job_dir)
-        t_wait = time.monotonic() + args.timeout_s
-        first_it: int | None = None
-        t_first: float | None = None
-        while time.monotonic() < t_wait:  # training again, for train_s of new iterations
-            pr = h.progress() or {}
-            it = int(pr.get("iteration") or 0)
-            if pr.get("status") == "failed":
-                print(pr.get("error"), file=sys.stderr)
+    h = None
+    try:
+        for k in range(args.reclaims):
+            h = launcher.start(spec, job_dir)
+            t_wait = time.monotonic() + args.timeout_s
+            first_it: int | None = None
+            t_first: float | None = None
+            while time.monotonic() < t_wait:  # training again, for train_s of new iterations
+                pr = h.progress() or {}
+                it = int(pr.get("iteration") or 0)
+                if pr.get("status") == "failed":
+                    print(pr.get("error"), file=sys.stderr)
+                    return 1
+                if first_it is None and pr.get("metrics"):
+                    first_it, t_first = it, time.monotonic()
+                if t_first is not None and time.monotonic() - t_first >= args.train_s:
+                    break
+                time.sleep(0.05)
+            else:
+                print(f"reclaim {k}: the job did not train within {args.timeout_s} s", file=sys.stderr)
                 return 1
-            if first_it is None and pr.get("metrics"):
-                first_it, t_first = it, time.monotonic()
-            if t_first is not None and time.monotonic() - t_first >= args.train_s:
-                break
-            time.sleep(0.05)
-        else:
-            print(f"reclaim {k}: the job did not train within {args.timeout_s} s", file=sys.stderr)
-            return 1
-        job_mib = sum(gpu.processes().values()) if gpu.nv else None
-        before = h.progress() or {}
-        t0 = time.monotonic()
-        outcome = h.preempt(args.grace_s)
-        t_stop = time.monotonic() - t0
-        t_free = None
-        while time.monotonic() - t0 < args.timeout_s:
-            used = gpu.used_mib()
-            if used is None or (not gpu.processes() and used <= (base_mib or 0) + args.slack_mib):
-                t_free = time.monotonic() - t0
-                break
-            time.sleep(0.005)
-        if t_free is None:
-            print(f"reclaim {k}: GPU memory not released within {args.timeout_s} s: {gpu.processes()}", file=sys.stderr)
-            return 1
-        used_at_load = gpu.used_mib()
-        rep = subprocess.run(
-            [sys.executable, "-c", REPLICA, args.model, device], capture_output=True, text=True, timeout=args.timeout_s
-        )
-        t_answer = time.monotonic() - t0
-        if rep.returncode != 0:
-            print(rep.stderr[-2000:], file=sys.stderr)
-            return 1
-        st = json.loads((job_dir / "status.json").read_text())
-        lost = max(0, int(before.get("iteration") or 0) - int(st.get("checkpoint_iteration") or 0))
-        row = {
-            "reclaim": k,
-            "outcome": outcome,
-            "stopped_s": round(t_stop, 4),
-            "gpu_free_s": round(t_free, 4),
-            "first_answer_s": round(t_answer, 4),
-            "job_gpu_mib": job_mib,
-            "used_mib_at_load": used_at_load,
-            "iteration_at_decision": before.get("iteration"),
-            "checkpoint_iteration": st.get("checkpoint_iteration"),
-            "lost_iterations_upper_bound": lost,
-            "replica": json.loads(rep.stdout.strip().splitlines()[-1]),
-        }
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+            job_mib = sum(gpu.processes().values()) if gpu.nv else None
+            before = h.progress() or {}
+            t0 = time.monotonic()
+            outcome = h.preempt(args.grace_s)
+            t_stop = time.monotonic() - t0
+            t_free = None
+            while time.monotonic() - t0 < args.timeout_s:
+                used = gpu.used_mib()
+                if used is None or (not gpu.processes() and used <= (base_mib or 0) + args.slack_mib):
+                    t_free = time.monotonic() - t0
+                    break
+                time.sleep(0.005)
+            if t_free is None:
+                print(
+                    f"reclaim {k}: GPU memory not released within {args.timeout_s} s: {gpu.processes()}",
+                    file=sys.stderr,
+                )
+                return 1
+            used_at_load = gpu.used_mib()
+            rep = subprocess.run(
+                [sys.executable, "-c", REPLICA, args.model, device],
+                capture_output=True,
+                text=True,
+                timeout=args.timeout_s,
+            )
+            t_answer = time.monotonic() - t0
+            if rep.returncode != 0:
+                print(rep.stderr[-2000:], file=sys.stderr)
+                return 1
+            st = json.loads((job_dir / "status.json").read_text())
+            lost = max(0, int(before.get("iteration") or 0) - int(st.get("checkpoint_iteration") or 0))
+            row = {
+                "reclaim": k,
+                "outcome": outcome,
+                "stopped_s": round(t_stop, 4),
+                "gpu_free_s": round(t_free, 4),
+                "first_answer_s": round(t_answer, 4),
+                "job_gpu_mib": job_mib,
+                "used_mib_at_load": used_at_load,
+                "iteration_at_decision": before.get("iteration"),
+                "checkpoint_iteration": st.get("checkpoint_iteration"),
+                "lost_iterations_upper_bound": lost,
+                "replica": json.loads(rep.stdout.strip().splitlines()[-1]),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:  # an early return leaves neither the job nor Ray running
+        if h is not None and h.alive():
+            h.preempt(0.1)
+        ray.shutdown()
     free = [r["gpu_free_s"] for r in rows]
     ans = [r["first_answer_s"] for r in rows]
     summary = {
@@ -214,8 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(summary, indent=1))
-    ray.shutdown()
-    os.environ.pop("RAY_ADDRESS", None)
     return 0
 
 

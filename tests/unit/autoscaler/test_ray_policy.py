@@ -7,6 +7,7 @@ from ray.serve.autoscaling_policy import _apply_autoscaling_config
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
 from autoscaler.ray_policy import STATE_KEY, SwayamRayPolicy
+from autoscaler.typesplit import rank_types
 
 KWARGS = {
     "slo_ms": 100,
@@ -216,7 +217,7 @@ def test_each_type_of_the_best_variant_sizes_for_its_part_of_the_models_demand(m
         cfg = ray_config({**k, "swayam": swayam})
         policies[key] = (cfg, _apply_autoscaling_config(_resolve_policy_callable(cfg.policy)))
     ranked = SwayamRayPolicy(**{**kw, "swayam": swayam}).split
-    first = max(ranked.options, key=lambda o: o.score)
+    first = rank_types(ranked.options)[0]
     low = 0.5 * first.bound_rps
     high = first.bound_rps + 0.5 * min(o.bound_rps for o in ranked.options if o is not first)
     for rate, want_other in ((low, 1), (high, 2)):
