@@ -367,7 +367,7 @@ class RayServeBackend(BackendBase):
             await asyncio.get_running_loop().run_in_executor(None, delete)
         if lm is not None:
             for key in keys:
-                device = split_key(key[1], self.device_of(name).lower())[1]  # (an option: its profile's name)
+                device = self.device_of(name, key[1]).lower()
                 for state in ("starting", "running", "stopping"):
                     self._report_replicas(name, variant_of(key[1]), device, state, 0)
         self._plans.pop(name, None)
@@ -494,9 +494,7 @@ class RayServeBackend(BackendBase):
             self._replicas[key] = self.channels.count(app) if self.channels is not None else states.get("RUNNING", 0)
             variant = variant_of(key[1])
             if not self.shared(key[0]) or key[1] == self._top[key[0]]:
-                device = self.device_of(key[0], key[1]).lower()
-                if key[0] in self._plans:
-                    device = split_key(key[1], device)[1]
+                device = self.device_of(key[0], key[1]).lower()  # as configured, for one type or several
                 for state in ("STARTING", "RUNNING", "STOPPING"):
                     self._report_replicas(key[0], variant, device, state.lower(), states.get(state, 0))
             if self.channels is not None:  # each connected replica said what it runs on when it connected
