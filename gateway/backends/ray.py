@@ -20,17 +20,17 @@ import logging
 import time
 from typing import Any
 
-import grpc
 import numpy as np
 
-from autoscaler.typesplit import profile_type_order
 from batching.batcher import RunResult
-from batching.options import OptionPlan, plan_from_profiles, split_key, variant_of
+from batching.options import OptionPlan, split_key, variant_of
 from batching.profile import ProfileTable
 from gateway.backends.base import BackendBase, ModelLoadError
+from gateway.backends.options import model_plan
 from gateway.backends.ray_capacity import LeaseClient, leases_wanted, start_leases
 from gateway.backends.ray_channels import ReplicaChannels, read_endpoints
 from gateway.backends.ray_local import init_ray, shutdown_ray
+from gateway.backends.ray_run import late, run_on_channel, run_on_handle
 from gateway.backends.ray_serve import (
     deploy_failure,
     deployment_handle,
@@ -39,7 +39,7 @@ from gateway.backends.ray_serve import (
     swayam_autoscaling,
 )
 from gateway.config import Settings
-from gateway.errors import DeadlineExceeded, InternalError, ReplicaFailed
+from gateway.errors import DeadlineExceeded
 from gateway.rates import RateMeter, gateway_id
 from models.ray_replica import SHARED, build_app, deployment_name
 from models.repository import LoadedModel, ModelRepository
@@ -47,12 +47,6 @@ from models.runtime import RuntimeOptions
 
 log = logging.getLogger("sloserve.ray")
 APP_PREFIX = "sloserve-"
-
-
-# gRPC codes that mean the replica (or its connection) went away, not that the call itself is wrong.
-_REPLICA_GONE = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED}
-)
 
 
 class RayServeBackend(BackendBase):
@@ -109,19 +103,9 @@ class RayServeBackend(BackendBase):
         devices = over.devices() if over is not None else []
         if len(devices) > 1:
             named = {self._profile_name(d): d for d in devices}
-            accuracy = {v.name: v.accuracy for v in cfg.variants}
-            table = ProfileTable.load(self.repo.root)
-            slo_s = (over.slo_ms if over is not None and over.slo_ms else cfg.slo_ms) / 1e3
+            slo_ms = over.slo_ms if over is not None and over.slo_ms else cfg.slo_ms
             cost = {self._profile_name(t): c for t, c in self.settings.device_cost.items()}
-            order = profile_type_order(table, m, slo_s, cfg.max_batch_size, cost)
-            plan = plan_from_profiles(table, m, accuracy, list(named), cfg.max_batch_size, order)
-            for dominated, by in plan.dropped:
-                log.info(
-                    "model %s: option %s leaves the fallback chain (not faster than the more accurate %s; served when its variant is pinned)",
-                    m,
-                    dominated,
-                    by,
-                )
+            plan = model_plan(ProfileTable.load(self.repo.root), cfg, list(named), slo_ms, cost)
             self._plans[m] = plan
             for key in plan.served:  # a dominated option too: it serves requests pinning its variant
                 self._key_device[(m, key)] = named[split_key(key, "")[1]]
@@ -581,104 +565,35 @@ class RayServeBackend(BackendBase):
             return self.leases.slots(app) if app is not None else 0
         return self._replicas.get((model, variant), 0) * self.settings.pipeline_depth
 
-    def handle(self, model: str, variant: str):
-        return self._handles[(model, variant)]
-
     def _direct_channels(self) -> ReplicaChannels:
         """The replicas' channels, which only the direct transport has."""
         if self.channels is None:
             raise RuntimeError("the replica channels exist only with ray_transport 'direct'")
         return self.channels
 
-    async def _run_direct(
-        self, model: str, variant: str, inputs: dict[str, np.ndarray], limit: float, timeout_s: float | None
-    ) -> RunResult:
-        """The batch on the connected replica with the fewest batches in flight, over its channel; with
-        none connected (the only one died and Serve is replacing it), it waits for one while ``limit``
-        allows, as Serve's own router would."""
-        t0 = time.monotonic()
-        chan = await self._direct_channels().wait_for(self._apps[(model, variant)], limit)
-        if chan is None and self.leases is not None and self.replica_count(model, variant):
-            raise ReplicaFailed(  # the lease shrank between the batcher's decision and this batch
-                f"this gateway's lease on '{model}/{variant}' has no slot free now; retry shortly",
-                retry_after_s=0.1,
-            )
-        if chan is None:
-            raise ReplicaFailed(
-                f"no replica of '{model}/{variant}' is connected (Serve is starting or replacing it); retry shortly",
-                retry_after_s=1.0,
-            )
-        limit = max(limit - (time.monotonic() - t0), 1e-3)
-        try:
-            outputs, compute_s = await asyncio.wait_for(
-                chan.run(inputs, limit, variant if self.shared(model) else None), limit
-            )
-        except TimeoutError:
-            raise self._late(model, variant, limit, timeout_s) from None
-        except RuntimeError as e:  # the replica refused the batch (ONNX Runtime's message)
-            raise InternalError(f"replica for '{model}/{variant}' failed on this batch: {e!s:.300}") from None
-        if outputs is None:  # skipped by the replica: already past the time the gateway waits
-            raise self._late(model, variant, limit, timeout_s)
-        return RunResult(outputs, compute_s, chan.info.get("device_type", "cpu"))
-
-    def _late(self, model: str, variant: str, limit: float, timeout_s: float | None) -> DeadlineExceeded:
-        if timeout_s is not None and timeout_s <= self.settings.batch_timeout_s:
-            return DeadlineExceeded(
-                f"the batch on '{model}/{variant}' was not back {limit:.2f} s after dispatch, past its "
-                f"requests' deadlines plus late_grace_s (its replica may have died and been replaced); "
-                f"retry, or raise slo_ms"
-            )
-        return DeadlineExceeded(
-            f"replica for '{model}/{variant}' did not return a batch within batch_timeout_s="
-            f"{self.settings.batch_timeout_s}"
-        )
-
     async def run(
         self, model: str, variant: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None
     ) -> RunResult:
         """One Ray call for the whole batch, bounded by the batch's deadline (``timeout_s``, from the
-        batcher: latest deadline + late_grace_s) and by ``batch_timeout_s`` for hung replicas.
-
-        Ray Serve 2.60's router itself re-sends a request whose replica died to another replica,
-        in an unbounded loop that knows no deadline (serve/_private/router.py); the bound here is
-        what turns that into "answered in time, or failed explicitly"."""
-        from ray import exceptions as rex
-
-        limit = self.settings.batch_timeout_s if timeout_s is None else min(timeout_s, self.settings.batch_timeout_s)
+        batcher: latest deadline + late_grace_s) and by ``batch_timeout_s`` for hung replicas
+        (``gateway/backends/ray_run.py``)."""
+        bound = self.settings.batch_timeout_s
+        limit = bound if timeout_s is None else min(timeout_s, bound)
         self._served[(model, variant)].add(next(iter(inputs.values())).shape[0])
+
+        def on_late(waited: float) -> DeadlineExceeded:
+            return late(model, variant, waited, timeout_s, bound)
+
+        shared = self.shared(model)
         if self.direct:
-            return await self._run_direct(model, variant, inputs, limit, timeout_s)
+            held = self.leases is not None and bool(self.replica_count(model, variant))
+            app = self._apps[(model, variant)]
+            return await run_on_channel(
+                self._direct_channels(), app, model, variant, inputs, limit, on_late, held, shared
+            )
         handle = self._handles[(model, variant)]
-        if self.shared(model):
+        if shared:
             call = handle.run_batch.remote(inputs, self._stamp(model, variant), variant)
         else:
             call = handle.run_batch.remote(inputs, self._stamp(model, variant))
-        try:
-            outputs, compute_s, device = await asyncio.wait_for(call, limit)
-        except TimeoutError:
-            call.cancel()
-            raise self._late(model, variant, limit, timeout_s) from None
-        except (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError, rex.ObjectLostError) as e:
-            raise ReplicaFailed(
-                f"replica for '{model}/{variant}' died while running this batch ({type(e).__name__})"
-            ) from None
-        except grpc.aio.AioRpcError as e:  # ray_transport grpc
-            if e.code() in _REPLICA_GONE:  # the replica's server went away mid-call: retried once
-                raise ReplicaFailed(
-                    f"replica for '{model}/{variant}' dropped this batch (gRPC {e.code().name})"
-                ) from None
-            raise InternalError(
-                f"the batch for '{model}/{variant}' could not be sent to its replica "
-                f"(gRPC {e.code().name}: {e.details()!s:.200}); with a batch over "
-                f"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH, raise it on the Ray nodes "
-                f"or set ray_transport: object_ref"
-            ) from None
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # the gateway itself is cancelling this batch (shutdown)
-            # the replica's own call was cancelled under it (it died, or Serve dropped the call)
-            raise ReplicaFailed(f"replica for '{model}/{variant}' cancelled this batch") from None
-        except rex.RayTaskError as e:
-            raise InternalError(f"replica for '{model}/{variant}' failed: {e.cause!r:.200}") from None
-        return RunResult(outputs, compute_s, device)
+        return await run_on_handle(call, model, variant, limit, on_late)

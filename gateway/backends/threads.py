@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from autoscaler.typesplit import profile_type_order
 from batching.batcher import RunResult
-from batching.options import OptionPlan, plan_from_profiles, split_key
+from batching.options import OptionPlan, split_key
 from batching.profile import Curve, ProfileTable
 from gateway.backends.base import BackendBase, ModelLoadError
+from gateway.backends.options import model_plan
 from gateway.errors import DeadlineExceeded
 from models.repository import LoadedModel, ModelRepository
 from models.runtime import Replica, RuntimeOptions, device_type, gpu_present
@@ -174,23 +174,13 @@ class InProcessBackend(BackendBase):
             spec = resolve_device(configured)
             specs[spec.name] = spec
         table = ProfileTable.load(self.repo.root) if self.repo is not None else ProfileTable({})
-        accuracy = {v.name: v.accuracy for v in model.config.variants}
-        slo_s = self.slo_ms.get(name, model.config.slo_ms) / 1e3
         cost = {}
         for t, c in self.device_cost.items():
             try:
                 cost[resolve_device(t).name] = c
             except ModelLoadError:  # cuda on a host without one: no option of that type here
                 pass
-        order = profile_type_order(table, name, slo_s, model.config.max_batch_size, cost)
-        plan = plan_from_profiles(table, name, accuracy, list(specs), model.config.max_batch_size, order)
-        for dominated, by in plan.dropped:
-            log.info(
-                "model %s: option %s leaves the fallback chain (not faster than the more accurate %s; served when its variant is pinned)",
-                name,
-                dominated,
-                by,
-            )
+        plan = model_plan(table, model.config, list(specs), self.slo_ms.get(name, model.config.slo_ms), cost)
         for key in plan.served:
             variant, dev = split_key(key, "")
             if specs[dev].emulated:

@@ -1,0 +1,34 @@
+"""A model's serving options on several device types, as both backends lay them out: the
+(variant, device type) pairs in the order they serve in (``batching.options``), from the model's
+profiles, the types ranked as the autoscaler sizes them (``autoscaler.typesplit``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from autoscaler.typesplit import profile_type_order
+from batching.options import OptionPlan, plan_from_profiles
+from batching.profile import ProfileTable
+from models.repository import ModelConfig
+
+log = logging.getLogger("sloserve.backend")
+
+
+def model_plan(
+    table: ProfileTable, cfg: ModelConfig, types: Sequence[str], slo_ms: float, cost: Mapping[str, float]
+) -> OptionPlan:
+    """``cfg``'s options on ``types`` (profile names), each dominated one logged; ``slo_ms`` the
+    model's (its override's) SLO, ``cost`` the price per type (1 where not given)."""
+    order = profile_type_order(table, cfg.name, slo_ms / 1e3, cfg.max_batch_size, cost)
+    accuracy = {v.name: v.accuracy for v in cfg.variants}
+    plan = plan_from_profiles(table, cfg.name, accuracy, list(types), cfg.max_batch_size, order)
+    for dominated, by in plan.dropped:
+        log.info(
+            "model %s: option %s leaves the fallback chain (not faster than the more accurate %s; served when "
+            "its variant is pinned)",
+            cfg.name,
+            dominated,
+            by,
+        )
+    return plan
