@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -53,12 +52,7 @@ def typed_server(model_repo, tmp_path_factory):
     s.repo = repo
     yield s
     s.stop()
-    # Ray processes the server started live in its process group (start_new_session): sweep any
-    # left behind so a failed shutdown cannot leak them into the next test.
-    try:
-        os.killpg(s.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    s.kill()  # and whatever Ray processes a failed shutdown left in its process group
 
 
 def gcs_address(server) -> str:

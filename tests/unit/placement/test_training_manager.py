@@ -4,6 +4,7 @@ metrics."""
 
 from __future__ import annotations
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -142,21 +143,13 @@ def test_resume_on_another_gpu_type_rewrites_the_spec_and_refuses_a_type_the_clu
     m = TrainingManager(tmp_path, launcher=launcher)
     m.submit(TrainingSpec(job_id="mv", gpu_type="T4"), start=False)
     m._save("mv", state="preempted")
-    try:
+    with pytest.raises(JobRejected, match="no H100"):  # a type the cluster lacks is refused
         m.start("mv", gpu_type="H100")
-    except JobRejected as e:
-        assert "no H100" in str(e)
-    else:
-        raise AssertionError("a type the cluster lacks must be refused")
     assert m.spec("mv").gpu_type == "T4"  # nothing changed
     info = m.start("mv", gpu_type="A100")
     assert (info.state, info.gpu_type, launcher.started.gpu_type) == ("running", "A100", "A100")
-    try:
+    with pytest.raises(ValueError, match="preempt it before moving it"):  # a running job keeps its type
         m.start("mv", gpu_type="T4")
-    except ValueError as e:
-        assert "preempt it before moving it" in str(e)
-    else:
-        raise AssertionError("a running job must not change type")
 
 
 def test_http_resume_takes_a_gpu_type(tmp_path):
