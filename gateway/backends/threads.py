@@ -146,7 +146,7 @@ class InProcessBackend(BackendBase):
 
     def _pool_slots(self) -> int:
         """Replica keys over every model: variants, times device types for a model on several."""
-        return sum(len(m.config.variants) * len(self.device_types.get(n, "x")) for n, m in self.models.items())
+        return sum(len(m.config.variants) * max(1, len(self.device_types.get(n, ()))) for n, m in self.models.items())
 
     def _new_pool(self, variants: int) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
