@@ -426,10 +426,7 @@ def pairs_main(a: argparse.Namespace) -> int:
             sized.append(dev)
     slo_s = (a.slo_ms or cfg.slo_ms) / 1e3
     max_batch = min(a.max_batch, cfg.max_batch_size)
-    cost = {}
-    for item in filter(None, a.type_cost.split(",")):
-        name, _, c = item.partition("=")
-        cost[device_type("cpu") if name.lower() == "cpu" else name.lower()] = float(c)
+    cost = {device_type("cpu") if t == "cpu" else t: c for t, c in _type_map(a.type_cost, float).items()}
     if sized:  # sized for the peak with the throughput-per-type table (requests/s per unit cost)
         plan = plan_for(table, a.pair_model, accuracy, list(replicas), max_batch, slo_s, cost)
         want = size_by_throughput(table, a.pair_model, plan, a.rate * a.burst_factor, slo_s, max_batch, cost)
