@@ -28,7 +28,7 @@ from ray import serve
 
 from batching.profile import Curve
 from models.repository import check_name, load_model_dir
-from models.runtime import Replica, RuntimeOptions, device_type
+from models.runtime import Replica, RuntimeOptions, device_type, wait_out_profile
 
 if TYPE_CHECKING:
     from models.channel import ChannelListener
@@ -135,11 +135,8 @@ class OnnxReplica:
     def _run(self, rep: Replica, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         out = rep.run(inputs)
-        if self.emulate is not None:  # an emulated device: busy until its profile's median for this batch
-            rows = next(iter(inputs.values())).shape[0] if inputs else 1
-            rest = t0 + self.emulate.at(rows, "p50") - time.perf_counter()
-            if rest > 0:
-                time.sleep(rest)
+        if self.emulate is not None:
+            wait_out_profile(self.emulate, t0, inputs)
         return out
 
     def __del__(self) -> None:

@@ -17,11 +17,14 @@ import logging
 import os
 import platform
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from batching.profile import Curve
 
 INSTALL_HINT = (
     "install sloserve with one of its ONNX Runtime extras: pip install 'sloserve[cpu]' on a CPU host, "
@@ -262,3 +265,12 @@ _ORT_TYPES = {
     "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
+
+
+def wait_out_profile(curve: Curve, t0: float, inputs: dict[str, np.ndarray]) -> None:
+    """An emulated device type's replica: busy until ``curve``'s median for this batch has passed
+    since ``t0`` (``time.perf_counter()`` when the batch started), whatever the real session took."""
+    rows = next(iter(inputs.values())).shape[0] if inputs else 1
+    rest = t0 + curve.at(rows, "p50") - time.perf_counter()
+    if rest > 0:
+        time.sleep(rest)

@@ -21,7 +21,7 @@ from gateway.backends.base import BackendBase, ModelLoadError
 from gateway.backends.options import model_plan
 from gateway.errors import DeadlineExceeded
 from models.repository import LoadedModel, ModelRepository
-from models.runtime import Replica, RuntimeOptions, device_type, gpu_present
+from models.runtime import Replica, RuntimeOptions, device_type, gpu_present, wait_out_profile
 
 log = logging.getLogger("sloserve.backend")
 
@@ -463,11 +463,8 @@ class InProcessBackend(BackendBase):
                 time.sleep(delay)  # chaos drill: the replica is busy this long, as a Ray replica would be
             out = self._replicas[key][i].run(inputs)
             curve = self._emulated.get(key)
-            if curve is not None:  # an emulated device: busy until the profile's median for this batch
-                rows = next(iter(inputs.values())).shape[0] if inputs else 1
-                rest = t0 + curve.at(rows, "p50") - time.perf_counter()
-                if rest > 0:
-                    time.sleep(rest)
+            if curve is not None:
+                wait_out_profile(curve, t0, inputs)
             return out, time.perf_counter() - t0
         finally:
             free.put(i)
