@@ -317,7 +317,7 @@ def light_step(
     dur = max(args.duration, args.light_requests / rate)
     sched = poisson(rate, dur, random.Random(4242))
     recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, tag)
-    m = metrics(recs, trailer, args, acc, peer_acc, rate)
+    m = metrics(recs, trailer, args, acc, peer_acc, rate, duration_s=dur)
     m.pop("timeline", None)
     lat = sorted(done - t for t, _sent, done, status, _v in recs if 200 <= status < 300)
     m.update(

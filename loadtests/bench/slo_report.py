@@ -33,10 +33,12 @@ def metrics(
     acc: dict[int, float],
     peer_acc: float | None,
     rate: float,
+    duration_s: float | None = None,
 ) -> dict[str, Any]:
+    """A step's figures; ``duration_s``: its seconds of arrivals (default: a sweep step's, ``step_duration``)."""
     slo = args.slo_ms / 1e3
     n = len(recs)
-    dur = step_duration(args, rate)
+    dur = duration_s if duration_s is not None else step_duration(args, rate)
     ok_lat, on_time, eff, shed, shed_send, errors, late_ok = [], 0, 0.0, 0, [], 0, 0
     variants: dict[str, int] = {}
     late_by_variant: dict[str, int] = {}

@@ -78,6 +78,16 @@ def test_step_metrics_count_late_answers_per_variant():
     assert m["effective_accuracy"] == round((0.98 + 0.93) / 5, 5)
 
 
+def test_light_load_rates_use_the_light_steps_own_duration():
+    from loadtests.bench.slo_report import metrics
+
+    a = _args(slo_ms=20.0, _variants=["large"])
+    recs = [(i / 100, i / 100, i / 100 + 0.004, 200, 0) for i in range(3000)]  # 100/s for 30 s
+    trailer = {"server_cpu_s": 6.0, "gen_cpu_s": 3.0, "other_cpu_s": 0.0}
+    m = metrics(recs, trailer, a, {0: 0.98}, None, rate=100, duration_s=30.0)
+    assert m["offered_rps"] == 100.0 and m["server_cores"] == 0.2 and m["gen_cores"] == 0.1
+
+
 def test_sloserve_batching_settings_are_merged_and_checked(monkeypatch):
     import pytest
 
