@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from autoscaler.placement.cost import throughputs_from_profile
 from autoscaler.queueing import capacity_rps
 from autoscaler.types import ServiceModel
+from batching.options import OptionPlan, plan_from_profiles
 from batching.profile import ProfileTable
 
 
@@ -83,6 +84,21 @@ def profile_type_order(
         )
 
     return order
+
+
+def ordered_plan(
+    table: ProfileTable,
+    model: str,
+    accuracy: Mapping[str, float],
+    types: Sequence[str],
+    max_batch: int,
+    slo_s: float,
+    cost: Mapping[str, float] | None = None,
+) -> OptionPlan:
+    """The model's (variant, device type) options in the order the gateway serves them
+    (:func:`profile_type_order`), for the live backends and the simulator alike."""
+    order = profile_type_order(table, model, slo_s, max_batch, cost)
+    return plan_from_profiles(table, model, accuracy, list(types), max_batch, order)
 
 
 def split_demand(demand_rps: float, options: Sequence[TypeOption]) -> dict[str, float]:

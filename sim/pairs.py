@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.typesplit import profile_type_order
-from batching.options import OptionPlan, plan_from_profiles, split_key, variant_of
+from autoscaler.typesplit import ordered_plan
+from batching.options import OptionPlan, split_key, variant_of
 from batching.policy import make_policy
 from batching.profile import ProfileTable
 from batching.replay import Request, replay
@@ -82,20 +82,6 @@ def burst_arrivals(rate: float, factor: float, duration_s: float, seed: int = 0)
                 break
             out.append(float(t))
     return out
-
-
-def plan_for(
-    table: ProfileTable,
-    model: str,
-    accuracy: Mapping[str, float],
-    types: Sequence[str],
-    max_batch: int,
-    slo_s: float,
-    cost: Mapping[str, float] | None = None,
-):
-    """The model's options in the gateway's order (``autoscaler.typesplit.profile_type_order``)."""
-    order = profile_type_order(table, model, slo_s, max_batch, cost)
-    return plan_from_profiles(table, model, accuracy, list(types), max_batch, order)
 
 
 def systems_for(plan: OptionPlan, replicas: Mapping[str, int]) -> list[PairSystem]:
@@ -184,7 +170,7 @@ def compare(
     cost: Mapping[str, float] | None = None,
 ) -> dict[str, PairResult]:
     """Every system of :func:`systems_for` (or those named in ``only``) on the same arrivals."""
-    plan = plan_for(table, model, accuracy, list(replicas), max_batch, slo_s, cost)
+    plan = ordered_plan(table, model, accuracy, list(replicas), max_batch, slo_s, cost)
     return {
         s.name: run_system(s, table, model, accuracy, arrivals, slo_s, max_batch, seed)
         for s in systems_for(plan, replicas)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
+from pydantic import ValidationError
 
 from autoscaler.training.checkpoint import write_json_atomic
 from autoscaler.training.job import JobRejected, PreemptOutcome, TrainingSpec, preempt_then_kill, resolve_entry
@@ -221,10 +222,8 @@ class TrainingManager:
                     raise ValueError(f"training job {job_id!r} is {info.state}")
                 try:
                     spec = TrainingSpec.model_validate({**spec.model_dump(mode="json"), "gpu_type": gpu_type})
-                except ValueError as e:  # pydantic's ValidationError: a malformed type name
-                    raise JobRejected(
-                        f"gpu_type {gpu_type!r}: {e.errors()[0]['msg'] if hasattr(e, 'errors') else e}"
-                    ) from None
+                except ValidationError as e:  # a malformed type name
+                    raise JobRejected(f"gpu_type {gpu_type!r}: {e.errors()[0]['msg']}") from None
                 self.launcher.check(spec)
                 write_json_atomic(self._job_dir(job_id) / "spec.json", spec.model_dump(mode="json"))
                 info = self.get(job_id)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from autoscaler.typesplit import profile_type_order
-from batching.options import OptionPlan, plan_from_profiles
+from autoscaler.typesplit import ordered_plan
+from batching.options import OptionPlan
 from batching.profile import ProfileTable
 from models.repository import ModelConfig
 
@@ -20,9 +20,8 @@ def model_plan(
 ) -> OptionPlan:
     """``cfg``'s options on ``types`` (profile names), each dominated one logged; ``slo_ms`` the
     model's (its override's) SLO, ``cost`` the price per type (1 where not given)."""
-    order = profile_type_order(table, cfg.name, slo_ms / 1e3, cfg.max_batch_size, cost)
     accuracy = {v.name: v.accuracy for v in cfg.variants}
-    plan = plan_from_profiles(table, cfg.name, accuracy, list(types), cfg.max_batch_size, order)
+    plan = ordered_plan(table, cfg.name, accuracy, types, cfg.max_batch_size, slo_ms / 1e3, cost)
     for dominated, by in plan.dropped:
         log.info(
             "model %s: option %s leaves the fallback chain (not faster than the more accurate %s; served when "

@@ -106,7 +106,8 @@ def replica_cpus(s: Settings) -> float:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         over = s.models.get(cfg.parent.name)
-        deployments = 1 if over and over.shared_replicas else variants * max(1, len(over.devices()) if over else 1)
+        types = max(1, len(over.devices())) if over else 1
+        deployments = 1 if over and over.shared_replicas else variants * types
         total += deployments * (over.instances if over and over.instances else s.instances) * s.replica_num_cpus
     return total
 

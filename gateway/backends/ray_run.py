@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -41,7 +42,7 @@ async def run_on_channel(
     variant: str,
     inputs: dict[str, np.ndarray],
     limit: float,
-    on_late: Any,
+    on_late: Callable[[float], DeadlineExceeded],
     lease_held: bool,
     shared: bool,
 ) -> RunResult:
@@ -73,7 +74,9 @@ async def run_on_channel(
     return RunResult(outputs, compute_s, chan.info.get("device_type", "cpu"))
 
 
-async def run_on_handle(call: Any, model: str, variant: str, limit: float, on_late: Any) -> RunResult:
+async def run_on_handle(
+    call: Any, model: str, variant: str, limit: float, on_late: Callable[[float], DeadlineExceeded]
+) -> RunResult:
     """Await a Serve handle's ``run_batch`` call within ``limit``.
 
     Ray Serve 2.60's router itself re-sends a request whose replica died to another replica,

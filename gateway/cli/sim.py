@@ -395,10 +395,11 @@ def pairs_main(a: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
+    from autoscaler.typesplit import ordered_plan
     from batching.profile import ProfileTable
     from models.repository import ModelRepository
     from models.runtime import device_type
-    from sim.pairs import best_of, burst_arrivals, compare, plan_for, size_by_throughput
+    from sim.pairs import best_of, burst_arrivals, compare, size_by_throughput
 
     repo = Path(a.repo)
     if a.emulate:
@@ -428,7 +429,7 @@ def pairs_main(a: argparse.Namespace) -> int:
     max_batch = min(a.max_batch, cfg.max_batch_size)
     cost = {device_type("cpu") if t == "cpu" else t: c for t, c in _type_map(a.type_cost, float).items()}
     if sized:  # sized for the peak with the throughput-per-type table (requests/s per unit cost)
-        plan = plan_for(table, a.pair_model, accuracy, list(replicas), max_batch, slo_s, cost)
+        plan = ordered_plan(table, a.pair_model, accuracy, list(replicas), max_batch, slo_s, cost)
         want = size_by_throughput(table, a.pair_model, plan, a.rate * a.burst_factor, slo_s, max_batch, cost)
         replicas.update({d: want[d] for d in sized if d in want})
     arrivals = burst_arrivals(a.rate, a.burst_factor, a.duration_s, a.seed)
