@@ -99,13 +99,28 @@ def install(rec: Recorder) -> None:
     gc.callbacks.append(rec.on_gc)
 
 
+def _schedstat() -> tuple[float, float]:
+    """This thread's time on a CPU and waiting on a run queue, in seconds (Linux; zeros elsewhere)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, waiting, _ = f.read().split()
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
 async def stall_probe(rec: Recorder, period_s: float = 0.001) -> None:
+    """Records each time the loop comes back more than 2 ms late, split into what the loop's thread did
+    meanwhile: ran (Python in the loop), waited for a CPU (run queue), or neither (blocked: the GIL, a
+    system call)."""
     while True:
         t = time.monotonic()
+        cpu0, runq0 = _schedstat()
         await asyncio.sleep(period_s)
         late = time.monotonic() - t - period_s
         if late > 0.002:
-            rec.stalls.append((t, late))
+            cpu1, runq1 = _schedstat()
+            rec.stalls.append((t, late, cpu1 - cpu0, runq1 - runq0))
 
 
 def status_poller(rec: Recorder, every_s: float, stop: threading.Event) -> None:
@@ -216,7 +231,27 @@ def report(rec: Recorder, recs: list[tuple], slow_ms: float) -> dict[str, Any]:
         "slow_overlapping": causes,
         "polls_ms": [round(x * 1e3, 1) for _t, x, _k in rec.polls][:20],
         "gc_over_2ms": [round(x * 1e3, 1) for _t, x in rec.gcs if x > 0.002],
+        "loop_stalls": _stall_split(rec.stalls),
         "slow_examples": slow[:15],
+    }
+
+
+def _stall_split(stalls: list[tuple]) -> dict[str, Any]:
+    """The loop's stalls: how many, their total, and the share of that time the loop's thread spent
+    on a CPU, waiting for one, or blocked."""
+    total = sum(s[1] for s in stalls)
+    on_cpu = sum(min(s[2], s[1]) for s in stalls)
+    runq = sum(min(s[3], s[1]) for s in stalls)
+    return {
+        "count": len(stalls),
+        "total_ms": round(total * 1e3, 1),
+        "share_on_cpu": round(on_cpu / total, 2) if total else None,
+        "share_run_queue": round(runq / total, 2) if total else None,
+        "share_blocked": round(max(0.0, total - on_cpu - runq) / total, 2) if total else None,
+        "worst_ms": [
+            {"ms": round(s[1] * 1e3, 1), "on_cpu": round(s[2] * 1e3, 1), "run_queue": round(s[3] * 1e3, 1)}
+            for s in sorted(stalls, key=lambda s: -s[1])[:8]
+        ],
     }
 
 
@@ -251,7 +286,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 json.dumps(
                     {
                         "rate": rate,
-                        **{k: r[k] for k in ("client_ms", "server_stages_ms", "slow", "slow_overlapping", "polls_ms")},
+                        **{
+                            k: r[k]
+                            for k in (
+                                "client_ms",
+                                "server_stages_ms",
+                                "slow",
+                                "slow_overlapping",
+                                "polls_ms",
+                                "loop_stalls",
+                            )
+                        },
                     }
                 ),
                 flush=True,
