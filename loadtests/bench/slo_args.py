@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="1x1-ha,2x1-ha,5x1-ha,1x2-ha,2x2-ha,2x1",
         help="Ray Serve tuning pass: @serve.batch batch_wait_timeout ms x replicas; '-opt': "
         "RAY_SERVE_THROUGHPUT_OPTIMIZED=1; '-ha': that plus HAProxy in front of the replicas' own "
-        "HTTP servers (Ray Serve's documented high-throughput mode)",
+        "HTTP servers (Ray Serve's documented high-throughput mode); '-ha0': '-ha' with Ray's workers "
+        "at niceness 0 (RAY_worker_niceness=0, as sloserve's embedded Ray runs its replicas)",
     )
     p.add_argument(
         "--mlserver-configs",

@@ -23,7 +23,7 @@ POLICIES = ("slo", "timeout", "fixed", "aimd", "nexus")
 PEERS_TUNED = ("triton", "rayserve", "mlserver")
 
 
-PEER_CONFIG = re.compile(r"(triton|mlserver)-\d+(\.\d+)?x\d+|rayserve-\d+(\.\d+)?x\d+(-opt|-ha)?")
+PEER_CONFIG = re.compile(r"(triton|mlserver)-\d+(\.\d+)?x\d+|rayserve-\d+(\.\d+)?x\d+(-opt|-ha0?)?")
 
 
 DEFAULT_SYSTEMS = "sloserve-default,sloserve-default-inprocess,triton,rayserve,mlserver"

@@ -83,7 +83,8 @@ class BatchingKnobs:
     mlserver_workers: int = 1
     rayserve_num_cpus: float = 0.5
     rayserve_replicas: int = 1
-    rayserve_mode: str = ""  # "opt": RAY_SERVE_THROUGHPUT_OPTIMIZED=1; "ha": that plus HAProxy (Ray Serve's best)
+    rayserve_mode: str = ""  # "opt": RAY_SERVE_THROUGHPUT_OPTIMIZED=1; "ha": that plus HAProxy (Ray Serve's best);
+    # "ha0": "ha" with Ray's workers at niceness 0
     sloserve_policy: str = "timeout"
     sloserve_config: str | None = None  # a full config file instead of the generated one
     sloserve_backend: str = "inprocess"
@@ -378,9 +379,12 @@ def make_launch(system: str, repo: Path, model: str, variant: str, knobs: Batchi
         ]
         if knobs.rayserve_mode == "opt":
             argv.append("--throughput-optimized")
-        elif knobs.rayserve_mode == "ha":
+        elif knobs.rayserve_mode in ("ha", "ha0"):
             argv.append("--haproxy")
-        return _with_tmp(Launch(system, argv, url, None, grace_s=15.0), tmp_dir)
+        # ha0: Ray's workers (the replicas, the HAProxy manager and its HAProxy) at niceness 0, as
+        # sloserve's embedded Ray starts its own, instead of Ray's default 15 below the load generator
+        env = {"RAY_worker_niceness": "0"} if knobs.rayserve_mode == "ha0" else {}
+        return _with_tmp(Launch(system, argv, url, None, env=env, grace_s=15.0), tmp_dir)
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
 
 

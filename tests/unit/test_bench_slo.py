@@ -241,3 +241,21 @@ def test_a_types_system_serves_every_device_type_and_may_pin_a_pair(tmp_path, mo
     assert cfg["models"]["heavy"]["device_types"] == ["cpu", "emul-slow"]
     _, hdrs, pin = launch_for("sloserve-slo-types@any", args, model_repo, tmp_path)
     assert "x-variant" not in hdrs and "x-device-type" not in hdrs and pin == "any"
+
+
+def test_ray_serve_peer_modes_name_their_flags_and_niceness(tmp_path, model_repo):
+    """``-ha``: HAProxy in front, Ray's default worker niceness; ``-ha0``: the same with Ray's workers at
+    niceness 0, as sloserve's embedded Ray starts its replicas; anything else is refused up front."""
+    from loadtests.bench.slo import add_arguments
+    from loadtests.bench.slo_systems import PEER_CONFIG, launch_for
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args([])
+    args._trees = {}
+    ha, _, _ = launch_for("rayserve-5x2-ha", args, model_repo, tmp_path)
+    ha0, _, _ = launch_for("rayserve-5x2-ha0", args, model_repo, tmp_path)
+    for launch in (ha, ha0):
+        assert "--haproxy" in launch.argv and launch.argv[launch.argv.index("--replicas") + 1] == "2"
+    assert "RAY_worker_niceness" not in ha.env and ha0.env["RAY_worker_niceness"] == "0"
+    assert PEER_CONFIG.fullmatch("rayserve-1x1-ha0") and not PEER_CONFIG.fullmatch("rayserve-1x1-ha1")
