@@ -35,7 +35,7 @@ slo|timeout|fixed|aimd|nexus, in-process, the model's batching set by the bench)
 the policy may choose a cheaper variant); ``sloserve-shared-<policy>`` runs the model with
 ``shared_replicas`` (one set of replicas holding every variant, in-process backend); ``triton``,
 ``rayserve``, ``mlserver`` (tuned), or one configuration: ``triton-<delay ms>x<instances>``,
-``rayserve-<wait ms>x<replicas>[-opt|-ha]``, ``mlserver-<batch time ms>x<workers>``.
+``rayserve-<wait ms>x<replicas>[-opt|-ha|-ha0]``, ``mlserver-<batch time ms>x<workers>``.
 
 Variants across device types: ``sloserve-<policy>-types@...`` serves the model on every type of
 ``--device-types`` (``models.<model>.device_types``); ``@any`` lets the policy pick a (variant, device
@@ -426,7 +426,7 @@ def main_args(args: argparse.Namespace) -> int:
             f"unknown system(s) {unknown} in --systems; choose from {', '.join(SYSTEMS)}, "
             f"sloserve-default (exactly `make run`), sloserve-default-inprocess, "
             f"sloserve-<policy>[@variant], or a peer's "
-            f"configuration: triton-<delay ms>x<instances>, rayserve-<wait ms>x<replicas>[-opt|-ha], "
+            f"configuration: triton-<delay ms>x<instances>, rayserve-<wait ms>x<replicas>[-opt|-ha|-ha0], "
             f"mlserver-<batch time ms>x<workers>"
         )
     for peer in PEERS_TUNED:
@@ -437,7 +437,7 @@ def main_args(args: argparse.Namespace) -> int:
         ]
         if bad:
             raise SystemExit(
-                f"--{peer}-configs: {bad} are not <ms>x<count>" + ("[-opt|-ha]" if peer == "rayserve" else "")
+                f"--{peer}-configs: {bad} are not <ms>x<count>" + ("[-opt|-ha|-ha0]" if peer == "rayserve" else "")
             )
     if not 0 <= args.light_fraction <= 1 or args.light_requests < 100:
         raise SystemExit(

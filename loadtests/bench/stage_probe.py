@@ -30,9 +30,19 @@ import threading
 import time
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+class Stall(NamedTuple):
+    """One event-loop stall: when the probe slept, how late it woke, and what the loop's thread did
+    meanwhile (seconds on a CPU, seconds waiting on a run queue; the rest it was blocked)."""
+
+    t: float
+    late: float
+    on_cpu: float
+    run_queue: float
 
 
 class Recorder:
@@ -42,7 +52,7 @@ class Recorder:
         self.requests: list[tuple[float, float, bool]] = []  # arrival, answered, ok
         self.batches: list[tuple[float, float, float, int]] = []  # dispatched, back, compute_s, rows
         self.gcs: list[tuple[float, float]] = []
-        self.stalls: list[tuple[float, float]] = []
+        self.stalls: list[Stall] = []
         self.polls: list[tuple[float, float, str]] = []
         self._gc_t = 0.0
 
@@ -112,15 +122,16 @@ def _schedstat() -> tuple[float, float]:
 async def stall_probe(rec: Recorder, period_s: float = 0.001) -> None:
     """Records each time the loop comes back more than 2 ms late, split into what the loop's thread did
     meanwhile: ran (Python in the loop), waited for a CPU (run queue), or neither (blocked: the GIL, a
-    system call)."""
+    system call). One read of the thread's counters per wake-up: each is the next sleep's start."""
+    before = _schedstat()
     while True:
         t = time.monotonic()
-        cpu0, runq0 = _schedstat()
         await asyncio.sleep(period_s)
         late = time.monotonic() - t - period_s
+        after = _schedstat()
         if late > 0.002:
-            cpu1, runq1 = _schedstat()
-            rec.stalls.append((t, late, cpu1 - cpu0, runq1 - runq0))
+            rec.stalls.append(Stall(t, late, after[0] - before[0], after[1] - before[1]))
+        before = after
 
 
 def status_poller(rec: Recorder, every_s: float, stop: threading.Event) -> None:
@@ -236,12 +247,12 @@ def report(rec: Recorder, recs: list[tuple], slow_ms: float) -> dict[str, Any]:
     }
 
 
-def _stall_split(stalls: list[tuple]) -> dict[str, Any]:
+def _stall_split(stalls: list[Stall]) -> dict[str, Any]:
     """The loop's stalls: how many, their total, and the share of that time the loop's thread spent
     on a CPU, waiting for one, or blocked."""
-    total = sum(s[1] for s in stalls)
-    on_cpu = sum(min(s[2], s[1]) for s in stalls)
-    runq = sum(min(s[3], s[1]) for s in stalls)
+    total = sum(s.late for s in stalls)
+    on_cpu = sum(min(s.on_cpu, s.late) for s in stalls)
+    runq = sum(min(s.run_queue, s.late) for s in stalls)
     return {
         "count": len(stalls),
         "total_ms": round(total * 1e3, 1),
@@ -249,10 +260,13 @@ def _stall_split(stalls: list[tuple]) -> dict[str, Any]:
         "share_run_queue": round(runq / total, 2) if total else None,
         "share_blocked": round(max(0.0, total - on_cpu - runq) / total, 2) if total else None,
         "worst_ms": [
-            {"ms": round(s[1] * 1e3, 1), "on_cpu": round(s[2] * 1e3, 1), "run_queue": round(s[3] * 1e3, 1)}
-            for s in sorted(stalls, key=lambda s: -s[1])[:8]
+            {"ms": round(s.late * 1e3, 1), "on_cpu": round(s.on_cpu * 1e3, 1), "run_queue": round(s.run_queue * 1e3, 1)}
+            for s in sorted(stalls, key=lambda s: -s.late)[:8]
         ],
     }
+
+
+PRINTED = ("client_ms", "server_stages_ms", "slow", "slow_overlapping", "polls_ms", "loop_stalls")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -286,17 +300,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 json.dumps(
                     {
                         "rate": rate,
-                        **{
-                            k: r[k]
-                            for k in (
-                                "client_ms",
-                                "server_stages_ms",
-                                "slow",
-                                "slow_overlapping",
-                                "polls_ms",
-                                "loop_stalls",
-                            )
-                        },
+                        **{k: r[k] for k in PRINTED},
                     }
                 ),
                 flush=True,
