@@ -1,6 +1,7 @@
 """Per-round effective accuracy of a burst run, from `sloserve bench slo`'s log lines: for each offered rate,
-each system's rounds and median, and each `@any` system against the best single variant (`@large`, `@medium`),
-on medians and paired per round; a `sloserve-...-types@any` system (variants across device types) also against
+each system's rounds and median, and each `@any` system against the best single variant of its own family
+(the same system pinned: `sloserve-slo@any` against `sloserve-slo@large` and `@medium`), on medians and paired
+per round; a `sloserve-...-types@any` system (variants across device types) also against
 the best single (variant, device type) pair (`@VARIANT+TYPE`, or a one-type `@VARIANT` system).
 
     python loadtests/bench/burst_log_table.py docs/data/burst/burst8-250-r6.log [more logs: rounds pooled]
@@ -40,24 +41,30 @@ for rate, rows in sorted(by_rate.items()):
         for s in typed:
             med = st.median(x[1] for x in rows[s].values())
             print(f"{s}: median - best single pair ({bp}) median = {100 * (med - bp_med):+.2f} points")
-    singles_in = [s for s in rows if s.endswith(("@large", "@medium"))]
-    if not singles_in:
-        print("no @large or @medium rounds at this rate: nothing to compare @any with")
-        continue
-    # a round's best single variant: the better of the pinned ones in that round
-    best = {
-        k: max(rows[s][k][1] for s in singles_in if k in rows[s]) for k in keys if any(k in rows[s] for s in singles_in)
-    }
-    bs = max(st.median(x[1] for x in rows[s].values()) for s in singles_in)
     for s, v in rows.items():
-        if s.endswith("@any"):
-            paired = [v[k][1] - best[k] for k in keys if k in v and k in best]
-            if not paired:
-                print(f"{s}: no round in common with a pinned variant's")
-                continue
-            print(
-                f"{s}: median - best single median = {100 * (st.median(x[1] for x in v.values()) - bs):+.2f} points; "
-                f"paired per round "
-                + " ".join(f"{100 * p:+.1f}" for p in paired)
-                + f" (median {100 * st.median(paired):+.2f})"
-            )
+        if not s.endswith("@any"):
+            continue
+        # its family's pinned variants: the same system and replicas, one variant each
+        # (`sloserve-slo@any` against `sloserve-slo@large` and `@medium`; `-types@any` against `-types@V`)
+        family = s.rpartition("@")[0]
+        singles_in = [x for x in rows if x.rpartition("@")[0] == family and x.endswith(("@large", "@medium"))]
+        if not singles_in:
+            print(f"{s}: no {family}@large or @medium rounds at this rate: nothing to compare it with")
+            continue
+        # a round's best single variant: the better of the pinned ones in that round
+        best = {
+            k: max(rows[x][k][1] for x in singles_in if k in rows[x])
+            for k in keys
+            if any(k in rows[x] for x in singles_in)
+        }
+        bs = max(st.median(x[1] for x in rows[x].values()) for x in singles_in)
+        paired = [v[k][1] - best[k] for k in keys if k in v and k in best]
+        if not paired:
+            print(f"{s}: no round in common with a pinned variant's")
+            continue
+        print(
+            f"{s}: median - best single ({'/'.join(x.rpartition('@')[2] for x in singles_in)}) median = "
+            f"{100 * (st.median(x[1] for x in v.values()) - bs):+.2f} points; paired per round "
+            + " ".join(f"{100 * p:+.1f}" for p in paired)
+            + f" (median {100 * st.median(paired):+.2f})"
+        )
