@@ -5,7 +5,8 @@ Starts the gateway in this process with hooks on its stages, drives it with the 
 percentiles, the server's stage percentiles (queue: arrival to dispatch; hand-off: the batch's round
 trip less the replica's compute; compute; after: the batch's return to the request's answer), and
 what the slow requests overlapped: a garbage collection, an event-loop stall, a poll of the Serve
-controller.
+controller. Each loop stall longer than ``--stall-stacks-ms`` (10 ms) also records the loop
+thread's Python stack (``stall_stacks``): what it was running, when it ran Python that long.
 
     python -m loadtests.bench.stage_probe --rates 20,200 --duration 30
     python -m loadtests.bench.stage_probe --ray-transport grpc --status-poll 5   # the handle path, and
@@ -54,6 +55,8 @@ class Recorder:
         self.gcs: list[tuple[float, float]] = []
         self.stalls: list[Stall] = []
         self.polls: list[tuple[float, float, str]] = []
+        self.stacks: list[tuple[float, str]] = []  # (when, the loop thread's stack in a long stall)
+        self.loop_alive_s = time.monotonic()  # the stall probe's last wake-up
         self._gc_t = 0.0
 
     def on_gc(self, phase: str, info: dict) -> None:
@@ -63,7 +66,7 @@ class Recorder:
             self.gcs.append((self._gc_t, time.monotonic() - self._gc_t))
 
     def clear(self) -> None:
-        for xs in (self.requests, self.batches, self.gcs, self.stalls, self.polls):
+        for xs in (self.requests, self.batches, self.gcs, self.stalls, self.polls, self.stacks):
             xs.clear()
 
 
@@ -127,11 +130,30 @@ async def stall_probe(rec: Recorder, period_s: float = 0.001) -> None:
     while True:
         t = time.monotonic()
         await asyncio.sleep(period_s)
-        late = time.monotonic() - t - period_s
+        rec.loop_alive_s = now = time.monotonic()
+        late = now - t - period_s
         after = _schedstat()
         if late > 0.002:
             rec.stalls.append(Stall(t, late, after[0] - before[0], after[1] - before[1]))
         before = after
+
+
+def stack_watch(rec: Recorder, loop_tid: int, over_s: float, stop: threading.Event) -> None:
+    """Once per long stall (the stall probe silent for ``over_s``), the loop thread's Python stack: what
+    it runs when it runs Python for that long (a thread of its own takes the GIL at the switch interval)."""
+    import traceback
+
+    seen = 0.0
+    while not stop.wait(over_s / 4):
+        alive = rec.loop_alive_s
+        if time.monotonic() - alive > over_s and alive != seen:
+            seen = alive
+            frame = sys._current_frames().get(loop_tid)
+            if frame is not None:
+                frames = traceback.extract_stack(frame)[-8:]
+                rec.stacks.append(
+                    (alive, " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames)))
+                )
 
 
 def status_poller(rec: Recorder, every_s: float, stop: threading.Event) -> None:
@@ -242,14 +264,19 @@ def report(rec: Recorder, recs: list[tuple], slow_ms: float) -> dict[str, Any]:
         "slow_overlapping": causes,
         "polls_ms": [round(x * 1e3, 1) for _t, x, _k in rec.polls][:20],
         "gc_over_2ms": [round(x * 1e3, 1) for _t, x in rec.gcs if x > 0.002],
-        "loop_stalls": _stall_split(rec.stalls),
+        "loop_stalls": _stall_split(rec.stalls, t0 := min((a for a, _d, _ok in rec.requests), default=0.0)),
+        "stall_stacks": [
+            {"at_s": round(t - t0, 2), "stack": st}
+            for t, st in rec.stacks
+            if t <= max((d for _a, d, _ok in rec.requests), default=t)  # not the report's own work after the run
+        ][:10],
         "slow_examples": slow[:15],
     }
 
 
-def _stall_split(stalls: list[Stall]) -> dict[str, Any]:
+def _stall_split(stalls: list[Stall], t0: float = 0.0) -> dict[str, Any]:
     """The loop's stalls: how many, their total, and the share of that time the loop's thread spent
-    on a CPU, waiting for one, or blocked."""
+    on a CPU, waiting for one, or blocked; the worst with when they began (``at_s``, from ``t0``)."""
     total = sum(s.late for s in stalls)
     on_cpu = sum(min(s.on_cpu, s.late) for s in stalls)
     runq = sum(min(s.run_queue, s.late) for s in stalls)
@@ -260,13 +287,18 @@ def _stall_split(stalls: list[Stall]) -> dict[str, Any]:
         "share_run_queue": round(runq / total, 2) if total else None,
         "share_blocked": round(max(0.0, total - on_cpu - runq) / total, 2) if total else None,
         "worst_ms": [
-            {"ms": round(s.late * 1e3, 1), "on_cpu": round(s.on_cpu * 1e3, 1), "run_queue": round(s.run_queue * 1e3, 1)}
+            {
+                "ms": round(s.late * 1e3, 1),
+                "on_cpu": round(s.on_cpu * 1e3, 1),
+                "run_queue": round(s.run_queue * 1e3, 1),
+                "at_s": round(s.t - t0, 2),
+            }
             for s in sorted(stalls, key=lambda s: -s.late)[:8]
         ],
     }
 
 
-PRINTED = ("client_ms", "server_stages_ms", "slow", "slow_overlapping", "polls_ms", "loop_stalls")
+PRINTED = ("client_ms", "server_stages_ms", "slow", "slow_overlapping", "polls_ms", "loop_stalls", "stall_stacks")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -282,6 +314,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     await gw.start()
     probe = asyncio.get_running_loop().create_task(stall_probe(rec))
     stop = threading.Event()
+    if args.stall_stacks_ms:
+        threading.Thread(
+            target=stack_watch, args=(rec, threading.get_ident(), args.stall_stacks_ms / 1e3, stop), daemon=True
+        ).start()
     if args.status_poll:
         threading.Thread(target=status_poller, args=(rec, args.status_poll, stop), daemon=True).start()
     out: dict[str, Any] = {"setup": {k: v for k, v in vars(args).items() if k != "func"}, "rates": {}}
@@ -328,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="20,200", type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--slow-ms", type=float, default=12.0, help="a request slower than this, server side, is listed")
+    p.add_argument(
+        "--stall-stacks-ms",
+        type=float,
+        default=10.0,
+        help="record the event loop thread's stack once in every stall longer than this (0: off)",
+    )
     p.add_argument("--status-poll", type=float, default=0.0, help="call serve.status() every this many seconds")
     p.add_argument("--out")
     args = p.parse_args(argv)
