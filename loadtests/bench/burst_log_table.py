@@ -26,6 +26,11 @@ for rate, rows in sorted(by_rate.items()):
     if len(by_rate) > 1:
         print(f"-- base rate {rate:g}/s")
     keys = sorted({k for v in rows.values() for k in v})
+
+    def med(system: str, rows: dict = rows) -> float:
+        """The system's median effective accuracy over its rounds at this rate."""
+        return st.median(r[1] for r in rows[system].values())
+
     for s, v in rows.items():
         e = [v[k][1] for k in keys if k in v]
         print(f"{s:28s} effacc " + " ".join(f"{x:.3f}" for x in e) + f"  median {st.median(e):.4f}")
@@ -36,11 +41,9 @@ for rate, rows in sorted(by_rate.items()):
     ]
     typed = [s for s in rows if "-types@" in s and s.endswith("@any")]
     if typed and pairs_in:
-        bp = max(pairs_in, key=lambda s: st.median(x[1] for x in rows[s].values()))
-        bp_med = st.median(x[1] for x in rows[bp].values())
+        bp = max(pairs_in, key=med)
         for s in typed:
-            med = st.median(x[1] for x in rows[s].values())
-            print(f"{s}: median - best single pair ({bp}) median = {100 * (med - bp_med):+.2f} points")
+            print(f"{s}: median - best single pair ({bp}) median = {100 * (med(s) - med(bp)):+.2f} points")
     for s, v in rows.items():
         if not s.endswith("@any"):
             continue
@@ -57,14 +60,14 @@ for rate, rows in sorted(by_rate.items()):
             for k in keys
             if any(k in rows[x] for x in singles_in)
         }
-        bs = max(st.median(x[1] for x in rows[x].values()) for x in singles_in)
+        bs = max(med(x) for x in singles_in)
         paired = [v[k][1] - best[k] for k in keys if k in v and k in best]
         if not paired:
             print(f"{s}: no round in common with a pinned variant's")
             continue
         print(
             f"{s}: median - best single ({'/'.join(x.rpartition('@')[2] for x in singles_in)}) median = "
-            f"{100 * (st.median(x[1] for x in v.values()) - bs):+.2f} points; paired per round "
+            f"{100 * (med(s) - bs):+.2f} points; paired per round "
             + " ".join(f"{100 * p:+.1f}" for p in paired)
             + f" (median {100 * st.median(paired):+.2f})"
         )

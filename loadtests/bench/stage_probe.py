@@ -206,6 +206,8 @@ def pct(xs: list[float], q: float) -> float | None:
 
 def report(rec: Recorder, recs: list[tuple], slow_ms: float) -> dict[str, Any]:
     client = [done - t for t, _s, done, status, _v in recs if 200 <= status < 300]
+    t0 = min((a for a, _d, _ok in rec.requests), default=0.0)
+    t_end = max((d for _a, d, _ok in rec.requests), default=math.inf)
     batches = sorted(rec.batches)
     starts = [b[0] for b in batches]
     import bisect
@@ -264,12 +266,9 @@ def report(rec: Recorder, recs: list[tuple], slow_ms: float) -> dict[str, Any]:
         "slow_overlapping": causes,
         "polls_ms": [round(x * 1e3, 1) for _t, x, _k in rec.polls][:20],
         "gc_over_2ms": [round(x * 1e3, 1) for _t, x in rec.gcs if x > 0.002],
-        "loop_stalls": _stall_split(rec.stalls, t0 := min((a for a, _d, _ok in rec.requests), default=0.0)),
-        "stall_stacks": [
-            {"at_s": round(t - t0, 2), "stack": st}
-            for t, st in rec.stacks
-            if t <= max((d for _a, d, _ok in rec.requests), default=t)  # not the report's own work after the run
-        ][:10],
+        "loop_stalls": _stall_split(rec.stalls, t0),
+        # up to the last answer: not the probe's own report, computed on the loop after the run
+        "stall_stacks": [{"at_s": round(t - t0, 2), "stack": st} for t, st in rec.stacks if t <= t_end][:10],
         "slow_examples": slow[:15],
     }
 
@@ -373,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--status-poll", type=float, default=0.0, help="call serve.status() every this many seconds")
     p.add_argument("--out")
     args = p.parse_args(argv)
-    if args.duration > 300 or min(args.rates) <= 0:
-        raise SystemExit("--duration <= 300 s and positive --rates")
+    if args.duration > 300 or min(args.rates) <= 0 or args.stall_stacks_ms < 0:
+        raise SystemExit("--duration <= 300 s, positive --rates and --stall-stacks-ms >= 0")
     out = asyncio.run(main_async(args))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
