@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -72,3 +74,20 @@ class CpuWindow:
         tree = tree_cpu_s(self.root)
         busy, total = machine_busy_s()
         return tree - self.t0_tree, busy - self.t0_busy, total - self.t0_total
+
+
+def core_speed_ms(loops: int = 9, n: int = 100_000) -> float:
+    """How fast a core runs right now: the median CPU milliseconds (this thread's clock, so time spent
+    waiting for a core does not count) of a fixed pure-Python loop of ``n`` additions, over ``loops``
+    runs. On a shared virtual machine the same loop costs more CPU while a neighbour loads the
+    physical core: a step whose figure is well above the run's usual one ran on a slower machine."""
+    if loops < 1 or n < 1:
+        raise ValueError(f"loops and n must be >= 1, got {loops} and {n}")
+    samples = []
+    for _ in range(loops):
+        t0 = time.thread_time()
+        acc = 0
+        for i in range(n):
+            acc += i
+        samples.append(time.thread_time() - t0)
+    return round(statistics.median(samples) * 1e3, 3)

@@ -72,7 +72,7 @@ from loadtests.bench.arrivals import (
     trace_shape,
 )
 from loadtests.bench.gen import read_records
-from loadtests.bench.procstat import CpuWindow, tree_memory_mb
+from loadtests.bench.procstat import CpuWindow, core_speed_ms, tree_memory_mb
 from loadtests.bench.scrape import (
     batch_stats,
     server_on_time,
@@ -273,10 +273,12 @@ def measure_step(
     """One step of a sweep at ``rate``: its metrics (and, for sloserve, the server's own counts)."""
     seed = 1000 * round_no + k + (500 if retry else 0)
     sched = schedule(args, rate, seed)
+    core_ms = core_speed_ms()  # how fast this machine's cores run just before the step (server idle)
     before = launch.scrape() if system.startswith("sloserve") else None  # the gateway's own counts
     tag = f"{system}-r{round_no}-{k}" + ("-retry" if retry else "")
     recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, tag)
     m = metrics(recs, trailer, args, acc, peer_acc, rate)
+    m["core_ms"] = core_ms
     if before is not None:
         after = launch.scrape()
         m.update(shed_server_side(shed_histogram(before), shed_histogram(after)))
@@ -287,7 +289,7 @@ def measure_step(
         f"  [{system} r{round_no}{' retry' if retry else ''}] {rate:>6.0f}/s att {m['attainment']:.4f} "
         f"good {m['goodput_rps']:.0f}/s p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} "
         f"effacc {m['effective_accuracy']:.4f} srv {m['server_cores']:.2f} gen {m['gen_cores']:.2f} "
-        f"other {m['other_cores']:.2f}"
+        f"other {m['other_cores']:.2f} core {core_ms:.2f} ms"
         + (f" {m['variants']} late {m['late_by_variant']}" if "variants" in m else "")
         + (f" server-on-time {m['server_on_time']}" if m.get("server_on_time") is not None else "")
         + (f" sheds {m['shed_by_reason']}" if m.get("shed_by_reason") else ""),
@@ -316,9 +318,11 @@ def light_step(
     ``--light-requests`` requests: p50, p99, p99.9 and max of the answers, and what was shed."""
     dur = max(args.duration, args.light_requests / rate)
     sched = poisson(rate, dur, random.Random(4242))
+    core_ms = core_speed_ms()
     recs, trailer, _ = run_step(launch, hdrs, body_path, sched, args, tmp, tag)
     m = metrics(recs, trailer, args, acc, peer_acc, rate, duration_s=dur)
     m.pop("timeline", None)
+    m["core_ms"] = core_ms
     lat = sorted(done - t for t, _sent, done, status, _v in recs if 200 <= status < 300)
     m.update(
         {

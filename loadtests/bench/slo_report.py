@@ -175,6 +175,7 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
                 "shed_server_p50_le_ms",
                 "shed_server_p99_le_ms",
                 "server_on_time",
+                "core_ms",
             ):
                 vals = [s[k] for s in ss if s.get(k) is not None]
                 if vals:
@@ -186,7 +187,7 @@ def summarise(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
         if lights:
             light = {
                 k: statistics.median(x[k] for x in lights if x.get(k) is not None)
-                for k in ("rate", "p50_ms", "p99_ms", "p999_ms", "max_ms", "p999_over_p50", "attainment")
+                for k in ("rate", "p50_ms", "p99_ms", "p999_ms", "max_ms", "p999_over_p50", "attainment", "core_ms")
                 if any(x.get(k) is not None for x in lights)
             }
             light |= {
