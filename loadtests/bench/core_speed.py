@@ -4,8 +4,9 @@ time (its own thread clock, so waiting for a core does not count), sampled for a
     .venv/bin/python -m loadtests.bench.core_speed --seconds 120
 
 On a dedicated core the loop costs the same every time. On a shared virtual machine it costs more
-while a neighbour loads the physical core; every process here then runs slower by the same factor, so
-a server's tail at light load and its highest rate at an SLO move with it. Prints the fastest sample,
+in spells, and more often the longer the core idled before it (``--gap-ms``); every process here then
+runs slower by the same factor, so a server's tail at light load and its highest rate at an SLO move
+with it. Prints the fastest sample,
 the median, the share of samples (≈ of time) at 1.5x the fastest or more, and how long such slow
 spells lasted."""
 

@@ -79,8 +79,9 @@ class CpuWindow:
 def core_speed_ms(loops: int = 9, n: int = 100_000) -> float:
     """How fast a core runs right now: the median CPU milliseconds (this thread's clock, so time spent
     waiting for a core does not count) of a fixed pure-Python loop of ``n`` additions, over ``loops``
-    runs. On a shared virtual machine the same loop costs more CPU while a neighbour loads the
-    physical core: a step whose figure is well above the run's usual one ran on a slower machine."""
+    runs. On a shared virtual machine the same loop costs more CPU in spells (a neighbour on the
+    physical core, the host's power management): a step whose figure is well above the run's usual
+    one ran on a slower machine. Back to back, the runs after the first measure a core kept awake."""
     if loops < 1 or n < 1:
         raise ValueError(f"loops and n must be >= 1, got {loops} and {n}")
     samples = []
