@@ -6,9 +6,8 @@ time (its own thread clock, so waiting for a core does not count), sampled for a
 On a dedicated core the loop costs the same every time. On a shared virtual machine it costs more
 in spells, and more often the longer the core idled before it (``--gap-ms``); every process here then
 runs slower by the same factor, so a server's tail at light load and its highest rate at an SLO move
-with it. Prints the fastest sample,
-the median, the share of samples (≈ of time) at 1.5x the fastest or more, and how long such slow
-spells lasted."""
+with it. Prints the fastest sample, the median, the share of samples (≈ of time) at 1.5x the fastest
+or more, and how long such slow spells lasted."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from loadtests.bench.procstat import core_speed_ms
 
@@ -59,7 +59,7 @@ def report(times: list[float], ms: list[float], factor: float = 1.5) -> dict:
     runs = spells(times, slow)
     return {
         "samples": len(ms),
-        "seconds": round(times[-1], 1) if times else 0.0,
+        "seconds": round(times[-1], 1),
         "fastest_ms": fastest,
         "median_ms": round(statistics.median(ms), 3),
         "p90_ms": round(sorted(ms)[int(0.9 * (len(ms) - 1))], 3),
@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 0 < args.seconds <= 3600 or args.n < 1 or args.gap_ms < 0:
         raise SystemExit("--seconds in (0, 3600], --n >= 1, --gap-ms >= 0")
+    if args.out:  # before sampling: a bad path must not cost the run
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SystemExit(f"--out: cannot create its folder: {e}") from None
     times, ms = sample(args.seconds, args.n, args.gap_ms / 1e3)
     rep = report(times, ms)
     print(json.dumps(rep, indent=1))
