@@ -96,6 +96,8 @@ class BatchServer:
                     self.on_stamp(msg[1])
         except (EOFError, OSError):
             pass
+        except Exception as e:  # a frame no gateway of ours sends: that connection alone is dropped
+            log.warning("dropped a channel connection that sent an unreadable frame: %r", e)
         finally:
             conn.close()
 

@@ -1,0 +1,155 @@
+"""The replica side of the batch channel (models/channel.py): each gateway's connection is read as
+its frames come, every batch computes on one thread in the order it was read, and a stalled or
+broken gateway holds up nobody else. Real sockets, no sleeps: the compute function is held on events."""
+
+import doctest
+import pickle
+import socket
+import struct
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+import models.channel as channel
+from models.channel import BatchServer
+
+
+def _recv(sock: socket.socket) -> tuple:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        assert chunk, "the replica closed the connection"
+        head += chunk
+    (n,) = struct.unpack("!i", head)
+    body = b""
+    while len(body) < n:
+        body += sock.recv(n - len(body))
+    return pickle.loads(body)
+
+
+def _send(sock: socket.socket, msg: tuple) -> None:
+    body = pickle.dumps(msg, protocol=5)
+    sock.sendall(struct.pack("!i", len(body)) + body)
+
+
+def _serve(server: BatchServer, rep: socket.socket) -> threading.Thread:
+    t = threading.Thread(target=server.serve, args=(Connection(rep.detach()), {"pid": 1}), daemon=True)
+    t.start()
+    return t
+
+
+def _gateway(server: BatchServer) -> socket.socket:
+    gw, rep = socket.socketpair()
+    gw.settimeout(10)
+    _serve(server, rep)
+    assert _recv(gw) == ("ready", {"pid": 1})
+    return gw
+
+
+def _until(cond, timeout_s: float = 10.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.001)
+
+
+class Held:
+    """A compute function whose batches wait for ``release`` (and say when they started)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.order: list[int] = []
+
+    def __call__(self, inputs, variant):
+        self.order.append(int(inputs["x"][0]))
+        self.started.set()
+        assert self.release.wait(10)
+        if variant == "bad":
+            raise ValueError("no such variant here")
+        return {"y": inputs["x"] * 2}
+
+
+def test_the_module_doctest():
+    assert doctest.testmod(channel).failed == 0
+
+
+def test_batches_from_two_gateways_in_read_order_with_what_the_replica_held():
+    f = Held()
+    server = BatchServer(f)
+    a, b = _gateway(server), _gateway(server)
+    _send(a, ("batch", 1, {"x": np.array([1])}, None, None))
+    assert f.started.wait(10)  # batch 1 computes; the next two queue in the sockets
+    _send(b, ("batch", 2, {"x": np.array([2])}, None, None))
+    _send(a, ("batch", 3, {"x": np.array([3])}, None, None))
+    _until(lambda: server._outstanding == 3)  # both read while batch 1 computes
+    f.release.set()
+    r1 = _recv(a)
+    assert r1[0] == 1 and r1[1]["y"].tolist() == [2] and r1[3] == 1
+    r2, r3 = _recv(b), _recv(a)
+    assert (r2[0], r3[0]) == (2, 3)
+    assert sorted([r2[3], r3[3]]) == [2, 3]  # read while batch 1 computed: it was held too
+    assert f.order == [1, 2, 3] or f.order == [1, 3, 2]
+    assert server.drain(5)
+    server.close()
+
+
+def test_a_batch_past_its_budget_is_skipped_and_a_failing_one_answers_an_error():
+    f = Held()
+    server = BatchServer(f)
+    gw = _gateway(server)
+    _send(gw, ("batch", 1, {"x": np.array([1])}, None, None))
+    assert f.started.wait(10)
+    _send(gw, ("batch", 2, {"x": np.array([2])}, 0.0, None))  # no time left once it is read
+    _until(lambda: server._outstanding == 2)
+    f.release.set()
+    assert _recv(gw)[0] == 1
+    assert _recv(gw)[:3] == (2, None, 0.0)
+    _send(gw, ("batch", 3, {"x": np.array([3])}, None, "bad"))
+    bid, outputs, message, _held = _recv(gw)
+    assert (bid, outputs) == (3, "error") and "no such variant here" in message
+    server.close()
+
+
+def test_stamps_reach_on_stamp():
+    got: list[tuple] = []
+    stamped = threading.Event()
+    server = BatchServer(lambda inputs, variant: inputs, on_stamp=lambda s: (got.append(s), stamped.set()))
+    gw = _gateway(server)
+    _send(gw, ("stamp", ("gw-1", 12.5)))
+    assert stamped.wait(10) and got == [("gw-1", 12.5)]
+    server.close()
+
+
+def test_a_gateway_stalled_mid_frame_or_sending_garbage_holds_up_nobody():
+    f = Held()
+    f.release.set()
+    server = BatchServer(f)
+    stalled, garbage, good = _gateway(server), _gateway(server), _gateway(server)
+    body = pickle.dumps(("batch", 9, {"x": np.array([9])}, None, None))
+    stalled.sendall(struct.pack("!i", len(body)) + body[:5])  # half a frame, then nothing
+    garbage.sendall(struct.pack("!i", 3) + b"\x80\x05X")  # not a pickle of ours
+    _send(good, ("batch", 1, {"x": np.array([1])}, None, None))
+    assert _recv(good)[0] == 1
+    assert garbage.recv(1) == b""  # that connection was dropped
+    stalled.sendall(body[5:])  # the rest arrives late: the batch is served then
+    assert _recv(stalled)[0] == 9
+    server.close()
+
+
+def test_a_gateway_that_goes_away_is_dropped_and_its_batch_not_answered():
+    f = Held()
+    server = BatchServer(f)
+    gw, rep = socket.socketpair()
+    t = _serve(server, rep)
+    _recv(gw)
+    _send(gw, ("batch", 1, {"x": np.array([1])}, None, None))
+    assert f.started.wait(10)
+    gw.close()
+    f.release.set()
+    t.join(10)
+    assert not t.is_alive()  # the connection is gone
+    assert server.drain(5)
+    server.close()
