@@ -3,6 +3,7 @@ its frames come, every batch computes on one thread in the order it was read, an
 broken gateway holds up nobody else. Real sockets, no sleeps: the compute function is held on events."""
 
 import doctest
+import os
 import pickle
 import socket
 import struct
@@ -11,27 +12,19 @@ import time
 from multiprocessing.connection import Connection
 
 import numpy as np
+import pytest
 
 import models.channel as channel
 from models.channel import BatchServer
 
 
-def _recv(sock: socket.socket) -> tuple:
-    head = b""
-    while len(head) < 4:
-        chunk = sock.recv(4 - len(head))
-        assert chunk, "the replica closed the connection"
-        head += chunk
-    (n,) = struct.unpack("!i", head)
-    body = b""
-    while len(body) < n:
-        body += sock.recv(n - len(body))
-    return pickle.loads(body)
+def _recv(gw: Connection) -> tuple:
+    assert gw.poll(10), "no answer from the replica"
+    return pickle.loads(gw.recv_bytes())
 
 
-def _send(sock: socket.socket, msg: tuple) -> None:
-    body = pickle.dumps(msg, protocol=5)
-    sock.sendall(struct.pack("!i", len(body)) + body)
+def _send(gw: Connection, msg: tuple) -> None:
+    gw.send_bytes(pickle.dumps(msg, protocol=5))
 
 
 def _serve(server: BatchServer, rep: socket.socket) -> threading.Thread:
@@ -40,12 +33,12 @@ def _serve(server: BatchServer, rep: socket.socket) -> threading.Thread:
     return t
 
 
-def _gateway(server: BatchServer) -> socket.socket:
+def _gateway(server: BatchServer) -> Connection:
     gw, rep = socket.socketpair()
-    gw.settimeout(10)
     _serve(server, rep)
-    assert _recv(gw) == ("ready", {"pid": 1})
-    return gw
+    conn = Connection(gw.detach())
+    assert _recv(conn) == ("ready", {"pid": 1})
+    return conn
 
 
 def _until(cond, timeout_s: float = 10.0) -> None:
@@ -129,12 +122,15 @@ def test_a_gateway_stalled_mid_frame_or_sending_garbage_holds_up_nobody():
     server = BatchServer(f)
     stalled, garbage, good = _gateway(server), _gateway(server), _gateway(server)
     body = pickle.dumps(("batch", 9, {"x": np.array([9])}, None, None))
-    stalled.sendall(struct.pack("!i", len(body)) + body[:5])  # half a frame, then nothing
-    garbage.sendall(struct.pack("!i", 3) + b"\x80\x05X")  # not a pickle of ours
+    frame = struct.pack("!i", len(body)) + body
+    os.write(stalled.fileno(), frame[:9])  # half a frame, then nothing
+    garbage.send_bytes(b"\x80\x05X")  # not a pickle of ours
     _send(good, ("batch", 1, {"x": np.array([1])}, None, None))
     assert _recv(good)[0] == 1
-    assert garbage.recv(1) == b""  # that connection was dropped
-    stalled.sendall(body[5:])  # the rest arrives late: the batch is served then
+    assert garbage.poll(10)
+    with pytest.raises(EOFError):  # that connection was dropped
+        garbage.recv_bytes()
+    os.write(stalled.fileno(), frame[9:])  # the rest arrives late: the batch is served then
     assert _recv(stalled)[0] == 9
     server.close()
 
@@ -142,8 +138,9 @@ def test_a_gateway_stalled_mid_frame_or_sending_garbage_holds_up_nobody():
 def test_a_gateway_that_goes_away_is_dropped_and_its_batch_not_answered():
     f = Held()
     server = BatchServer(f)
-    gw, rep = socket.socketpair()
+    sock, rep = socket.socketpair()
     t = _serve(server, rep)
+    gw = Connection(sock.detach())
     _recv(gw)
     _send(gw, ("batch", 1, {"x": np.array([1])}, None, None))
     assert f.started.wait(10)
