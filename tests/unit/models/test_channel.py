@@ -116,7 +116,7 @@ def test_stamps_reach_on_stamp():
     server.close()
 
 
-def test_a_gateway_stalled_mid_frame_or_sending_garbage_holds_up_nobody():
+def test_a_gateway_stalled_mid_frame_or_sending_garbage_holds_up_nobody(caplog):
     f = Held()
     f.release.set()
     server = BatchServer(f)
@@ -130,6 +130,7 @@ def test_a_gateway_stalled_mid_frame_or_sending_garbage_holds_up_nobody():
     assert garbage.poll(10)
     with pytest.raises(EOFError):  # that connection was dropped
         garbage.recv_bytes()
+    assert "unreadable frame" in caplog.text  # said so, rather than a reader thread's traceback
     os.write(stalled.fileno(), frame[9:])  # the rest arrives late: the batch is served then
     assert _recv(stalled)[0] == 9
     server.close()
