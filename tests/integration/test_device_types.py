@@ -42,23 +42,24 @@ def _input(rows: int = 1):
 
 
 def test_metadata_lists_the_device_types(two_types):
-    md = httpclient.InferenceServerClient(two_types.http_url).get_model_metadata("heavy")
+    with httpclient.InferenceServerClient(two_types.http_url) as http:
+        md = http.get_model_metadata("heavy")
     assert set(md["parameters"]["device_types"]) == {device_type("cpu"), EMULATED}
 
 
 def test_a_pinned_device_type_is_honoured_and_an_unknown_one_is_400(two_types):
-    http = httpclient.InferenceServerClient(two_types.http_url)
-    for pin, want in (("cpu", device_type("cpu")), (EMULATED, EMULATED)):
-        r = http.infer("heavy", [_input()], parameters={"device_type": pin, "variant": "large"})
-        p = r.get_response()["parameters"]
-        assert (p["device_type"], p["variant"]) == (want, "large")
-    with pytest.raises(InferenceServerException) as e:
-        http.infer("heavy", [_input()], parameters={"device_type": "tpu"})
+    with httpclient.InferenceServerClient(two_types.http_url) as http:
+        for pin, want in (("cpu", device_type("cpu")), (EMULATED, EMULATED)):
+            r = http.infer("heavy", [_input()], parameters={"device_type": pin, "variant": "large"})
+            p = r.get_response()["parameters"]
+            assert (p["device_type"], p["variant"]) == (want, "large")
+        with pytest.raises(InferenceServerException) as e:
+            http.infer("heavy", [_input()], parameters={"device_type": "tpu"})
     assert "400" in str(e.value.status()) and EMULATED in str(e.value) and device_type("cpu") in str(e.value)
-    g = grpcclient.InferenceServerClient(two_types.grpc_url)
     gi = grpcclient.InferInput("input", [1, 1024], "FP32")
     gi.set_data_from_numpy(np.zeros((1, 1024), np.float32))
-    res = g.infer("heavy", [gi], parameters={"device_type": EMULATED})
+    with grpcclient.InferenceServerClient(two_types.grpc_url) as g:
+        res = g.infer("heavy", [gi], parameters={"device_type": EMULATED})
     assert res.get_response().parameters["device_type"].string_param == EMULATED
 
 
@@ -67,14 +68,15 @@ def test_under_load_both_device_types_answer(two_types):
     than its CPU replica finishes in time, so the slower emulated type takes the overflow."""
 
     def client(_):
-        http = httpclient.InferenceServerClient(two_types.http_url)
         seen = []
-        for _ in range(60):
-            try:
-                r = http.infer("heavy", [_input()], parameters={"variant": "large", "slo_ms": 4})
-            except InferenceServerException:
-                continue  # shed under the load: fine, the test looks at who answered
-            seen.append(r.get_response()["parameters"]["device_type"])
+        # closed here, not by the garbage collector (whose __del__ in a pool thread warns at teardown)
+        with httpclient.InferenceServerClient(two_types.http_url) as http:
+            for _ in range(60):
+                try:
+                    r = http.infer("heavy", [_input()], parameters={"variant": "large", "slo_ms": 4})
+                except InferenceServerException:
+                    continue  # shed under the load: fine, the test looks at who answered
+                seen.append(r.get_response()["parameters"]["device_type"])
         return seen
 
     with ThreadPoolExecutor(24) as pool:
