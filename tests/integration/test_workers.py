@@ -51,9 +51,8 @@ def infer(server, timeout: float = 10.0) -> int | str:
         return e.code
     except TimeoutError:
         return "timeout"
-    except http.client.HTTPException as e:  # IncompleteRead: the answer cut short by its worker's death
-        return type(e).__name__
-    except (urllib.error.URLError, ConnectionError, OSError) as e:
+    # http.client.HTTPException: IncompleteRead, the answer cut short by its worker's death
+    except (urllib.error.URLError, ConnectionError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", e)
         return "timeout" if isinstance(reason, TimeoutError) else type(reason).__name__
 
