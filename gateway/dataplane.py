@@ -288,7 +288,9 @@ class DataPlane:
         ll = self.loop_lag  # (t is 0 without it)
         if not t or ll is None or model not in self.models:  # (an unknown model adds no series)
             return
-        lag = ll.estimate_s if ll.last_s > t else 0.0  # a stall that is over lets the door go
+        # the loop's own lag (a core taken by another process is no reason to refuse); a stall that is
+        # over lets the door go
+        lag = ll.own_estimate_s if ll.own_last_s > t else 0.0
         if lag <= t or (lag < 2 * t and self._door_rng.random() >= (lag - t) / t):
             return
         self.metrics.observe_request(model, "none", "shed", 0.0, False)

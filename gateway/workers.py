@@ -104,6 +104,9 @@ def _worker_main(settings: Settings, role: WorkerRole) -> None:
     code = 0
     try:
         asyncio.run(serve(settings, role))
+    except FileNotFoundError as e:  # the repository went away: every start would fail the same way
+        print(f"sloserve: {e}", file=sys.stderr, flush=True)
+        code = 2
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:
@@ -241,7 +244,17 @@ class Supervisor:
 
 
 def run_workers(settings: Settings, count: int) -> int:
-    """Run the service until SIGTERM/SIGINT; returns the exit code."""
+    """Run the service until SIGTERM/SIGINT; returns the exit code. The model repository is checked
+    first, as a lone gateway checks it, so a missing or broken one ends the command with 2 before Ray or
+    any worker starts."""
+    from gateway.backends.base import ModelLoadError
+    from gateway.server import load_repository
+
+    try:
+        load_repository(settings)
+    except (FileNotFoundError, ModelLoadError) as e:
+        print(f"sloserve: {e}", file=sys.stderr, flush=True)
+        return 2
     sup = Supervisor(settings, count)
     stop = {"now": False}
 

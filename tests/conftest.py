@@ -52,6 +52,19 @@ def model_repo() -> Path:
 
 RAY_SERVERS: list["ServerProcess"] = []  # ray-backend servers the tests started
 
+# What every test server runs with unless the test (its ``env`` or a command-line flag) or the
+# environment says otherwise; a setting in a --config file is overridden by these (the environment
+# comes before the file), so a test that wants another value passes it in ``env`` or as a flag.
+# - ``loop_lag_shed_ms`` 0: the event-loop door (5 ms by default with the in-process backend) refuses
+#   requests with 503 / UNAVAILABLE while the gateway's loop runs late, which a busy box causes: a test
+#   of something else (a 400, a burst answered in full, zero 5xx under fuzzing) would get the door's
+#   answer instead. The door's own tests (tests/integration/test_shed_answer.py) set it.
+# - ``workers`` 1: by default `sloserve serve` starts half the host's cores in gateway processes (1 on
+#   the 2-core boxes the suite grew up on, 2 or more elsewhere), and several workers refuse the
+#   repository API and split the requests and metrics between them. The workers' own tests pass
+#   --workers (tests/integration/test_workers.py).
+SERVER_ENV = {"SLOSERVE_LOOP_LAG_SHED_MS": "0", "SLOSERVE_WORKERS": "1"}
+
 
 def ray_logs(tail: int = 1500) -> str:
     """The newest Ray session's log directory: which files exist, and the ends of the GCS's and the
@@ -109,7 +122,7 @@ class ServerProcess:
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                env={**SERVER_ENV, **os.environ, **(env or {})},
                 start_new_session=True,
             )
 

@@ -79,9 +79,16 @@ async def test_refused_large_grpc_requests_are_not_kept_alive(model_repo, tmp_pa
     repo = tmp_path / "repo"
     shutil.copytree(model_repo / "digits", repo / "digits")
     # a message limit above the requests' size, so that they reach the handler (by default gRPC
-    # itself refuses them: over what digits' largest request takes)
+    # itself refuses them: over what digits' largest request takes); the event-loop door off, so that
+    # a busy machine's loop lag cannot refuse them first (this test is about the size check)
     settings = Settings(
-        repo=repo, backend="inprocess", http_port=0, grpc_port=0, auth_tokens=tokens, max_request_bytes=16 * MIB
+        repo=repo,
+        backend="inprocess",
+        http_port=0,
+        grpc_port=0,
+        auth_tokens=tokens,
+        max_request_bytes=16 * MIB,
+        loop_lag_shed_ms=0,
     )
     gw = Gateway(settings)
     await gw.start()

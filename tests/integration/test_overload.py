@@ -152,12 +152,15 @@ async def test_inflight_bytes_bound_refuses_with_retry_after(model_repo, tmp_pat
     count returns to zero once the answers are out."""
     repo = tmp_path / "repo"
     shutil.copytree(model_repo / "digits", repo / "digits")
+    # loop_lag_shed_ms 0: the test's clients share the gateway's event loop, so a burst of theirs lags
+    # it, and the door's 503 would stand in for the 429 this test is about (on a busy box, often)
     settings = Settings(
         repo=repo,
         backend="inprocess",
         http_port=0,
         grpc_port=0,
         max_inflight_bytes=4096,
+        loop_lag_shed_ms=0,
         **server_config(fault_delay_ms=200.0),
     )
     gw = Gateway(settings)
@@ -183,7 +186,9 @@ async def test_a_chunked_body_is_counted_as_it_streams(model_repo, tmp_path):
     not once it is all in: while one streams slowly, a request that would pass the bound is refused."""
     repo = tmp_path / "repo"
     shutil.copytree(model_repo / "digits", repo / "digits")
-    settings = Settings(repo=repo, backend="inprocess", http_port=0, grpc_port=0, max_inflight_bytes=4096)
+    settings = Settings(  # (no door: as above)
+        repo=repo, backend="inprocess", http_port=0, grpc_port=0, max_inflight_bytes=4096, loop_lag_shed_ms=0
+    )
     gw = Gateway(settings)
     await gw.start()
     try:

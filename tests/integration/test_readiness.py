@@ -40,7 +40,9 @@ class GatedBackend(InProcessBackend):
 
 
 async def test_not_ready_while_models_load(model_repo):
-    settings = Settings(repo=model_repo, backend="inprocess", http_port=0, grpc_port=0)
+    # loop_lag_shed_ms 0: the clients share the gateway's event loop, which also loads the models once
+    # the gate opens; the door's "event loop runs behind" 503 would stand in for the answers checked here
+    settings = Settings(repo=model_repo, backend="inprocess", http_port=0, grpc_port=0, loop_lag_shed_ms=0)
     gate = asyncio.Event()
     backend = GatedBackend(ModelRepository(model_repo).load(), RuntimeOptions(), gate=gate)
     gw = Gateway(settings, backend=backend)

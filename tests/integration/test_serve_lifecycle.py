@@ -39,7 +39,10 @@ def test_bad_config_names_the_key(tmp_path, model_repo):
     assert "http_port='eighty'" in r.stderr and "max_queue_rows=0" in r.stderr
 
 
-def test_missing_repository_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_missing_repository_is_a_clear_error(tmp_path, workers):
+    """Alone or as a supervisor of several workers (the default on a host with more than 2 cores), the
+    command ends with 2 and says what to do, before any worker or Ray starts."""
     r = subprocess.run(
         [
             sys.executable,
@@ -54,6 +57,8 @@ def test_missing_repository_is_a_clear_error(tmp_path):
             "0",
             "--grpc-port",
             "0",
+            "--workers",
+            str(workers),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -164,7 +169,7 @@ def test_sigterm_drains_requests_in_flight_on_both_transports(model_repo, tmp_pa
     threads = [threading.Thread(target=f, daemon=True) for f in (over_http, over_grpc)]
     for t in threads:
         t.start()
-    time.sleep(0.5)  # both inside the batch
+    time.sleep(1.0)  # both sent and inside the 1.5 s batch (or queued behind it), also on a busy box
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     try:

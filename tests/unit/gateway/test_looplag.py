@@ -1,12 +1,20 @@
-"""The event-loop lag probe (gateway/looplag.py): its estimate, its idle stop, and the arrival stamp."""
+"""The event-loop lag probe (gateway/looplag.py): its estimate, the loop's own share of it, its idle stop,
+and the door it drives."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import pytest
 
+from batching.errors import DeadlineUnreachable
+from gateway.backends.threads import InProcessBackend
+from gateway.config import Settings
+from gateway.dataplane import DataPlane
 from gateway.looplag import LoopLag
+from models.repository import ModelRepository
+from models.runtime import RuntimeOptions
 
 
 def test_estimate_is_a_capped_ewma_of_probe_lateness():
@@ -76,3 +84,56 @@ def test_the_latest_probe_is_kept_beside_the_mean():
     assert lag.estimate_s == pytest.approx(0.01) and lag.last_s == pytest.approx(0.05)
     lag.observe(0.0002)
     assert lag.estimate_s > 0.005 and lag.last_s == pytest.approx(0.0002)
+
+
+def test_own_lag_weighs_each_probe_by_the_loops_cpu_share():
+    """A probe late because the loop worked through its own backlog counts in full; one late because
+    another process had the core (the loop's thread barely ran) counts for what the loop ran."""
+    lag = LoopLag(alpha=1.0)
+    lag.observe(0.008, busy=1.0)
+    assert lag.own_estimate_s == pytest.approx(0.008) and lag.own_last_s == pytest.approx(0.008)
+    lag.observe(0.008, busy=0.05)
+    assert lag.estimate_s == pytest.approx(0.008) and lag.own_estimate_s == pytest.approx(0.0004)
+    lag.observe(0.008, busy=3.0)  # clock granularity: a share over 1 counts as 1
+    assert lag.own_last_s == pytest.approx(0.008)
+
+
+def test_a_probe_measures_the_loop_threads_cpu_over_its_interval():
+    t, cpu = [0.0], [0.0]
+    ran = []
+
+    class Loop:
+        def call_later(self, delay, cb):
+            ran.append(cb)
+            return self
+
+        def cancel(self):
+            pass
+
+    lag = LoopLag(period_s=0.005, alpha=1.0, clock=lambda: t[0], cpu_clock=lambda: cpu[0])
+    lag.start(Loop())
+    lag.touch()
+    t[0], cpu[0] = 0.013, 0.0005  # 8 ms late, the loop ran 0.5 ms of the 13: another process had the core
+    ran.pop()()
+    assert lag.estimate_s == pytest.approx(0.008) and lag.own_estimate_s == pytest.approx(0.008 * 0.5 / 13)
+    t[0], cpu[0] = 0.026, 0.0125  # 8 ms late again, the loop ran 12 of the 13 ms: its own backlog
+    ran.pop()()
+    assert lag.own_last_s == pytest.approx(0.008 * 12 / 13)
+
+
+def test_the_door_refuses_for_the_loops_own_lag_only(model_repo, tmp_path):
+    """``loop_lag_shed_ms``: a loop late by twice the setting because another process held the core
+    refuses nothing; the same lateness while the loop's thread ran the whole time refuses every request."""
+    shutil.copytree(model_repo / "digits", tmp_path / "repo" / "digits")
+    repo = ModelRepository(tmp_path / "repo").load()
+    settings = Settings(repo=tmp_path / "repo", backend="inprocess", loop_lag_shed_ms=5)
+    plane = DataPlane(repo, InProcessBackend(repo, RuntimeOptions(device="cpu")), settings)
+    assert plane.loop_lag is not None
+    for _ in range(50):
+        plane.loop_lag.observe(0.012, busy=0.1)
+    assert plane.loop_lag.estimate_s > 0.011
+    plane.door("digits")  # not refused
+    for _ in range(50):
+        plane.loop_lag.observe(0.012, busy=1.0)
+    with pytest.raises(DeadlineUnreachable, match="event loop runs 12.0 ms behind"):
+        plane.door("digits")
