@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 
 from autoscaler.placement.types import PlacementConfig
 from autoscaler.swayam import SwayamConfig
+from autoscaler.training.job import DEMO_ENTRY, ENTRY_RE
 
 
 class AutoscalingSettings(SwayamConfig):
@@ -141,6 +142,46 @@ class TrainingSettings(BaseModel):
         description="Most of the harvested GPUs each tenant may hold, e.g. {team-a: 0.5, '*': 0.25} ('*' = "
         "every tenant not listed); a tenant at its share waits.",
     )
+    entries: list[str] = Field(
+        default_factory=lambda: [DEMO_ENTRY],
+        description="The training functions (package.module:function) jobs may name; any other entry is "
+        "refused with a 403 before anything is imported. The gateway runs them as itself: list only code "
+        "you trust.",
+    )
+    max_jobs: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description="Most jobs kept at once, finished, failed and cancelled ones included; a submit past it is "
+        "a 409 until jobs are cancelled and their files removed (retain_ended_s).",
+    )
+    max_config_bytes: int = Field(
+        default=65536,
+        ge=2,
+        le=16 << 20,
+        description="Largest job config, as compact JSON; a bigger one is a 400.",
+    )
+    keep_checkpoints: int = Field(
+        default=2,
+        ge=1,
+        le=1000,
+        description="Checkpoints kept per job across its runs: each start or resume removes all but the "
+        "newest this many that verify (newer corrupt ones stay, named in the job's status).",
+    )
+    retain_ended_s: float = Field(
+        default=86400.0,
+        ge=0,
+        description="Finished and cancelled jobs' files (spec, status, checkpoints) are removed this long "
+        "after they ended; 0 removes a cancelled job's files at once.",
+    )
+
+    @field_validator("entries")
+    @classmethod
+    def _entries(cls, v: list[str]) -> list[str]:
+        bad = [e for e in v if not ENTRY_RE.match(e)]
+        if bad:
+            raise ValueError(f"training.entries: {bad[0][:120]!r} is not package.module:function")
+        return v
 
 
 class Settings(BaseSettings):
@@ -278,8 +319,9 @@ class Settings(BaseSettings):
         ge=0,
         le=25,
         description="Refuse requests at the door (503 + Retry-After, before decoding) while the event loop runs "
-        "more than this far behind (the lag probes' mean, while the latest probe is late too; "
-        "gateway/looplag.py): a share "
+        "more than this far behind on its own work (the lag probes' mean, each probe weighed by the share of "
+        "its interval the loop's thread ran on the CPU, while the latest probe is late too; gateway/looplag.py; "
+        "see 'The event-loop door on a busy host' below): a share "
         "rising from 0 at this lag to all at twice it (at most 25: a probe counts at most 50 ms). "
         "The front end, not the replicas, is then the bottleneck, and a refusal costs it a fraction of an "
         "answer (heavy/medium at 6,000/s on 2 cores, docs/benchmarks.md). An idle loop lags ~0.2 ms. "
@@ -359,6 +401,15 @@ class Settings(BaseSettings):
         default=None, description="PEM certificate (chain): serve REST and gRPC over TLS with it."
     )
     tls_key_file: Path | None = Field(default=None, description="PEM private key of tls_cert_file.")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names REST requests may name in their Host header besides the loopback ones "
+        "(localhost, 127.x.y.z, [::1]); any other is refused with 421 (docs/reliability.md, 'Web pages "
+        "and the loopback gateway'), so a web page that rebinds its DNS name to 127.0.0.1 cannot use the "
+        "gateway. Ports are ignored; ['*'] turns the check off. On a loopback host the check always runs; "
+        "on any other host only when this list is set (e.g. the names a proxy forwards). As JSON in the "
+        "environment: SLOSERVE_ALLOWED_HOSTS='[\"gw.example.com\"]'.",
+    )
     default_policy: str = Field(
         default="slo", description="Batching policy for models that name none: slo | timeout | fixed | aimd | nexus."
     )
@@ -400,6 +451,17 @@ class Settings(BaseSettings):
     def _host(cls, v: str) -> str:
         if not v:
             raise ValueError("host must not be empty")
+        return v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, v: list[str]) -> list[str]:
+        for h in v:
+            if not h.strip() or any(c in h for c in " /\\@?#,;\t") or "://" in h:
+                raise ValueError(
+                    f"allowed_hosts: {h!r:.80} is not a host name; list bare names or addresses "
+                    "(gw.example.com, 10.0.0.5, [fd00::1]), or '*' for any"
+                )
         return v
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ import sys
 
 from pydantic import BaseModel
 
-from gateway.config import ModelOverride, Settings
+from gateway.config import ModelOverride, Settings, TrainingSettings
 from models.repository import ModelConfig, TensorSpec, VariantConfig
 
 HEADER = """# Configuration reference
@@ -54,6 +54,8 @@ def render() -> str:
         table(Settings),
         "\n## Per-model overrides (`models: {<name>: {...}}`)\n",
         table(ModelOverride, "models.<name>."),
+        "\n## Training harvest (`training: {...}`)\n",
+        table(TrainingSettings, "training."),
         "\n## Model repository: `<repo>/<model>/config.json`\n",
         table(ModelConfig),
         "\n### `variants[]`\n",

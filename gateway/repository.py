@@ -16,13 +16,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from batching.policy import CONTEXT_FIELDS, POLICIES, policy_settings
 from gateway.backends.base import ModelLoadError
 from gateway.errors import InvalidArgument, NotFound, ServingError, Unavailable
 from gateway.limits import size_limits
-from models.repository import LoadedModel, ModelProblem, check_name, load_model_dir
+from models.repository import LoadedModel, ModelProblem, TensorSpec, VariantConfig, check_name, load_model_dir
 
 if TYPE_CHECKING:
     from gateway.dataplane import DataPlane, ModelState
@@ -42,6 +48,167 @@ def fingerprint(model: LoadedModel) -> tuple:
     return tuple(files), json.dumps(model.override, sort_keys=True)
 
 
+MAX_CONFIG_BYTES = 64 * 1024  # a config override's JSON text (a demo model's config.json is under 2 KiB)
+MAX_CONFIG_DEPTH = 16  # nesting of that JSON (config.json's own is 3: {"inputs": [{"shape": [...]}]})
+_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')  # a string (skipped whole), or a bracket
+
+
+def json_depth(text: str, limit: int) -> int:
+    """How deep ``text``'s arrays and objects nest, counted without parsing it (strings skipped),
+    up to ``limit + 1``: the scan stops as soon as it is deeper than ``limit``.
+
+    >>> json_depth('{"a": [1, {"b": "[[["}]}', 16), json_depth("[" * 50_000, 16)
+    (3, 17)
+    """
+    depth = deepest = 0
+    for m in _JSON_NESTING.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _knob_value(v: Any) -> bool:
+    if v is None or isinstance(v, bool | int | float | str):
+        return True
+    return isinstance(v, list) and len(v) <= 4096 and all(isinstance(x, int | float) for x in v)
+
+
+def _key_error(key: Any, message: str) -> PydanticCustomError:
+    """A problem with one key of ``batching``, for the 400 to name it (``batching.<key>``)."""
+    return PydanticCustomError("override_key", "{message}", {"key": f"{key!s:.64}", "message": message})
+
+
+class BatchingOverride(BaseModel):
+    """``batching`` of a load's config override: the policy and its tuning knobs, nothing else.
+
+    Everything a policy is given beside its knobs (its context: the latency ``profile``, which may
+    name a directory to read, ``latency_fn``, the model, its variants, accuracy and device type) comes
+    from the repository and the operator's config file, never from a request. Each knob must be one
+    that a registered policy declares; its value is checked by that policy when the model loads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str | None = Field(default=None, description="The batching policy (default: the server's).")
+    max_batch_size: int | None = Field(default=None, ge=1, le=4096, description="Most rows in one batch.")
+    knobs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The policy's tuning knobs, as ``batching`` holds them beside ``policy``: each a number, a "
+        "string, a boolean, null or a list of numbers (the policy checks its value).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, raw: Any) -> Any:
+        """config.json's flat ``{"policy": ..., "max_wait_ms": ...}`` into ``policy`` and ``knobs``."""
+        if not isinstance(raw, dict):
+            return raw
+        out: dict[str, Any] = {"knobs": {}}
+        policy = raw.get("policy")
+        if policy is not None and (not isinstance(policy, str) or policy not in POLICIES):
+            raise _key_error("policy", f"{policy!r:.60} is not a batching policy; known: {sorted(POLICIES)}")
+        names = (
+            set(policy_settings(policy).model_fields)
+            if policy
+            else {k for p in POLICIES for k in policy_settings(p).model_fields}
+        )
+        for key, value in raw.items():
+            if key in ("policy", "max_batch_size"):
+                out[key] = value
+            elif key in CONTEXT_FIELDS:
+                raise _key_error(
+                    key,
+                    f"cannot be set by a load: a policy's {key} comes from the model repository and the operator's "
+                    "config file (models.<m>.batching), never from a request",
+                )
+            elif key not in names:
+                raise _key_error(
+                    key,
+                    f"not a setting of batching policy {policy or 'any'!r}; its settings: {', '.join(sorted(names))}",
+                )
+            elif not _knob_value(value):
+                raise _key_error(
+                    key, f"{value!r:.60} is not a knob's value (a number, string, boolean, null or list of numbers)"
+                )
+            else:
+                out["knobs"][key] = value
+        return out
+
+    def as_config(self) -> dict[str, Any]:
+        """Back to config.json's flat shape, with only what was given."""
+        flat: dict[str, Any] = {k: v for k, v in (("policy", self.policy), ("max_batch_size", self.max_batch_size))}
+        return {**{k: v for k, v in flat.items() if k in self.model_fields_set}, **self.knobs}
+
+
+class ConfigOverride(BaseModel):
+    """A load's config override: some of config.json's keys (models/repository.py, ``ModelConfig``),
+    typed; no other key, and none that names a file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    versions: tuple[str, ...] | None = None
+    platform: str | None = None
+    inputs: tuple[TensorSpec, ...] | None = None
+    outputs: tuple[TensorSpec, ...] | None = None
+    max_batch_size: int | None = Field(default=None, ge=1, le=4096)
+    slo_ms: float | None = Field(default=None, gt=0)
+    variants: tuple[VariantConfig, ...] | None = Field(default=None, min_length=1)
+    default_variant: str | None = None
+    batching: BatchingOverride | None = None
+    description: str | None = None
+
+    def as_config(self) -> dict[str, Any]:
+        """The config.json keys it replaces, in config.json's JSON shape."""
+        out = self.model_dump(mode="json", exclude_unset=True, exclude={"batching"})
+        if "batching" in self.model_fields_set:
+            out["batching"] = self.batching.as_config() if self.batching is not None else None
+        return out
+
+
+def _parse_config_override(name: str, value: Any) -> dict:
+    """``parameters.config``: a JSON object of config.json keys, bounded in size and depth before it is
+    parsed; every problem a 400 naming the key."""
+    if not isinstance(value, str):
+        raise InvalidArgument("parameter 'config' must be a string holding a JSON object (config.json keys)")
+    if len(value) > MAX_CONFIG_BYTES:
+        raise InvalidArgument(
+            f"parameter 'config' is {len(value):,} characters, over the {MAX_CONFIG_BYTES:,} a config override may "
+            "take; put a larger config in the model's config.json"
+        )
+    depth = json_depth(value, MAX_CONFIG_DEPTH)
+    if depth > MAX_CONFIG_DEPTH:
+        raise InvalidArgument(
+            f"parameter 'config' nests arrays and objects more than {MAX_CONFIG_DEPTH} deep (a model config nests 3)"
+        )
+    try:
+        doc = orjson.loads(value)
+    except (orjson.JSONDecodeError, RecursionError) as e:
+        raise InvalidArgument(f"parameter 'config' is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("parameter 'config' must hold a JSON object (config.json keys)")
+    try:
+        override = ConfigOverride.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in (*err["loc"], *(err.get("ctx") or {}).get("key", "").split(".")) if p != "")
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"not a key of config.json; a config override takes {', '.join(ConfigOverride.model_fields)}"
+        raise InvalidArgument(f"parameter 'config': '{where}': {msg:.300}") from None
+    except RecursionError:  # (bounded above; never a 500 whatever happens)
+        raise InvalidArgument("parameter 'config' nests too deep") from None
+    if override.name is not None and override.name != name:
+        raise InvalidArgument(f"the config override names model {override.name!r}, not {name!r}")
+    return override.as_config()
+
+
 def parse_load_parameters(name: str, params: Any) -> dict | None:
     """The config override of a load request's ``parameters`` (None: none); 400 for anything else."""
     if params is None:
@@ -51,17 +218,8 @@ def parse_load_parameters(name: str, params: Any) -> dict | None:
     override = None
     for key, value in params.items():
         if key == "config":
-            if not isinstance(value, str):
-                raise InvalidArgument("parameter 'config' must be a string holding a JSON object (config.json keys)")
-            try:
-                override = json.loads(value)
-            except ValueError as e:
-                raise InvalidArgument(f"parameter 'config' is not valid JSON: {e}") from None
-            if not isinstance(override, dict):
-                raise InvalidArgument("parameter 'config' must hold a JSON object (config.json keys)")
-            if "name" in override and override["name"] != name:
-                raise InvalidArgument(f"the config override names model {override['name']!r}, not {name!r}")
-        elif key.startswith("file:"):
+            override = _parse_config_override(name, value)
+        elif isinstance(key, str) and key.startswith("file:"):
             raise InvalidArgument(
                 f"file overrides ({key!r:.80}) are not supported: put the model's files in its folder of the "
                 f"model repository and load it by name"

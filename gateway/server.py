@@ -124,9 +124,11 @@ class Gateway:
         await self._grpc.start()
         routers = []
         if self.harvest is not None:
+            from gateway.tokens import TokenTable
             from gateway.transports.training import training_router
 
-            routers.append(training_router(self.harvest.jobs_api, self.harvest.report))
+            tokens = TokenTable.from_settings(s)  # None: the training routes answer 401 saying how to add one
+            routers.append(training_router(self.harvest.jobs_api, self.harvest.report, tokens))
         self._decoder = rest_decoder(self.dataplane)
         self._decoder.start()
         app = create_asgi(self.dataplane, routers, self._decoder)

@@ -1,15 +1,20 @@
 """Bearer tokens: the configured table (kept as SHA-256 digests) and who each token is.
 
-One entry a line (or ``;``-separated): ``TOKEN [MODELS] [SCOPES]``. ``MODELS`` is a comma list or
+One entry a line (or ``;``-separated): ``TOKEN [MODELS] [SCOPES] [TENANT]``. ``MODELS`` is a comma list or
 ``*`` (every model, the default); ``SCOPES`` a comma list of ``infer`` (inference, model
-metadata, config and statistics, the default), ``training`` (submit, list and cancel training
-jobs), ``metrics`` (``/metrics`` and every model's statistics) and ``models`` (the repository API:
-list the repository, load and unload the models of the token's list). The transports check requests against the table (:mod:`gateway.transports.auth`);
+metadata, config and statistics, the default), ``training`` (submit, list and cancel the training
+jobs of the token's tenant), ``metrics`` (``/metrics`` and every model's statistics), ``models`` (the repository API:
+list the repository, load and unload the models of the token's list) and ``admin`` (with
+``training``: every tenant's training jobs). ``TENANT`` names whose training jobs the token
+submits and acts on (letters, digits, ``_ . -``); a token without one submits none unless it is
+``admin``. The transports check requests against the table (:mod:`gateway.transports.auth`);
 the settings parse it at start-up so that a bad entry stops the server with a message naming it.
 
->>> table = TokenTable.parse("s3cret-token digits\\nroot-token-1 * infer,training,metrics")
+>>> table = TokenTable.parse("s3cret-token digits\\nroot-token-1 * infer,training,metrics team-a")
 >>> table.authorize("Bearer s3cret-token", "digits").name
 'token#1'
+>>> table.authorize("Bearer root-token-1", None, "training").tenant
+'team-a'
 >>> table.authorize("Bearer s3cret-token", None, "training")
 Traceback (most recent call last):
   ...
@@ -20,30 +25,37 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gateway.errors import PermissionDenied, Unauthenticated
 
-SCOPES = ("infer", "training", "metrics", "models")
+SCOPES = ("infer", "training", "metrics", "models", "admin")
 DEFAULT_SCOPES = frozenset({"infer"})
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # = TrainingSpec.tenant
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a token belongs to: a name for logs (never the token), the models it may use, and what
-    it may do (:data:`SCOPES`)."""
+    """Who a token belongs to: a name for logs (never the token), the models it may use, what
+    it may do (:data:`SCOPES`) and the tenant whose training jobs it owns (None: no tenant)."""
 
     name: str
     models: frozenset[str] | None  # None = every model
     scopes: frozenset[str] = DEFAULT_SCOPES
+    tenant: str | None = None
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
 
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.scopes
 
-Entry = tuple[str, frozenset[str] | None, frozenset[str]]
+
+Entry = tuple[str, frozenset[str] | None, frozenset[str], str | None]
 
 
 def _digest(token: str | bytes) -> bytes:
@@ -55,8 +67,8 @@ class TokenTable:
 
     def __init__(self, entries: list[Entry]):
         self._entries = [
-            (_digest(tok), Principal(f"token#{i + 1}", models, scopes))
-            for i, (tok, models, scopes) in enumerate(entries)
+            (_digest(tok), Principal(f"token#{i + 1}", models, scopes, tenant))
+            for i, (tok, models, scopes, tenant) in enumerate(entries)
         ]
 
     def __len__(self) -> int:
@@ -118,9 +130,10 @@ def _parse_entries(text: str, source: str) -> list[Entry]:
         if not line:
             continue
         parts = line.split()
-        if len(parts) > 3:
+        if len(parts) > 4:
             raise ValueError(
-                f"{source} entry {n}: expected `TOKEN [model,model...|*] [scope,scope...]`, got {len(parts)} fields"
+                f"{source} entry {n}: expected `TOKEN [model,model...|*] [scope,scope...] [tenant]`, "
+                f"got {len(parts)} fields"
             )
         if len(parts[0]) < 8:
             raise ValueError(f"{source} entry {n}: token shorter than 8 characters")
@@ -128,14 +141,20 @@ def _parse_entries(text: str, source: str) -> list[Entry]:
         if len(parts) >= 2 and parts[1] != "*":
             models = frozenset(m for m in parts[1].split(",") if m)
         scopes = DEFAULT_SCOPES
-        if len(parts) == 3:
+        if len(parts) >= 3:
             scopes = frozenset(x for x in parts[2].split(",") if x)
             unknown = sorted(scopes - set(SCOPES))
             if unknown or not scopes:
                 raise ValueError(
                     f"{source} entry {n}: unknown scope {unknown or parts[2]!r}; scopes are {', '.join(SCOPES)}"
                 )
-        entries.append((parts[0], models, scopes))
+        tenant = parts[3] if len(parts) == 4 else None
+        if tenant is not None and not TENANT_RE.match(tenant):
+            raise ValueError(
+                f"{source} entry {n}: tenant {tenant[:70]!r} is not 1-64 letters, digits, '_', '.' or '-' "
+                "(first a letter or digit)"
+            )
+        entries.append((parts[0], models, scopes, tenant))
     return entries
 
 

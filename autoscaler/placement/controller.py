@@ -142,7 +142,16 @@ class HarvestController:
         self.settings, self.backend, self.metrics, self.clock = settings, backend, metrics, clock
         # emulated GPUs on a CPU box: the gang's collectives on gloo; real GPUs: Ray Train's choice (NCCL)
         launcher = RayLauncher(backend="gloo" if settings.emulated_gpus else None)
-        self.manager = TrainingManager(t.jobs_dir, launcher=launcher, grace_s=t.grace_s)
+        self.manager = TrainingManager(
+            t.jobs_dir,
+            launcher=launcher,
+            grace_s=t.grace_s,
+            entries=t.entries,
+            max_jobs=t.max_jobs,
+            max_config_bytes=t.max_config_bytes,
+            keep_checkpoints=t.keep_checkpoints,
+            retain_ended_s=t.retain_ended_s,
+        )
         self.jobs_api = HarvestJobs(self.manager, on_change=lambda: self._wake.set(), annotate=self._annotate)
         self.policy_name = t.policy
         self._policy = get_policy(t.policy)
@@ -312,6 +321,8 @@ class HarvestController:
     def _observe_jobs(self, infos: dict[str, JobInfo], now: float) -> None:
         import ray
 
+        for job_id in [j for j in self._jobs if j not in infos and j not in self._preempting]:
+            del self._jobs[job_id]  # removed (training.retain_ended_s)
         for job_id in infos:
             if job_id not in self._jobs:
                 d = self.manager.dir / job_id / "spec.json"

@@ -117,6 +117,39 @@ def latest_good(
     return None
 
 
+def prune(storage: str | os.PathLike, keep: int) -> list[Path]:
+    """Remove every checkpoint older than the newest ``keep`` that verify, across runs, and the run
+    directories of earlier runs left without a checkpoint; returns the checkpoints removed. Corrupt
+    checkpoints newer than those kept stay, for a person to look at (the job's status names them).
+    The newest run directory always stays, so run numbers (``next_run``) keep counting up."""
+    import shutil
+
+    good, removed = 0, []
+    for path in list_checkpoints(storage):
+        if good >= keep:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            continue
+        try:
+            verify(path)
+            good += 1
+        except CorruptCheckpoint:
+            pass
+    root = Path(storage)
+    runs = (
+        sorted(
+            ((int(m.group(1)), p) for p in root.iterdir() if (m := RUN_RE.match(p.name)) and p.is_dir()),
+            reverse=True,
+        )
+        if root.is_dir()
+        else []
+    )
+    for _, run in runs[1:]:
+        if not any(DIR_RE.match(c.name) for c in run.iterdir()):
+            shutil.rmtree(run, ignore_errors=True)
+    return removed
+
+
 def next_run(storage: str | os.PathLike) -> int:
     """The number of the next Ray Train run of a job (``run-<n>``: one per start or resume)."""
     root = Path(storage)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import re
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -81,6 +81,31 @@ class JobRejected(ValueError):
 
 class EntryError(JobRejected):
     """The entry cannot be imported or is not a function."""
+
+
+class EntryNotAllowed(JobRejected):
+    """The entry is not on the operator's allow-list (``training.entries``): a 403."""
+
+
+class JobLimit(ValueError):
+    """A cap on jobs is reached (``training.max_jobs``): a 409 until jobs are removed."""
+
+
+def check_entry_allowed(entry: str, allowed: Collection[str] | None) -> None:
+    """Refuse an entry the operator has not listed, before anything is imported; ``allowed`` None
+    allows any (the standalone CLI: jobs run as the user who starts them).
+
+    >>> check_entry_allowed("subprocess:run", [DEMO_ENTRY])
+    Traceback (most recent call last):
+    ...
+    autoscaler.training.job.EntryNotAllowed: entry 'subprocess:run' is not in training.entries (the training functions this server runs: autoscaler.training.demo:train); an operator adds it there
+    """
+    if allowed is not None and entry not in allowed:
+        listed = ", ".join(sorted(allowed)) or "none"
+        raise EntryNotAllowed(
+            f"entry {entry[:200]!r} is not in training.entries (the training functions this server runs: "
+            f"{listed[:1000]}); an operator adds it there"
+        )
 
 
 def resolve_entry(entry: str) -> Callable[[dict], Any]:

@@ -6,6 +6,12 @@ checkpoints), so a manager in a short-lived CLI process and one in the gateway s
 How a job runs is a ``Launcher``: ``runtime.RayLauncher`` (a Ray Train run on the connected Ray
 cluster: the gateway's harvest controller) or ``SubprocessLauncher`` (``sloserve train`` without a
 gateway: an OS process per job that starts a local Ray with the job's GPUs, emulated on a CPU box).
+
+Limits (the gateway passes its ``training`` settings): ``entries``, the training functions a job may
+name (checked before anything is imported, at submit and again at every start, so a spec written
+into the directory by hand runs no other code); ``max_jobs`` kept at once; ``max_config_bytes`` of
+config; ``keep_checkpoints`` per job across its runs (pruned at each start); and ``retain_ended_s``,
+after which a finished or cancelled job's directory is removed.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +32,17 @@ from typing import Any, Protocol
 import psutil
 from pydantic import ValidationError
 
-from autoscaler.training.checkpoint import write_json_atomic
-from autoscaler.training.job import JobRejected, PreemptOutcome, TrainingSpec, preempt_then_kill, resolve_entry
+from autoscaler.training.checkpoint import prune, write_json_atomic
+from autoscaler.training.job import (
+    DEMO_ENTRY,
+    JobLimit,
+    JobRejected,
+    PreemptOutcome,
+    TrainingSpec,
+    check_entry_allowed,
+    preempt_then_kill,
+    resolve_entry,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_ID_RE = re.compile(TrainingSpec.model_fields["job_id"].metadata[0].pattern)
@@ -86,13 +102,34 @@ class JobInfo:
 # ------------------------------------------------------------------ the standalone launcher
 
 
+def create_time(pid: int) -> float | None:
+    """When process ``pid`` started (psutil's clock), or None when there is no such process."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
 class _ProcessHandle:
-    def __init__(self, pid: int, popen: subprocess.Popen | None = None):
+    """A job's worker process, started here (``popen``) or by another manager: then only while the
+    pid still names the process that was started (its create time, as recorded), so a pid the
+    system has since given to another process is never signalled."""
+
+    def __init__(self, pid: int, popen: subprocess.Popen | None = None, created: float | None = None):
         self.pid, self.popen = pid, popen
+        self.created = create_time(pid) if popen is not None and created is None else created
+
+    def _same_process(self) -> bool:
+        if self.popen is not None:
+            return True
+        now = create_time(self.pid)
+        return now is not None and self.created is not None and abs(now - self.created) < 0.01
 
     def alive(self) -> bool:
         if self.popen is not None:
             return self.popen.poll() is None
+        if not self._same_process():  # gone, or the pid was reused by another process
+            return False
         try:  # a zombie (exited, not yet reaped by a parent that is not us) is not alive
             return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
@@ -110,6 +147,8 @@ class _ProcessHandle:
 
     def preempt(self, grace_s: float) -> PreemptOutcome:
         def send(sig):
+            if not self._same_process():
+                return
             try:
                 os.killpg(self.pid, sig)  # its own session: the local Ray it started goes with it
             except ProcessLookupError:
@@ -141,22 +180,47 @@ class SubprocessLauncher:
         return _ProcessHandle(p.pid, p)
 
     def attach(self, record: dict) -> JobHandle | None:
-        return _ProcessHandle(record["pid"]) if record.get("pid") else None
+        if not record.get("pid") or record.get("pid_created") is None:
+            return None  # no create time recorded: the pid alone may name another process by now
+        return _ProcessHandle(int(record["pid"]), created=float(record["pid_created"]))
 
 
 # ------------------------------------------------------------------ the manager
 
 
-class TrainingManager:
-    """The job table over a jobs directory; thread-safe."""
+ENDED = ("finished", "cancelled")  # states a job never leaves: its files go after retain_ended_s
+SWEEP_EVERY_S = 30.0
 
-    def __init__(self, jobs_dir: str | os.PathLike, launcher: Launcher | None = None, grace_s: float = 1.0):
+
+class TrainingManager:
+    """The job table over a jobs directory; thread-safe.
+
+    ``entries``: the training functions jobs may name (None: any, for the standalone CLI, whose jobs
+    run as the user who starts them); the other limits are the ``training`` settings of the same
+    names (``gateway/config.py``)."""
+
+    def __init__(
+        self,
+        jobs_dir: str | os.PathLike,
+        launcher: Launcher | None = None,
+        grace_s: float = 1.0,
+        *,
+        entries: list[str] | tuple[str, ...] | None = (DEMO_ENTRY,),
+        max_jobs: int = 100,
+        max_config_bytes: int = 65536,
+        keep_checkpoints: int = 2,
+        retain_ended_s: float = 86400.0,
+    ):
         self.dir = Path(jobs_dir).resolve()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.launcher: Launcher = launcher or SubprocessLauncher()
         self.grace_s = grace_s
+        self.entries = None if entries is None else frozenset(entries)
+        self.max_jobs, self.max_config_bytes = max_jobs, max_config_bytes
+        self.keep_checkpoints, self.retain_ended_s = keep_checkpoints, retain_ended_s
         self._handles: dict[str, JobHandle] = {}
         self._lock = threading.RLock()
+        self._swept = -float("inf")
 
     def _job_dir(self, job_id: str) -> Path:
         if not JOB_ID_RE.match(job_id):  # ids come from HTTP paths: never let one leave the jobs dir
@@ -184,12 +248,28 @@ class TrainingManager:
         return TrainingSpec.model_validate_json((self._job_dir(job_id) / "spec.json").read_text())
 
     def submit(self, spec: TrainingSpec, start: bool = True) -> JobInfo:
-        """Queue a job (and start it). ``ValueError`` when it exists, its entry does not import, or
-        it asks for more GPUs of its type than the cluster has."""
+        """Queue a job (and start it). ``ValueError`` when it exists; ``JobRejected`` when its entry
+        is not allowed (``EntryNotAllowed``) or does not import, its config is over
+        ``max_config_bytes``, or it asks for more GPUs of its type than the cluster has;
+        ``JobLimit`` when ``max_jobs`` are kept."""
+        check_entry_allowed(spec.entry, self.entries)  # before the launcher imports anything
+        size = len(json.dumps(spec.config, separators=(",", ":")))
+        if size > self.max_config_bytes:
+            raise JobRejected(
+                f"the job's config is {size} bytes of JSON, over the limit of {self.max_config_bytes} "
+                "(training.max_config_bytes)"
+            )
         with self._lock:
             d = self._job_dir(spec.job_id)
             if (d / "job.json").exists():
                 raise ValueError(f"training job {spec.job_id!r} exists; cancel it or pick another id")
+            self.sweep()
+            kept = sum(1 for p in self.dir.iterdir() if (p / "job.json").exists())
+            if kept >= self.max_jobs:
+                raise JobLimit(
+                    f"{kept} training jobs are kept, the limit (training.max_jobs); cancel some: finished and "
+                    f"cancelled jobs are removed {self.retain_ended_s:g} s after they end (training.retain_ended_s)"
+                )
             self.launcher.check(spec)
             d.mkdir(parents=True, exist_ok=True)
             write_json_atomic(d / "spec.json", spec.model_dump(mode="json"))
@@ -213,6 +293,12 @@ class TrainingManager:
         with self._lock:
             info = self.get(job_id)
             spec = self.spec(job_id)
+            if info.state not in ("running", "finished", "cancelled"):
+                try:  # the spec on disk is checked again, before any import: only listed entries run
+                    check_entry_allowed(spec.entry, self.entries)
+                except JobRejected as e:
+                    self._save(job_id, state="failed", error=str(e))
+                    raise
             if gpu_type is not None and gpu_type != spec.gpu_type:
                 if info.state == "running":
                     raise ValueError(
@@ -236,6 +322,7 @@ class TrainingManager:
                 raise ValueError(
                     f"training job {job_id!r} runs on {spec.min_workers or spec.workers} to {spec.workers} workers, not {n}"
                 )
+            prune(self._job_dir(job_id) / "storage", self.keep_checkpoints)
             h = self.launcher.start(spec.model_copy(update={"workers": n}), self._job_dir(job_id))
             self._handles[job_id] = h
             self._save(
@@ -243,6 +330,7 @@ class TrainingManager:
                 state="running",
                 launcher=self.launcher.name,
                 pid=getattr(h, "pid", None),
+                pid_created=getattr(h, "created", None),
                 error=None,
                 workers_now=n,
                 started_at=time.time(),
@@ -269,11 +357,17 @@ class TrainingManager:
                     lost_iterations=int(rec.get("lost_iterations", 0)) + lost,
                 )
             self._handles.pop(job_id, None)
-            if outcome is not None or self.get(job_id).state not in ("finished", "failed"):
-                # stopped by us (a kill leaves no status of its own), or not running at all
-                self._save(job_id, state=new_state, last_stop=outcome)
+            keep = ("finished",) if new_state == "cancelled" else ("finished", "failed")
+            if outcome is not None or self.get(job_id).state not in keep:
+                # stopped by us (a kill leaves no status of its own), or not running at all; a failed
+                # job that is cancelled is cancelled (and its files go after retain_ended_s)
+                ended = {"ended_at": time.time()} if new_state == "cancelled" else {}
+                self._save(job_id, state=new_state, last_stop=outcome, **ended)
             self._handles.pop(job_id, None)
-            return self.get(job_id)
+            info = self.get(job_id)
+            if info.state == "cancelled" and self.retain_ended_s <= 0:
+                self._remove(job_id)
+            return info
 
     def preempt(self, job_id: str, grace_s: float | None = None) -> JobInfo:
         """Checkpoint and stop; the job stays resumable (``start`` resumes it)."""
@@ -281,6 +375,36 @@ class TrainingManager:
 
     def cancel(self, job_id: str, grace_s: float | None = None) -> JobInfo:
         return self._stop(job_id, "cancelled", grace_s)
+
+    def _remove(self, job_id: str) -> None:
+        self._handles.pop(job_id, None)
+        d = self._job_dir(job_id)
+        (d / "job.json").unlink(missing_ok=True)  # first: a half-removed directory is no job
+        shutil.rmtree(d, ignore_errors=True)
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Remove the directories of finished and cancelled jobs that ended ``retain_ended_s`` ago or
+        more (a job's spec, status and checkpoints); returns their ids."""
+        now = time.time() if now is None else now
+        gone = []
+        with self._lock:
+            for p in sorted(self.dir.iterdir()):
+                if not (p / "job.json").exists() or not JOB_ID_RE.match(p.name):
+                    continue
+                try:
+                    info = self.get(p.name)
+                    rec = self._record(p.name)
+                except (KeyError, OSError, ValueError):
+                    continue
+                if info.state not in ENDED:
+                    continue
+                ended = info.finished_at if info.state == "finished" else rec.get("ended_at")
+                if ended is None:
+                    ended = (p / "job.json").stat().st_mtime
+                if now - float(ended) >= self.retain_ended_s:
+                    self._remove(p.name)
+                    gone.append(p.name)
+        return gone
 
     def get(self, job_id: str) -> JobInfo:
         rec = self._record(job_id)
@@ -334,7 +458,18 @@ class TrainingManager:
         return self._record(job_id).get("last_stop")
 
     def list(self) -> list[JobInfo]:
-        return [self.get(p.name) for p in sorted(self.dir.iterdir()) if (p / "job.json").exists()]
+        """Every job (ended ones past ``retain_ended_s`` are swept first, at most every ``SWEEP_EVERY_S``)."""
+        if time.monotonic() - self._swept >= SWEEP_EVERY_S:
+            self._swept = time.monotonic()
+            self.sweep()
+        out = []
+        for p in sorted(self.dir.iterdir()):
+            if (p / "job.json").exists() and JOB_ID_RE.match(p.name):
+                try:
+                    out.append(self.get(p.name))
+                except (KeyError, OSError):  # removed meanwhile
+                    pass
+        return out
 
     def wait(self, job_id: str, timeout_s: float) -> JobInfo:
         """Block until the job is no longer running (or the timeout passes)."""

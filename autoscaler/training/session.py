@@ -110,11 +110,47 @@ def should_stop(iteration: int | None = None, **metrics: float) -> bool:
     return bool(t.item())
 
 
+PLAIN = (str, int, float, bool, type(None), bytes)
+
+
+def check_plain(state: Any, where: str = "state") -> None:
+    """Refuse a state that ``torch.load(weights_only=True)`` would not read back: only tensors,
+    dicts (str or int keys), lists, tuples, strings, numbers, booleans and None.
+
+    >>> check_plain({"iteration": 3, "model": {"w": [1.0, 2.0]}})
+    >>> check_plain({"opt": object()})
+    Traceback (most recent call last):
+    ...
+    TypeError: state['opt'] is a object: a checkpoint holds tensors, dicts, lists, tuples, strings, numbers, booleans and None (use state_dict())
+    """
+    import torch
+
+    if isinstance(state, (*PLAIN, torch.Tensor, torch.dtype, torch.device, torch.Size)):
+        return
+    if isinstance(state, dict):
+        for k, v in state.items():
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"{where} has a key of type {type(k).__name__}: checkpoint keys are strings or ints")
+            check_plain(v, f"{where}[{k!r}]")
+        return
+    if isinstance(state, (list, tuple)):
+        for i, v in enumerate(state):
+            check_plain(v, f"{where}[{i}]")
+        return
+    raise TypeError(
+        f"{where} is a {type(state).__name__}: a checkpoint holds tensors, dicts, lists, tuples, strings, "
+        "numbers, booleans and None (use state_dict())"
+    )
+
+
 def save(state: dict, iteration: int, **metrics: float) -> None:
-    """Checkpoint ``state`` (anything ``torch.save`` takes) as of ``iteration``; every worker calls it."""
+    """Checkpoint ``state`` as of ``iteration``; every worker calls it. ``state`` holds tensors and
+    plain values only (``check_plain``: what ``load`` reads back without unpickling code), e.g.
+    ``{"iteration": it, "model": model.state_dict(), "optimizer": opt.state_dict()}``."""
     import ray.train
     import torch
 
+    check_plain(state)
     m = {"iteration": int(iteration), **{k: float(v) for k, v in metrics.items()}}
     if _stop.is_set():  # saved on a stop request: once it is in storage the stopping run has lost nothing
         m["stopping"] = 1.0
@@ -136,7 +172,6 @@ def save(state: dict, iteration: int, **metrics: float) -> None:
 def load() -> Any | None:
     """The state of the latest good checkpoint (what ``save`` was given), or None on a fresh start."""
     import ray.train
-    import torch
 
     ckpt = ray.train.get_checkpoint()  # this run's own latest (Ray Train restarted the gang)
     if ckpt is None and _resume_from is not None:
@@ -144,5 +179,13 @@ def load() -> Any | None:
     if ckpt is None:
         return None
     with ckpt.as_directory() as d:
-        verify(d)  # the driver picked a good one; a copy torn since then fails here, loudly
-        return torch.load(Path(d) / STATE_FILE, map_location=device(), weights_only=False)
+        return read_state(d, map_location=device())
+
+
+def read_state(directory: str | Path, map_location: Any = None) -> Any:
+    """The state a verified checkpoint directory holds, read with ``torch.load(weights_only=True)``:
+    tensors and plain values only, never an unpickled object, whoever wrote the file."""
+    import torch
+
+    verify(directory)  # the driver picked a good one; a copy torn since then fails here, loudly
+    return torch.load(Path(directory) / STATE_FILE, map_location=map_location, weights_only=True)

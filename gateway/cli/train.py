@@ -22,7 +22,8 @@ DEFAULT_DIR = os.environ.get("SLOSERVE_TRAINING_DIR", ".sloserve/training")
 def _manager(args):
     from autoscaler.training.manager import TrainingManager
 
-    return TrainingManager(args.jobs_dir, grace_s=args.grace_s)
+    # no allow-list of entries here: these jobs run as the user who starts them, with their own code
+    return TrainingManager(args.jobs_dir, grace_s=args.grace_s, entries=None)
 
 
 def _print(infos, as_json: bool) -> None:
@@ -67,7 +68,7 @@ class _Remote:
         r = httpx.request(method, self.base + path, json=body, headers=self.headers, timeout=60)
         if r.status_code >= 400:
             detail = (
-                r.json().get("detail", r.text)
+                (r.json().get("error") or r.json().get("detail") or r.text)
                 if r.headers.get("content-type", "").startswith("application/json")
                 else r.text
             )
@@ -184,7 +185,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             help="a gateway's HTTP address (http://127.0.0.1:8000): act through its training API and "
             "placement controller instead of the jobs directory",
         )
-        p.add_argument("--token", default=None, help="bearer token for --url (env SLOSERVE_TOKEN)")
+        p.add_argument(
+            "--token", default=None, help="bearer token with the training scope for --url (env SLOSERVE_TOKEN)"
+        )
         return p
 
     s = common(tsub.add_parser("submit", help="submit a job (runs as a detached local process on a local Ray)"))
@@ -201,7 +204,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--memory-mib", type=int, default=2048, help="device memory per GPU (placement)")
     s.add_argument("--iterations", type=int, default=None, help="the job's length, if known (placement hint)")
     s.add_argument("--checkpoint-every", type=int, default=50, help="iterations between checkpoints (placement hint)")
-    s.add_argument("--tenant", default=None, help="the team the job belongs to")
+    s.add_argument(
+        "--tenant",
+        default=None,
+        help="the team the job belongs to (with --url: the token's tenant, the default; another needs the admin scope)",
+    )
     s.set_defaults(func=_submit)
     common(tsub.add_parser("list", help="list jobs and their progress")).set_defaults(func=_list)
     for verb, method, helptext in (

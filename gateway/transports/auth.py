@@ -3,12 +3,13 @@
 Tokens come from ``auth_tokens_file`` and/or ``auth_tokens`` (usually the environment variable
 ``SLOSERVE_AUTH_TOKENS``), one entry a line (or ``;``-separated; gateway/tokens.py)::
 
-    # token          models it may use (* = every model)   scopes (default: infer)
+    # token          models it may use (* = every model)   scopes (default: infer)    tenant (training)
     3f9c0e...a1      digits,heavy
-    7be21d...04      *                                     infer,training,metrics
+    7be21d...04      *                                     infer,training,metrics    team-a
     91aa0b...5e      *                                     metrics
 
-When no token is configured, nothing is checked and nothing is installed on the hot path.
+When no token is configured, nothing is checked and nothing is installed on the hot path, except
+that the training API (gateway/transports/training.py) then refuses every request with a 401.
 When one is, every request needs ``Authorization: Bearer TOKEN`` except the open endpoints:
 liveness and readiness (``/v2/health/*``, gRPC ``ServerLive``/``ServerReady``), server metadata
 (``/v2``, ``ServerMetadata``) and the API docs (``/docs``, ``/openapi.json``). ``/metrics`` and

@@ -4,7 +4,8 @@ Profiled under load on a small model, FastAPI/Starlette's middleware stack, rout
 Response objects cost about half of the gateway's CPU per request.
 The infer call needs none of it: this path reads the body, runs the very same
 :func:`gateway.transports.rest.infer_body` as the FastAPI route, and writes the response itself. Every other
-request (metadata, health, metrics, training, /docs) falls through to FastAPI unchanged.
+request (metadata, health, metrics, training, /docs) falls through to FastAPI unchanged. The
+front door (gateway/transports/door.py: Host and Content-Type) and bearer auth run before this path.
 
 A request the batcher sheds out of its queue is answered from inside the shed decision
 (:class:`_AnswerNow`): the 503 is written before the event loop gets back to the request's own

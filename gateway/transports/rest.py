@@ -1,15 +1,18 @@
 """KServe V2 REST over FastAPI: a thin adapter from HTTP to the DataPlane.
 
-Bodies are parsed as V2 JSON whatever the Content-Type says (tritonclient's sync client sends
-none, its asyncio client sends application/octet-stream); ``Inference-Header-Content-Length``
-switches on the binary tensor extension. Every error is ``{"error": "..."}`` with the status the
-protocol gives it; a client's mistake is never a 500 or a FastAPI 422.
+Bodies are parsed as V2 JSON; ``Inference-Header-Content-Length`` switches on the binary tensor
+extension. What a state-changing request may declare as its Content-Type (application/json,
+application/octet-stream, or none: tritonclient's sync client sends none, its asyncio client
+application/octet-stream) and which Host it may name is checked in front of everything else
+(gateway/transports/door.py). Every error is ``{"error": "..."}`` with the status the protocol
+gives it; a client's mistake is never a 500 or a FastAPI 422.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -23,6 +26,7 @@ from gateway.dataplane import DataPlane, Ticket
 from gateway.errors import InvalidArgument, RequestTimeout, ServingError
 from gateway.transports.auth import BearerAuthMiddleware, TokenTable
 from gateway.transports.codec import InputLimits, body_too_large, encode_rest
+from gateway.transports.door import FrontDoor
 from gateway.transports.restdecode import RestDecoder
 from gateway.transports.status import http_status, retry_after_header
 
@@ -142,7 +146,8 @@ def rest_decoder(dp: DataPlane) -> RestDecoder:
 
 
 def create_asgi(dp: DataPlane, routers=(), decoder: RestDecoder | None = None):
-    """The served ASGI app: the infer fast path in front of FastAPI, bearer auth around both.
+    """The served ASGI app: the infer fast path in front of FastAPI, bearer auth around both, and the
+    front door's Host and Content-Type checks around all of it (gateway/transports/door.py).
     Whoever passes ``decoder`` starts and closes it; without one, large JSON decodes inline."""
     from gateway.transports.fastpath import InferFastPath
 
@@ -151,9 +156,11 @@ def create_asgi(dp: DataPlane, routers=(), decoder: RestDecoder | None = None):
     api = create_app(dp, decoder)
     for r in routers:
         api.include_router(r)
-    app = InferFastPath(api, dp, decoder)
+    app: Callable = InferFastPath(api, dp, decoder)
     tokens = TokenTable.from_settings(dp.settings)
-    return BearerAuthMiddleware(app, table=tokens) if tokens is not None else app
+    if tokens is not None:
+        app = BearerAuthMiddleware(app, table=tokens)
+    return FrontDoor.from_settings(app, dp.settings)
 
 
 def create_app(dp: DataPlane, decoder: RestDecoder) -> FastAPI:

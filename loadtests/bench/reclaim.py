@@ -34,6 +34,11 @@ import httpx
 
 from autoscaler.training.checkpoint import latest_good
 
+# The training API needs a token with the training scope (and, once a token is configured, so does
+# everything else): one token, its jobs those of tenant "bench".
+HARVEST_TOKEN = "harvest-bench-token"
+AUTH = {"authorization": f"Bearer {HARVEST_TOKEN}"}
+
 BODY = json.dumps(
     {
         "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [1.0] * 64}],
@@ -46,7 +51,8 @@ def harvest_setup(
     model_repo: Path, repo: Path, jobs_dir: Path, gpus: int, grace_s: float = 1.0, keep_alive_s: float = 6.0
 ) -> Path:
     """A repository with digits/small on emulated T4s (a measured-looking 20 ms profile, one whole GPU
-    per replica, autoscaling 1..2) and settings with training enabled; returns the settings file."""
+    per replica, autoscaling 1..2) and settings with training enabled and one token (``AUTH``) for
+    every request; returns the settings file."""
     shutil.copytree(
         model_repo / "digits" / "small", repo / "digits" / "small", ignore=shutil.ignore_patterns("profiles")
     )
@@ -87,6 +93,7 @@ def harvest_setup(
                 "ray_num_cpus": 4,
                 "emulated_gpus": {"T4": gpus},
                 "replica_gpu_fraction": 1.0,
+                "auth_tokens": f"{HARVEST_TOKEN} * infer,training,metrics bench",
                 "training": {
                     "enabled": True,
                     "jobs_dir": str(jobs_dir),
@@ -121,7 +128,7 @@ def offered_load(url: str, threads: int = 12):
     stop = threading.Event()
 
     def worker():
-        with httpx.Client(timeout=10) as c:
+        with httpx.Client(timeout=10, headers=AUTH) as c:
             while not stop.is_set():
                 with contextlib.suppress(httpx.HTTPError):
                     c.post(f"{url}/v2/models/digits/infer", content=BODY)
@@ -244,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd += ["--http-port", str(args.port), "--grpc-port", str(args.port + 1), "--config", str(settings)]
     log = open(tmp / "server.log", "w")  # noqa: SIM115 - the server keeps it for its life
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    api = httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=30)
+    api = httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=30, headers=AUTH)
     try:
         if not wait_for(lambda: api.get("/v2/health/ready").status_code == 200, 300, 1.0):
             raise RuntimeError(f"the server did not start: {(tmp / 'server.log').read_text()[-3000:]}")

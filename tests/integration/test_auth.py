@@ -244,7 +244,9 @@ def test_grpc_infer_and_metadata_with_right_token(secure):
 
 def _post(secure, path, token=None, body=b"{}"):
     srv, _, ctx = secure
-    req = urllib.request.Request(f"https://{srv.http_url}{path}", data=body, method="POST")
+    req = urllib.request.Request(
+        f"https://{srv.http_url}{path}", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:

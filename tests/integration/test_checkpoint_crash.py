@@ -38,7 +38,9 @@ def ray_t4():
 def manager(ray_t4, tmp_path):
     from autoscaler.training.runtime import RayLauncher
 
-    return TrainingManager(tmp_path, launcher=RayLauncher(backend="gloo"), grace_s=10.0)
+    # the entries these tests run (training.entries in a gateway: the demo and the crashing job)
+    entries = ["autoscaler.training.demo:train", "tests.integration.training_jobs:crash"]
+    return TrainingManager(tmp_path, launcher=RayLauncher(backend="gloo"), grace_s=10.0, entries=entries)
 
 
 def _wait(cond, timeout_s):

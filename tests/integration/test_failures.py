@@ -158,7 +158,9 @@ class Reference:
 
 
 def call(url: str, body: bytes, timeout: float = 5.0) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{url}/v2/models/digits/infer", data=body, method="POST")
+    req = urllib.request.Request(
+        f"{url}/v2/models/digits/infer", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())

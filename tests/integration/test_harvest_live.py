@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from loadtests.bench.reclaim import harvest_setup
+from loadtests.bench.reclaim import AUTH, harvest_setup
 from loadtests.promtext import samples
 from tests.conftest import ServerProcess
 from tests.integration.test_autoscaling_live import BODY, wait_for
@@ -53,7 +53,12 @@ def offered_load(server, threads: int = 12):
 
     def worker():
         while not stop.is_set():
-            req = urllib.request.Request(f"http://{server.http_url}/v2/models/digits/infer", data=BODY, method="POST")
+            req = urllib.request.Request(
+                f"http://{server.http_url}/v2/models/digits/infer",
+                data=BODY,
+                method="POST",
+                headers={"Content-Type": "application/json", **AUTH},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=10) as r:
                     r.read()
@@ -73,7 +78,8 @@ def offered_load(server, threads: int = 12):
 
 
 def get(server, path: str):
-    with urllib.request.urlopen(f"http://{server.http_url}{path}", timeout=10) as r:
+    req = urllib.request.Request(f"http://{server.http_url}{path}", headers=AUTH)  # (harvest_setup's token)
+    with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
 
 
@@ -82,14 +88,15 @@ def post(server, path: str, body: dict, method: str = "POST"):
         f"http://{server.http_url}{path}",
         data=json.dumps(body).encode(),
         method=method,
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **AUTH},
     )
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.status, json.loads(r.read())
 
 
 def metric(server, name: str, **labels) -> float:
-    with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as r:
+    req = urllib.request.Request(f"http://{server.http_url}/metrics", headers=AUTH)
+    with urllib.request.urlopen(req, timeout=10) as r:
         found = [s.value for s in samples(r.read().decode(), name, **labels)]
     return sum(found) if found else -1.0
 
@@ -149,7 +156,9 @@ def test_load_step_preempts_training_then_training_resumes(harvest_server):
     # the gang stops at its next iteration boundary with a checkpoint (0.2-0.5 s on a quiet box), or,
     # past grace_s on a busy one, is killed and loses at most the work since its last checkpoint
     assert rec["outcome"] in ("checkpointed", "killed"), rec
-    assert rec["freed_s"] <= GRACE_S + 0.5, rec
+    # freed: the grace, then the kill and Ray's GCS seeing the actor dead, which on a busy 2-core box
+    # takes more than a quiet box's ~0.1 s (a job never freed shows 10 s and more: the wait's bound)
+    assert rec["freed_s"] <= GRACE_S + 2.0, rec
     assert rec["lost_iterations"] <= CHECKPOINT_EVERY, rec
     st = status(s, "harvest-1")
     ck = rec["checkpoint_iteration"]

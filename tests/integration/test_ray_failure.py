@@ -53,7 +53,12 @@ PAYLOAD = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "d
 
 def post(server, params, timeout=60):
     body = json.dumps({**PAYLOAD, "parameters": params}).encode()
-    req = urllib.request.Request(f"http://{server.http_url}/v2/models/digits/infer", data=body, method="POST")
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/digits/infer",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())

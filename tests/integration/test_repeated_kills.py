@@ -49,7 +49,12 @@ def test_replicas_killed_repeatedly_under_load(ray_server, model_repo):
                     "parameters": {"variant": "small", "slo_ms": 5000},
                 }
             ).encode()
-            req = urllib.request.Request(f"http://{s.http_url}/v2/models/digits/infer", data=body, method="POST")
+            req = urllib.request.Request(
+                f"http://{s.http_url}/v2/models/digits/infer",
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=30) as r:
                     doc = json.loads(r.read())

@@ -196,7 +196,9 @@ def test_request_names_are_lookups_not_paths(servers, path, status):
             "parameters": {"variant": "../../small"},
         }
     ).encode()
-    req = urllib.request.Request(f"http://{srv.http_url}{path}", data=body, method="POST")
+    req = urllib.request.Request(
+        f"http://{srv.http_url}{path}", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(req, timeout=10)
     assert ei.value.code == status
@@ -211,7 +213,12 @@ def test_variant_parameter_is_a_lookup(servers):
             "parameters": {"variant": "../heavy/large"},
         }
     ).encode()
-    req = urllib.request.Request(f"http://{srv.http_url}/v2/models/digits/infer", data=body, method="POST")
+    req = urllib.request.Request(
+        f"http://{srv.http_url}/v2/models/digits/infer",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(req, timeout=10)
     assert ei.value.code == 400 and "unknown variant" in json.loads(ei.value.read())["error"]
@@ -244,3 +251,41 @@ def test_a_config_that_disagrees_with_its_onnx_graph_is_a_load_error_naming_the_
     path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=needle):
         ModelRepository(repo).load()
+
+
+# ---- a load's config override names no file and cannot nest without bound -----------------------------
+def _load(srv, model: str, config: str):
+    body = json.dumps({"parameters": {"config": config}}).encode()
+    req = urllib.request.Request(
+        f"http://{srv.http_url}/v2/repository/models/{model}/load",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ("[" * 50_000 + "]" * 50_000, "'config' is 100,000 characters"),
+        ("[" * 30_000 + "]" * 30_000, "'config' nests arrays and objects more than 16 deep"),
+        ('{"batching": ' * 2_000 + "{}" + "}" * 2_000, "more than 16 deep"),
+        (json.dumps({"batching": {"policy": "slo", "profile": "/"}}), "'batching.profile': cannot be set by a load"),
+        (json.dumps({"batching": {"latency_fn": "os.system"}}), "'batching.latency_fn': cannot be set by a load"),
+        (json.dumps({"colour": "red"}), "'colour': not a key of config.json"),
+    ],
+)
+def test_a_load_override_is_bounded_typed_and_names_no_file(servers, config, needle):
+    """A config override nested 50,000 deep used to be a 500 (RecursionError); ``batching.profile``
+    named a directory that the load globbed and read on the event loop. Each is now a 400 naming the
+    key, and the model keeps serving as it was."""
+    srv = servers("inprocess")
+    status, body = _load(srv, "cnn", config)
+    assert status == 400 and needle in json.loads(body)["error"], body[:300]
+    with urllib.request.urlopen(f"http://{srv.http_url}/v2/models/cnn/ready", timeout=10) as r:
+        assert r.status == 200

@@ -41,7 +41,10 @@ def infer(server, timeout: float = 10.0) -> int | str:
     """One request on a new connection (the kernel picks the worker per connection): the HTTP status,
     or what went wrong with the connection (an explicit error), or 'timeout' (silent: a defect)."""
     req = urllib.request.Request(
-        f"http://{server.http_url}/v2/models/digits/infer", data=BODY, method="POST", headers={"x-variant": "small"}
+        f"http://{server.http_url}/v2/models/digits/infer",
+        data=BODY,
+        method="POST",
+        headers={"x-variant": "small", "Content-Type": "application/json"},
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -159,7 +162,12 @@ def test_two_workers_share_the_ports_survive_a_kill_and_stop_as_one(digits_repo)
         x.set_data_from_numpy(np.full((1, 64), 0.5, np.float32))
         assert client.infer("digits", [x]).as_numpy("probs").shape == (1, 10)
 
-        req = urllib.request.Request(f"http://{s.http_url}/v2/repository/models/digits/load", data=b"", method="POST")
+        req = urllib.request.Request(
+            f"http://{s.http_url}/v2/repository/models/digits/load",
+            data=b"",
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         assert e.value.code == 400 and "workers" in json.loads(e.value.read())["error"]

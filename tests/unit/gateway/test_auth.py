@@ -36,6 +36,15 @@ def test_parse_and_allow_lists():
     assert t.authorize("Bearer delta-token-4444", None, "metrics").scopes == {"training", "metrics"}
 
 
+def test_a_token_names_its_tenant_and_admin_is_a_scope():
+    t = TokenTable.parse("team-a-token-1 * infer,training team-a\nops-token-0001 * training,admin\n" + TEXT)
+    a = t.authorize("Bearer team-a-token-1", None, "training")
+    assert (a.tenant, a.admin) == ("team-a", False)
+    ops = t.authorize("Bearer ops-token-0001", None, "training")
+    assert (ops.tenant, ops.admin) == (None, True)
+    assert t.authorize("Bearer delta-token-4444", None, "training").tenant is None
+
+
 @pytest.mark.parametrize(
     "header, word",
     [
@@ -57,7 +66,12 @@ def test_refusals(header, word):
 
 @pytest.mark.parametrize(
     "text, msg",
-    [("short", "shorter than 8"), ("a-long-token b c d", "expected"), ("a-long-token * admin", "unknown scope")],
+    [
+        ("short", "shorter than 8"),
+        ("a-long-token b c d e", "expected"),
+        ("a-long-token * root", "unknown scope"),
+        ("a-long-token * training ../team", "tenant '../team' is not"),
+    ],
 )
 def test_bad_token_files(text, msg):
     with pytest.raises(ValueError, match=msg):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import re
 
 import pytest
 from google.protobuf import json_format
@@ -14,7 +15,7 @@ from tritonclient.grpc import service_pb2 as pb
 import gateway.modelinfo as modelinfo
 from gateway.errors import InvalidArgument
 from gateway.modelinfo import ModelStats, triton_config
-from gateway.repository import parse_load_parameters
+from gateway.repository import ConfigOverride, parse_load_parameters
 from gateway.transports.auth import _model_from_path, _scope_of
 from models.repository import ModelConfig
 
@@ -64,10 +65,22 @@ def test_the_statistics_are_tritons_model_statistics():
         ({}, None),
         ({"config": '{"max_batch_size": 4}'}, {"max_batch_size": 4}),
         ({"config": '{"name": "digits", "slo_ms": 9}'}, {"name": "digits", "slo_ms": 9}),
+        (
+            {"config": '{"batching": {"policy": "timeout", "max_wait_ms": 2, "max_batch_size": 4}}'},
+            {"batching": {"policy": "timeout", "max_wait_ms": 2, "max_batch_size": 4}},
+        ),
+        ({"config": '{"batching": {"policy": "fixed", "preferred_batch_sizes": [1, 4]}}'}, None),
+        ({"config": json.dumps({k: v for k, v in CFG.model_dump(mode="json").items() if k != "batching"})}, None),
     ],
 )
 def test_load_parameters(params, override):
-    assert parse_load_parameters("digits", params) == override
+    want = override if override is not None or not params else json.loads(params["config"])
+    assert parse_load_parameters("digits", params) == want
+
+
+def test_the_override_schema_has_the_keys_of_config_json():
+    """A key added to config.json's schema must be added to the override's (typed) as well."""
+    assert set(ConfigOverride.model_fields) == set(ModelConfig.model_fields)
 
 
 @pytest.mark.parametrize(
@@ -80,11 +93,38 @@ def test_load_parameters(params, override):
         ({"file:1/model.onnx": "AAAA"}, "file overrides"),
         ({"colour": "red"}, "unknown load parameter 'colour'"),
         ([1], "must be an object"),
+        ({"config": '{"colour": "red"}'}, "'colour': not a key of config.json"),
+        ({"config": '{"max_batch_size": 0}'}, "'max_batch_size': Input should be greater than or equal to 1"),
+        ({"config": '{"slo_ms": NaN}'}, "'config' is not valid JSON"),
+        ({"config": '{"slo_ms": 1e400}'}, "'config' is not valid JSON"),
+        ({"config": '{"inputs": [{"name": 3}]}'}, "'inputs.0.name'"),
+        ({"config": '{"variants": [{"name": "../x", "accuracy": 1, "cost_flops": 1}]}'}, "'variants.0.name'"),
+        # nothing a request sends names a file: the latency profile (a directory to glob and read) and
+        # the rest of a policy's context come from the repository and the operator's config only
+        ({"config": '{"batching": {"profile": "/"}}'}, "'batching.profile': cannot be set by a load"),
+        ({"config": '{"batching": {"policy": "slo", "profile": "/etc"}}'}, "'batching.profile'"),
+        ({"config": '{"batching": {"latency_fn": "os.system"}}'}, "'batching.latency_fn': cannot be set"),
+        ({"config": '{"batching": {"variants": ["x"]}}'}, "'batching.variants': cannot be set"),
+        ({"config": '{"batching": {"policy": "nope"}}'}, "'batching.policy': 'nope' is not a batching policy"),
+        ({"config": '{"batching": {"policy": "timeout", "late_target": 1}}'}, "'batching.late_target': not a setting"),
+        ({"config": '{"batching": {"max_wait_ms": {"a": [1]}}}'}, "'batching.max_wait_ms'"),
+        ({"config": '{"batching": "slo"}'}, "'batching'"),
+        # bounded before it is parsed: never a RecursionError (a 500)
+        ({"config": "[" * 50_000 + "]" * 50_000}, "'config' is 100,000 characters, over the 65,536"),
+        ({"config": "[" * 30_000}, "'config' nests arrays and objects more than 16 deep"),
+        ({"config": '{"description": "' + "[" * 1000 + '", "batching": ' + '{"a": ' * 17 + "1" + "}" * 18}, "16 deep"),
     ],
 )
 def test_bad_load_parameters_are_400_saying_what_to_fix(params, needle):
-    with pytest.raises(InvalidArgument, match=needle):
+    with pytest.raises(InvalidArgument, match=re.escape(needle)):
         parse_load_parameters("digits", params)
+
+
+@pytest.mark.parametrize("depth", [16, 17, 1000, 5000])
+def test_a_deep_config_is_a_400_at_any_depth(depth):
+    doc = '{"batching": ' * depth + "1" + "}" * depth
+    with pytest.raises(InvalidArgument, match="'config'"):
+        parse_load_parameters("digits", {"config": doc})
 
 
 @pytest.mark.parametrize(

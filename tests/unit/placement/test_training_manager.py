@@ -11,9 +11,14 @@ from fastapi.testclient import TestClient
 from autoscaler.placement.metrics import gpu_usage
 from autoscaler.placement.types import Gpu, PlacementSnapshot, Replica, ReplicaTarget
 from autoscaler.training.checkpoint import write_json_atomic
+from autoscaler.training.job import DEMO_ENTRY
 from autoscaler.training.manager import SubprocessLauncher, TrainingManager
+from gateway.tokens import TokenTable
 from gateway.transports.training import training_router
 from tests.unit.placement.factories import job
+
+TOKENS = TokenTable.parse("team-a-token-1 * training team-a")
+AUTH = {"authorization": "Bearer team-a-token-1"}
 
 
 class _Queued:
@@ -29,11 +34,11 @@ class _Queued:
         return getattr(self.m, name)
 
 
-def _client(tmp_path):
-    m = TrainingManager(tmp_path, launcher=SubprocessLauncher())
+def _client(tmp_path, entries=(DEMO_ENTRY,)):
+    m = TrainingManager(tmp_path, launcher=SubprocessLauncher(), entries=entries)
     app = FastAPI()
-    app.include_router(training_router(_Queued(m), lambda: {}))
-    return m, TestClient(app)
+    app.include_router(training_router(_Queued(m), lambda: {}, TOKENS))
+    return m, TestClient(app, headers=AUTH)
 
 
 def test_http_submit_list_get_and_the_new_job_form(tmp_path):
@@ -58,7 +63,7 @@ def test_http_submit_list_get_and_the_new_job_form(tmp_path):
 
 
 def test_http_an_entry_that_does_not_import_is_a_400_naming_it(tmp_path):
-    _, c = _client(tmp_path)
+    _, c = _client(tmp_path, entries=("nope_pkg.train:main",))
     r = c.post("/v2/training/jobs", json={"job_id": "bad", "entry": "nope_pkg.train:main"})
     assert r.status_code == 400 and "nope_pkg.train" in r.json()["detail"], r.text
     assert c.get("/v2/training/jobs").json()["jobs"] == []  # nothing half-created
@@ -157,9 +162,9 @@ def test_http_resume_takes_a_gpu_type(tmp_path):
 
     m = TrainingManager(tmp_path, launcher=_TypedLauncher())
     app = FastAPI()
-    app.include_router(training_router(m, lambda: {}))
-    c = TestClient(app)
-    m.submit(TrainingSpec(job_id="h2", gpu_type="T4"), start=False)
+    app.include_router(training_router(m, lambda: {}, TOKENS))
+    c = TestClient(app, headers=AUTH)
+    m.submit(TrainingSpec(job_id="h2", gpu_type="T4", tenant="team-a"), start=False)
     m._save("h2", state="preempted")
     r = c.post("/v2/training/jobs/h2/resume", json={"gpu_type": "V100"})
     assert r.status_code == 400 and "no V100" in r.json()["detail"], r.text
