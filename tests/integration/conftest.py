@@ -8,6 +8,33 @@ BACKENDS = ["inprocess", "ray"]
 _SERVERS: dict[str, ServerProcess] = {}
 
 
+# Tests that abuse the shared Ray server (floods, replicas killed): run last of the tests that share it.
+_ROUGH_ON_THE_SHARED_SERVER = ("test_flood.py", "test_repeated_kills.py")
+
+
+def uses_shared_ray(item: pytest.Item) -> bool:
+    """Whether a test runs against the session's shared Ray server: it asks for ``ray_server``, for
+    ``server`` with the ray backend, or (calling ``servers("ray")`` itself) is marked ``shared_ray``."""
+    names = getattr(item, "fixturenames", ())
+    callspec = getattr(item, "callspec", None)
+    on_ray = callspec is not None and callspec.params.get("server") == "ray"
+    return "ray_server" in names or ("server" in names and on_ray) or item.get_closest_marker("shared_ray") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests on the shared Ray server run one after another, where the first of them stands. A test
+    that starts a Ray of its own stops the shared one (one Ray at a time: tests/conftest.py), and the
+    next test that needs it waits for a fresh start (~35 s on 2 cores), so in file order the shared
+    server started five times; grouped, it starts once. Nothing else moves."""
+    shared = [i for i in items if uses_shared_ray(i)]
+    if not shared:
+        return
+    first = items.index(shared[0])
+    rest = [i for i in items if not uses_shared_ray(i)]
+    shared.sort(key=lambda i: i.path.name in _ROUGH_ON_THE_SHARED_SERVER)  # stable: file order otherwise
+    items[:] = rest[:first] + shared + rest[first:]
+
+
 @pytest.fixture(scope="session")
 def servers(model_repo):
     """One server per backend for the whole session (Ray starts once)."""

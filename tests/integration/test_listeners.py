@@ -13,7 +13,7 @@ import socket
 import psutil
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_ray]  # servers("ray"): the shared Ray server
 
 
 def listeners(pid: int) -> list[tuple[str, str, int]]:
