@@ -324,7 +324,7 @@ class Settings(BaseSettings):
         "see 'The event-loop door on a busy host' below): a share "
         "rising from 0 at this lag to all at twice it (at most 25: a probe counts at most 50 ms). "
         "The front end, not the replicas, is then the bottleneck, and a refusal costs it a fraction of an "
-        "answer (heavy/medium at 6,000/s on 2 cores, docs/benchmarks.md). An idle loop lags ~0.2 ms. "
+        "answer (docs/benchmarks.md, 'The front end past its capacity'). "
         "Default: 5 with the inprocess backend; off (0) with ray, where it is not measured.",
     )
     max_request_bytes: int | None = Field(

@@ -37,6 +37,30 @@ Response parameters: `variant`, `accuracy`, `batch_size`, `queue_ms`, `compute_m
 """
 
 
+DOOR = """
+### The event-loop door on a busy host
+
+`loop_lag_shed_ms` (default 5 ms with the in-process backend, off with Ray) refuses requests while
+the gateway's own event loop cannot keep up. Past that point every request costs the loop a decode
+and an answer whatever the replicas do, and without the door an open-loop client drives the gateway
+into collapse: answers come back seconds late instead of being refused at once (docs/benchmarks.md,
+"The front end past its capacity").
+
+A timer on the loop also runs late when the loop has nothing to do but another program holds the
+core. Refusing clients then shortens nothing. So each lag probe is weighed by the share of its
+interval that the loop's thread spent on the CPU (`time.thread_time`), and the door acts on that,
+the loop's **own** lag: a loop working through its own backlog runs the whole interval and counts in
+full; a loop waiting for a core counts for the little it ran. `sloserve_event_loop_lag_seconds`
+still reports the plain lag.
+
+Why the signal changed rather than the threshold: beside busy-looping programs at light load the
+plain 5 ms door refused rarely and the own-lag door never (docs/benchmarks.md, "The front end past
+its capacity"); a higher threshold would only let the loop fall further behind before the door
+acts when the front end really is past its capacity, where the own-lag door refuses as the plain one
+did.
+"""
+
+
 def table(model: type[BaseModel], prefix: str = "") -> str:
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for name, f in model.model_fields.items():
@@ -52,6 +76,7 @@ def render() -> str:
         HEADER,
         "## Server settings (`sloserve serve`)\n",
         table(Settings),
+        DOOR,
         "\n## Per-model overrides (`models: {<name>: {...}}`)\n",
         table(ModelOverride, "models.<name>."),
         "\n## Training harvest (`training: {...}`)\n",

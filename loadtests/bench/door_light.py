@@ -5,7 +5,8 @@ The in-process gateway refuses requests at the door while its event loop lags pa
 loaded loop runs late too, waiting for a core rather than working through a backlog. This starts
 ``sloserve serve --backend inprocess`` (from one or more source trees, interleaved round by round), sends it a
 light open-loop load (``loadtests.openloop``) while ``--hogs`` busy-looping processes run beside it,
-and reports each run's share of requests refused with 503 and the answers' p50/p99:
+and reports each run's share of requests refused with 503, the answers' p50/p99 and the cores the
+load generator itself used:
 
     python -m loadtests.bench.door_light --tree . --tree /path/to/other/checkout \\
         --rate 100 --duration 20 --rounds 3 --hogs 1 --out door-light.json
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import socket
 import subprocess
 import sys
@@ -60,13 +62,17 @@ def one_run(tree: Path, repo: Path, model: str, rate: float, duration: float, ho
         hog_procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(hogs)]
         time.sleep(1.0)
         gen = [sys.executable, "-m", "loadtests.openloop", "--url", url, "--model", model]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         done = subprocess.run(
             [*gen, "--rate", str(rate), "--duration", str(duration)],
             capture_output=True,
             text=True,
             check=True,
         )
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the generator: the one child waited for here
         summary = json.loads(done.stdout)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        summary["generator_cores"] = round(cpu / max(summary.get("duration_s") or duration, 1e-9), 3)
     finally:
         for p in hog_procs:
             p.kill()
@@ -100,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             sent = sum(st.values()) or 1
             row = {"round": r, "tree": str(tree), "refused_503": round(st.get("503", 0) / sent, 4), "summary": s}
             print(
-                json.dumps({k: row[k] for k in ("round", "tree", "refused_503")} | {"p99_ms": s.get("ok_p99_ms")}),
+                json.dumps(
+                    {k: row[k] for k in ("round", "tree", "refused_503")}
+                    | {"p99_ms": s.get("ok_p99_ms"), "gen_cores": s.get("generator_cores")}
+                ),
                 flush=True,
             )
             runs.append(row)
