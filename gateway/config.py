@@ -203,7 +203,7 @@ class Settings(BaseSettings):
         le=64,
         description="Gateway processes on this host, sharing the HTTP and gRPC ports (the kernel spreads "
         "connections over them), supervised as one service (gateway/workers.py). Default: half the host's "
-        "cores, at most 8 (1 on a 2-core box: the replicas and the load need the other core).",
+        "cores, at most 8 (1 on 2 cores: the replicas and the load need the other core).",
     )
     capacity_leases: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -137,7 +137,7 @@ def test_grpc_zero_copy_parse_keeps_tensors_as_views_of_the_message():
     assert req.inputs["a"][1].tolist() == [[0, 1], [2, 3]] and req.inputs["b"][1].tolist() == [0, 1, 2]
 
 
-# ---- the cases the issue names, pinned ----------------------------------------------------------
+# ---- hostile cases by name, pinned ----------------------------------------------------------------
 def _json(inputs) -> bytes:
     import orjson
 
