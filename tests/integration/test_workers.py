@@ -214,14 +214,17 @@ def test_ray_workers_share_the_replicas_slots_by_lease(digits_repo):
         assert max(peaks.values()) <= 2, peaks
 
 
-def test_a_worker_that_cannot_start_stops_the_service(digits_repo):
-    """A broken model fails every worker the same way: the service exits 2 saying why, instead of
-    restarting its workers forever."""
+def test_a_broken_model_stops_the_service_before_any_worker_starts(digits_repo):
+    """A broken model would fail every worker the same way: the supervisor checks the repository as a
+    lone gateway does and exits 2 saying why, before it starts Ray or any worker (instead of
+    restarting its workers forever)."""
     (digits_repo / "digits" / "config.json").write_text("{not json")
     s = ServerProcess(digits_repo, "inprocess", ["--workers", "2"])
     try:
         assert s.proc.wait(120) == 2
-        assert "could not start" in s.output() and "digits" in s.output()
+        said = s.output()
+        assert "not valid JSON" in said and "digits" in said and "sloserve models check" in said, said
+        assert "gateway workers on" not in said, said  # no worker was started
     finally:
         if s.proc.poll() is None:
             s.kill()

@@ -1,6 +1,7 @@
-"""How many gateway workers `sloserve serve` starts by default (gateway/workers.py)."""
+"""How many gateway workers `sloserve serve` starts by default, and what the supervisor does when one
+exits (gateway/workers.py)."""
 
-from gateway.workers import available_cores, default_workers
+from gateway.workers import Supervisor, available_cores, default_workers
 
 
 def test_default_workers_follow_the_cores():
@@ -20,3 +21,30 @@ def test_a_containers_cpu_limit_counts_not_the_nodes_cores(tmp_path):
     limit.write_text("max 100000\n")
     assert available_cores(limit) >= 1
     assert available_cores(tmp_path / "absent") >= 1
+
+
+class _Exited:
+    """A worker process that has exited with ``code``."""
+
+    def __init__(self, code: int):
+        self.exitcode = code
+        self.pid = 4242
+
+    def is_alive(self) -> bool:
+        return False
+
+
+def test_a_worker_that_exits_with_2_ends_the_service_and_others_restart(tmp_path):
+    """Exit 2 means a bad setting or model, which every start would meet again: the supervisor stops
+    the service with 2 instead of restarting that worker forever. Any other exit is restarted."""
+    from gateway.config import Settings
+
+    sup = Supervisor(Settings(repo=tmp_path, backend="inprocess", http_port=0, grpc_port=0), 2)
+    try:
+        sup._started_at = {0: 0.0, 1: 0.0}
+        sup.procs = {0: _Exited(1)}  # type: ignore[dict-item]
+        assert sup.watch() is None and 0 in sup._due  # restarted after a back-off
+        sup.procs = {1: _Exited(2)}  # type: ignore[dict-item]
+        assert sup.watch() == 2
+    finally:
+        sup.close()
