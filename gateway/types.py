@@ -18,7 +18,7 @@ __all__ = ["NUMPY_TO_V2", "V2_TO_NUMPY", "InferRequest", "InferResponse", "Reque
 
 @dataclass(slots=True)
 class RequestParams:
-    """The SLO parameters of one request (see docs/architecture.md, "SLO in the protocol")."""
+    """The SLO parameters of one request (docs/configuration.md lists them, as a client sends them)."""
 
     slo_ms: float | None = None
     min_accuracy: float | None = None

@@ -3,7 +3,7 @@ clients retry. Invariants: no request hangs (every client call has a timeout), e
 checked against a local ONNX Runtime reference for its own distinct input (never another
 request's output, never twice), every failure is explicit (status + message), and the system
 recovers without an operator. Replica kills under Ray: tests/integration/test_ray_failure.py.
-Figures: docs/reliability.md ("Failure").
+What is guaranteed: docs/reliability.md ("Failure").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ with attackers in a process of their own: stalled bodies, a 10 GiB declared body
 never ends, a large JSON tensor (decoded off the event loop), and large gRPC messages. Every attacker
 request must end in an answer naming its problem (or a connection the server closed), none may hang,
 the ordinary clients must keep being answered, and the gateway's memory must not grow with the number
-of large requests it refused. The longer run and its figures: docs/reliability.md.
+of large requests it refused. The longer run: docs/reliability.md.
 """
 
 from __future__ import annotations

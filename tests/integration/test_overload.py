@@ -1,15 +1,15 @@
 """Overload: open-loop Poisson load at 3x the measured capacity, then back to normal.
 
-The server is in-process with only the digits model, every batch held 50 ms in the replica
-(``fault_delay_ms``) and batches capped at 4 rows, so capacity is ~35 requests/s: small enough
-for a Python open-loop generator on a 2-core box, with the gateway's own CPU far from saturated.
+The server is in-process with only the digits model, every batch held 100 ms in the replica
+(``fault_delay_ms``) and batches capped at 4 rows, so capacity is a few tens of requests/s: small
+enough for a Python open-loop generator sharing two cores, with the gateway's own CPU far from saturated.
 Requests pin ``variant=small`` (one replica, one capacity) and carry ``slo_ms=250``.
 
 Checked: nothing but 200, 429 and 503; no timeouts or connection errors; every refusal carries
 Retry-After; admitted requests' p99 within the SLO (+20% tolerance: latency is measured from the
 *scheduled* send time by a generator sharing two cores with the server); most refusals at once
 (at admission); none later than the deadline; the server's RSS flat; goodput back to normal within
-3 s of the load dropping. Figures and the longer run: docs/reliability.md ("Overload").
+3 s of the load dropping. The longer run: docs/reliability.md ("Overload").
 """
 
 from __future__ import annotations
@@ -124,8 +124,7 @@ def test_three_times_capacity_then_normal(overload_server):
     # says whether admitted requests made their deadlines, free of the generator's lateness.
     admitted = during["ok"] - before["ok"]
     met = during["met"] - before["met"]
-    # Goal: >= 99% of admitted requests on time. Measured 98.3-100% (docs/reliability.md,
-    # "Overload"); 36-45% before the discrete admission estimate and the calibrator fix.
+    # Goal: >= 99% of admitted requests on time; the test allows 95% on a machine it shares.
     assert admitted > 0 and met / admitted >= 0.95, (met, admitted)
     # A shed request gets its answer within 1 ms of the decision, timed by the server from
     # the decision to the 503 written (sloserve_shed_answer_seconds).
