@@ -25,9 +25,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
-from autoscaler.placement.types import PlacementConfig
 from autoscaler.swayam import SwayamConfig
-from autoscaler.training.job import DEMO_ENTRY, ENTRY_RE
+from gateway.config_training import TrainingSettings
 
 
 class AutoscalingSettings(SwayamConfig):
@@ -110,78 +109,6 @@ class ModelOverride(BaseModel):
         if self.device_types is not None:
             return list(self.device_types)
         return [self.device_type] if self.device_type else []
-
-
-class TrainingSettings(BaseModel):
-    """Preemptible training on the GPUs inference leaves idle (autoscaler/placement/controller.py; Ray backend only)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(
-        default=False, description="Run the harvest controller and serve /v2/training (needs backend ray)."
-    )
-    jobs_dir: Path = Field(default=Path(".sloserve/training"), description="Training jobs and their checkpoints.")
-    grace_s: float = Field(
-        default=1.0, gt=0, description="A preempted job gets this long to checkpoint and stop before it is killed."
-    )
-    auto_fill: bool = Field(
-        default=True, description="Start queued jobs and resume preempted ones on idle GPUs; False only preempts."
-    )
-    interval_s: float = Field(default=0.5, gt=0, le=60, description="Seconds between placement rounds.")
-    policy: Literal["cost-aware", "cost-blind", "static"] = Field(
-        default="cost-aware", description="Placement policy (autoscaler/placement/policy.py)."
-    )
-    gpu_memory_mib: int = Field(default=16384, ge=1, description="Memory of one (emulated) GPU, for placement.")
-    queue: Literal["las", "fifo", "srtf"] = Field(
-        default=PlacementConfig.model_fields["training_queue"].default,  # one default, the policy's
-        description="Order of the jobs on harvested GPUs: las (Tiresias' 2D-LAS, with a starvation guard), "
-        "fifo, srtf (least remaining GPU-seconds first, for jobs that declare their length).",
-    )
-    tenant_shares: dict[str, float] = Field(
-        default_factory=dict,
-        description="Most of the harvested GPUs each tenant may hold, e.g. {team-a: 0.5, '*': 0.25} ('*' = "
-        "every tenant not listed); a tenant at its share waits.",
-    )
-    entries: list[str] = Field(
-        default_factory=lambda: [DEMO_ENTRY],
-        description="The training functions (package.module:function) jobs may name; any other entry is "
-        "refused with a 403 before anything is imported. The gateway runs them as itself: list only code "
-        "you trust.",
-    )
-    max_jobs: int = Field(
-        default=100,
-        ge=1,
-        le=100_000,
-        description="Most jobs kept at once, finished, failed and cancelled ones included; a submit past it is "
-        "a 409 until jobs are cancelled and their files removed (retain_ended_s).",
-    )
-    max_config_bytes: int = Field(
-        default=65536,
-        ge=2,
-        le=16 << 20,
-        description="Largest job config, as compact JSON; a bigger one is a 400.",
-    )
-    keep_checkpoints: int = Field(
-        default=2,
-        ge=1,
-        le=1000,
-        description="Checkpoints kept per job across its runs: each start or resume removes all but the "
-        "newest this many that verify (newer corrupt ones stay, named in the job's status).",
-    )
-    retain_ended_s: float = Field(
-        default=86400.0,
-        ge=0,
-        description="Finished and cancelled jobs' files (spec, status, checkpoints) are removed this long "
-        "after they ended; 0 removes a cancelled job's files at once.",
-    )
-
-    @field_validator("entries")
-    @classmethod
-    def _entries(cls, v: list[str]) -> list[str]:
-        bad = [e for e in v if not ENTRY_RE.match(e)]
-        if bad:
-            raise ValueError(f"training.entries: {bad[0][:120]!r} is not package.module:function")
-        return v
 
 
 class Settings(BaseSettings):
@@ -353,14 +280,38 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=30.0,
         gt=0,
-        description="Time a client has to send a request's whole body once its headers are in (408 after it, "
-        "and the connection is closed): a client dribbling bytes holds no memory or slot longer.",
+        description="Time a client has to send a request's whole body once its headers are in, on every REST "
+        "route (408 after it, and the connection is closed), and a gRPC call its request message once the call "
+        "started (DEADLINE_EXCEEDED after it): a client dribbling bytes holds no memory or slot longer.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Time a REST connection has to send a request's complete headers, from when it connected "
+        "or from the first byte of its next request (408 after it, and the connection is closed), and a gRPC "
+        "connection its HTTP/2 preface and settings (grpc.server_handshake_timeout_ms). Checked before any "
+        "token.",
+    )
+    idle_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A kept-alive REST connection that sends nothing for this long after an answer is closed "
+        "(uvicorn's timeout_keep_alive, whole seconds), and a gRPC connection without calls for this long gets "
+        "GOAWAY (grpc.max_connection_idle_ms; clients reconnect on their next call). A client sending requests "
+        "back to back is never cut.",
     )
     max_connections: int = Field(
         default=4096,
         ge=16,
-        description="Most HTTP connections and requests at once (503 above, uvicorn's limit_concurrency) and "
-        "gRPC calls at once (RESOURCE_EXHAUSTED above).",
+        description="Most HTTP requests in flight at once (503 above) and gRPC calls at once (RESOURCE_EXHAUSTED "
+        "above). Idle connections do not count.",
+    )
+    max_connections_per_client: int = Field(
+        default=1024,
+        ge=1,
+        description="Most REST connections, and most gRPC calls in flight, from one client address; the next "
+        "REST connection is answered 503 and closed at once, the next gRPC call RESOURCE_EXHAUSTED. Every "
+        "local client shares 127.0.0.1, so on a loopback bind this caps all of them together.",
     )
     max_queue_rows: int = Field(default=4096, ge=1, description="Bound on queued rows per model (429 above).")
     max_inflight_bytes: int = Field(

@@ -31,7 +31,7 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.limits import size_limits
-from gateway.looplag import LoopLag
+from gateway.looplag import LoopLag, door_ms
 from gateway.metrics import Metrics
 from gateway.modelinfo import ModelStats, triton_config
 from gateway.repository import ModelManager
@@ -377,6 +377,16 @@ class DataPlane:
             raise NotFound(f"model '{name}' has no version '{version:.32}'; versions: {list(m.config.versions)}")
         return m
 
+    def input_names(self, name: str, version: str | None = None) -> tuple[str, ...]:
+        """The inputs of the model an infer request names, which bound its decoding (a transport asks
+        before it decodes the request); a model that is not served is refused here, counted as
+        :meth:`infer` counts it."""
+        try:
+            return tuple(self.model(name, version).inputs)
+        except ServingError as e:
+            self.metrics.observe_request("unknown", "none", e.kind, 0.0, None)
+            raise
+
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """The model can answer: the server started, the backend up, a running replica for each variant."""
         if name not in self.models and self.repository.known(name):
@@ -586,11 +596,3 @@ def _gateway_defaults(policy: str, settings: Settings) -> dict[str, Any]:
         "max_wait_ms": settings.slo_max_wait_ms,
         "size_quantile": settings.slo_size_quantile,
     }
-
-
-def door_ms(settings: Settings) -> float:
-    """``loop_lag_shed_ms`` as set, else its default: 5 ms in-process; off on Ray, where it is not measured
-    (the gateway's loop shares its GIL with Ray's client threads there)."""
-    if settings.loop_lag_shed_ms is not None:
-        return settings.loop_lag_shed_ms
-    return 5.0 if settings.backend == "inprocess" else 0.0

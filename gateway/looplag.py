@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 
 class LoopLag:
@@ -101,3 +102,11 @@ class LoopLag:
         self.last_s = lag
         self.own_estimate_s += self.alpha * (own - self.own_estimate_s)
         self.own_last_s = own
+
+
+def door_ms(settings: Any) -> float:
+    """The door's threshold: ``loop_lag_shed_ms`` as set, else its default: 5 ms in-process; off on Ray,
+    where it is not measured (the gateway's loop shares its GIL with Ray's client threads there)."""
+    if settings.loop_lag_shed_ms is not None:
+        return float(settings.loop_lag_shed_ms)
+    return 5.0 if settings.backend == "inprocess" else 0.0

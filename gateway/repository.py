@@ -28,7 +28,15 @@ from batching.policy import CONTEXT_FIELDS, POLICIES, policy_settings
 from gateway.backends.base import ModelLoadError
 from gateway.errors import InvalidArgument, NotFound, ServingError, Unavailable
 from gateway.limits import size_limits
-from models.repository import LoadedModel, ModelProblem, TensorSpec, VariantConfig, check_name, load_model_dir
+from models.repository import (
+    LoadedModel,
+    ModelProblem,
+    TensorSpec,
+    VariantConfig,
+    check_name,
+    load_model_dir,
+    relative_to_repository,
+)
 
 if TYPE_CHECKING:
     from gateway.dataplane import DataPlane, ModelState
@@ -326,11 +334,13 @@ class ModelManager:
                 self._check_fits(loaded)
                 self.dp.new_state(loaded)  # the batching settings, checked before the old one goes
             except FileNotFoundError as e:
-                raise NotFound(f"cannot load model '{name}': {e}") from None
+                raise NotFound(f"cannot load model '{name}': {self._for_client(e)}") from None
             except (ModelProblem, ModelLoadError) as e:
+                log.warning("cannot load model %r: %s", name, e)  # (the log keeps the absolute paths)
+                why = self._for_client(e)
                 if current is None:
-                    self._state[name] = (UNAVAILABLE, f"its last load failed: {e}")
-                raise InvalidArgument(f"cannot load model '{name}': {e}") from None
+                    self._state[name] = (UNAVAILABLE, f"its last load failed: {why}")
+                raise InvalidArgument(f"cannot load model '{name}': {why}") from None
             self._state[name] = (LOADING, "being reloaded" if current is not None else "loading")
             try:
                 if current is not None:
@@ -338,8 +348,10 @@ class ModelManager:
                 await self.dp.backend.add_model(loaded)
                 state = self.dp.new_state(loaded)  # (the backend now knows how it lays out the model's replicas)
             except ModelLoadError as e:
-                self._state[name] = (UNAVAILABLE, f"its last load failed: {e}")
-                raise InvalidArgument(f"cannot load model '{name}': {e}") from None
+                log.warning("cannot load model %r: %s", name, e)
+                why = self._for_client(e)
+                self._state[name] = (UNAVAILABLE, f"its last load failed: {why}")
+                raise InvalidArgument(f"cannot load model '{name}': {why}") from None
             except BaseException:
                 self._state[name] = (UNAVAILABLE, "its last load was interrupted")
                 raise
@@ -349,6 +361,11 @@ class ModelManager:
             self._state.pop(name, None)
             log.info("model %r %s", name, "reloaded" if current is not None else "loaded")
             return "reloaded" if current is not None else "loaded"
+
+    def _for_client(self, e: Exception) -> str:
+        """A load error as every client reads it (the index's reasons, a model's 404, the load's 400):
+        paths relative to the model repository, never the server's absolute ones."""
+        return relative_to_repository(str(e), self.root)
 
     def _check_fits(self, loaded: LoadedModel) -> None:
         """The request sizes the gateway reads are fixed when it starts (grpc's receive limit cannot

@@ -25,6 +25,7 @@ from gateway.dataplane import DataPlane
 from gateway.metrics import Metrics
 from gateway.metrics_fanin import MetricsFanIn
 from gateway.transports.auth import uvicorn_tls_kwargs
+from gateway.transports.connguard import ConnectionGuard, guarded_protocol
 from gateway.transports.grpc import create_server
 from gateway.transports.rest import create_asgi, rest_decoder
 from gateway.transports.restdecode import RestDecoder
@@ -96,6 +97,7 @@ class Gateway:
         self._uv_task: asyncio.Task | None = None
         self._grpc: grpc.aio.Server | None = None
         self._decoder: RestDecoder | None = None
+        self._conn_guard = ConnectionGuard.from_settings(settings)
         self._prepared = False
         self.harvest = None
         if settings.training.enabled:  # preemptible training on idle GPUs (autoscaler/placement/controller.py)
@@ -141,9 +143,11 @@ class Gateway:
             proxy_headers=False,  # nothing reads the client's address; X-Forwarded-* is not parsed per request
             lifespan="off",
             loop="none",
-            http="httptools",
+            # httptools, with header, body and per-client guards; max_connections counts requests in
+            # flight there, not open connections (gateway/transports/connguard.py)
+            http=guarded_protocol(self._conn_guard),
+            timeout_keep_alive=int(math.ceil(s.idle_timeout_s)),  # (uvicorn takes whole seconds)
             timeout_graceful_shutdown=int(math.ceil(s.shutdown_grace_s)),
-            limit_concurrency=s.max_connections,
             **uvicorn_tls_kwargs(s),
         )
         self._uvicorn = _Uvicorn(cfg)
@@ -193,6 +197,7 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._uv_task, timeout=grace + 3)
         idle.cancel()
+        self._conn_guard.stop()
         if self.harvest is not None:  # checkpoint running jobs before Ray goes away
             await asyncio.get_running_loop().run_in_executor(None, self.harvest.stop)
         if self._decoder is not None:

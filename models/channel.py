@@ -41,6 +41,7 @@ while one computes) and computes every batch, from every connection, in arrival 
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import os
@@ -58,6 +59,11 @@ from typing import Any
 log = logging.getLogger("sloserve.channel")
 
 Compute = Callable[[dict[str, Any], "str | None"], dict[str, Any]]
+# accept() errors that pass: the process is short of descriptors, buffers or memory for a moment, or the
+# peer gave up before its connection was accepted
+_TRANSIENT_ACCEPT_ERRORS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO, errno.EINTR}
+)
 HANDSHAKE_TIMEOUT_S = 5.0
 _NONCE = 32
 
@@ -103,6 +109,11 @@ class BatchServer:
 
     def close(self) -> None:
         self._inbox.put(None)
+
+    def alive(self) -> bool:
+        """Whether the thread that computes every batch still runs (a batch read with it gone would
+        never be answered)."""
+        return self._worker.is_alive()
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every batch read so far is answered (True), or ``timeout_s`` passes (False)."""
@@ -150,15 +161,39 @@ class ChannelListener:
         self._sock = socket.create_server((host, 0), backlog=64)
         self.host, self.port = self._sock.getsockname()[:2]
         self._closed = False
-        threading.Thread(target=self._accept_loop, name="channel-accept", daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="channel-accept", daemon=True)
+        self._acceptor.start()
+
+    def problem(self) -> str | None:
+        """Why this channel can no longer take gateways or answer their batches (its accept thread or
+        the batch server's compute thread is gone), or None while it can. A replica's health check
+        fails on it, so Ray Serve replaces the replica instead of leaving it unreachable."""
+        if self._closed:
+            return "the batch channel is closed"
+        if not self._acceptor.is_alive():
+            return "the batch channel's accept thread has stopped: no gateway can connect"
+        if not self.server.alive():
+            return "the batch channel's compute thread has stopped: no batch would be answered"
+        return None
 
     def _accept_loop(self) -> None:
         while not self._closed:
             try:
                 sock, _ = self._sock.accept()
-            except OSError:
+            except OSError as e:
+                if self._closed:
+                    return
+                if e.errno in _TRANSIENT_ACCEPT_ERRORS:  # out of descriptors or memory for a moment
+                    log.warning("the batch channel could not accept a connection (%s); retrying", e)
+                    time.sleep(0.1)
+                    continue
+                log.error("the batch channel stopped accepting gateways: %r", e)
                 return
-            threading.Thread(target=self._open, args=(sock,), name="channel-conn", daemon=True).start()
+            try:
+                threading.Thread(target=self._open, args=(sock,), name="channel-conn", daemon=True).start()
+            except RuntimeError as e:  # no thread to read it: drop this one connection, keep accepting
+                log.warning("dropped a channel connection: %s", e)
+                sock.close()
 
     def _open(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

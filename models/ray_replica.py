@@ -201,7 +201,13 @@ class OnnxReplica:
         return out
 
     def check_health(self) -> None:
-        return None
+        """Ray Serve's periodic probe: raising makes it replace this replica. Fails when the batch
+        channel can no longer take gateways or answer their batches (models/channel.py), which Serve's
+        own handle calls would never notice."""
+        listener = getattr(self, "_listener", None)
+        problem = listener.problem() if listener is not None else None
+        if problem is not None:
+            raise RuntimeError(f"replica of '{self.model}/{self.variant}': {problem}")
 
 
 def loopback_servers() -> None:

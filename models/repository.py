@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -151,6 +152,22 @@ class LoadedModel(BaseModel):
 class ModelProblem(ValueError):
     """What is wrong with one model folder (its config, its files, config against graph), naming the
     file and the field to fix."""
+
+
+def relative_to_repository(text: str, root: Path) -> str:
+    """``text`` (a problem's message) as a client may read it: every path inside the repository
+    ``root`` relative to it, and ``root`` itself named, not spelled out. The server's log and the CLI
+    keep the absolute paths; a client learns nothing of the server's filesystem.
+
+    >>> relative_to_repository("/srv/repo/digits/config.json is not valid JSON", Path("/srv/repo"))
+    'digits/config.json is not valid JSON'
+    >>> relative_to_repository("model 'x' has no /srv/repo/x/config.json in the repository /srv/repo", Path("/srv/repo"))
+    "model 'x' has no x/config.json in the model repository"
+    """
+    r = str(root)
+    text = re.sub(rf"(?:the )?(?:model )?repository {re.escape(r)}(?![\w./-])", "the model repository", text)
+    text = text.replace(r + os.sep, "")
+    return re.sub(rf"{re.escape(r)}(?![\w.-])", "the model repository", text)
 
 
 class ModelRepository:

@@ -28,13 +28,14 @@ every configured token, no early exit), so timing reveals neither a token nor it
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypedDict
 
 import grpc
 
 from gateway.errors import InvalidArgument, ServingError
-from gateway.tokens import TokenTable, bearer_token
+from gateway.tokens import Principal, TokenTable, bearer_token
 from gateway.transports.status import http_status, set_grpc_error
 
 OPEN_HTTP_PATHS = frozenset(
@@ -49,6 +50,18 @@ OPEN_HTTP_PATHS = frozenset(
     }
 )
 _SERVICE = "/inference.GRPCInferenceService/"
+# The caller of the request being handled (set by the REST middleware and the gRPC interceptor around
+# the handler; None when no token is configured): what lists of models filter by.
+_PRINCIPAL: ContextVar[Principal | None] = ContextVar("sloserve_principal", default=None)
+
+
+def may_see(model: str) -> bool:
+    """Whether the request being handled may see ``model``: always when no token is configured,
+    else when the token's list holds it (the repository index shows a token only its models)."""
+    principal = _PRINCIPAL.get()
+    return principal is None or principal.may_use(model)
+
+
 OPEN_GRPC_METHODS = frozenset(_SERVICE + m for m in ("ServerLive", "ServerReady", "ServerMetadata"))
 
 
@@ -69,11 +82,15 @@ class BearerAuthMiddleware:
                 auth = v.decode("latin-1")
                 break
         try:
-            self.table.authorize(auth, _model_from_path(scope["path"]), _scope_of(scope["path"]))
+            principal = self.table.authorize(auth, _model_from_path(scope["path"]), _scope_of(scope["path"]))
         except ServingError as e:
             await _send_error(send, e)
             return
-        await self.app(scope, receive, send)
+        token = _PRINCIPAL.set(principal)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _PRINCIPAL.reset(token)
 
 
 def _scope_of(path: str) -> str:
@@ -183,16 +200,23 @@ class GrpcGuard(grpc.aio.ServerInterceptor):
                     return set_grpc_error(context, e)
             if isinstance(request, _Malformed):
                 return set_grpc_error(context, InvalidArgument(request.error))
-            if table is not None:
-                model = getattr(request, "model_name", None)
-                if model is None:
-                    model = getattr(request, "name", None)
-                try:
-                    scope = _grpc_scope(details.method, request)
-                    table.authorize(auth, model if isinstance(model, str) and scope != "metrics" else None, scope)
-                except ServingError as e:
-                    return set_grpc_error(context, e)
-            return await inner(request, context)
+            if table is None:
+                return await inner(request, context)
+            model = getattr(request, "model_name", None)
+            if model is None:
+                model = getattr(request, "name", None)
+            try:
+                scope = _grpc_scope(details.method, request)
+                principal = table.authorize(
+                    auth, model if isinstance(model, str) and scope != "metrics" else None, scope
+                )
+            except ServingError as e:
+                return set_grpc_error(context, e)
+            token = _PRINCIPAL.set(principal)
+            try:
+                return await inner(request, context)
+            finally:
+                _PRINCIPAL.reset(token)
 
         return grpc.unary_unary_rpc_method_handler(
             guarded,

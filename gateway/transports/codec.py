@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -180,9 +181,20 @@ def array_from_binary(buf: memoryview, datatype: str, shape: tuple[int, ...], wh
 
 
 def decode_rest(
-    body: bytes, header_length: int | None, model: str, version: str | None, headers: dict[str, str] | None = None
+    body: bytes,
+    header_length: int | None,
+    model: str,
+    version: str | None,
+    headers: dict[str, str] | None = None,
+    names: Sequence[str] | None = None,
+    limits: InputLimits | None = None,
 ) -> InferRequest:
-    """Decode a V2 REST infer body (JSON, or JSON + binary tensors)."""
+    """Decode a V2 REST infer body (JSON, or JSON + binary tensors).
+
+    ``names``: the model's input names; ``limits``: the per-request bounds. With them, the count of
+    inputs, every name and every declared shape are checked before any tensor is decoded
+    (:func:`check_input_count`, :func:`check_input_name`, :meth:`InputLimits.check_shape`), so a body
+    of thousands of tiny or unknown inputs costs one JSON parse."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise InvalidArgument(
@@ -204,7 +216,7 @@ def decode_rest(
     params = parse_params(params_raw)
     if headers:
         _params_from_headers(params, headers)
-    inputs = _rest_inputs(raw_inputs, binary)
+    inputs = _rest_inputs(raw_inputs, binary, model, names, limits)
     binary_output = bool(isinstance(params_raw, dict) and params_raw.get("binary_data_output") is True)
     outputs = _rest_outputs(doc.get("outputs"), binary_output)
     rid = doc.get("id")
@@ -215,9 +227,14 @@ def decode_rest(
     )
 
 
-def _rest_inputs(raw_inputs: list, binary: memoryview) -> dict[str, tuple[str, np.ndarray]]:
-    """The ``inputs`` list: each tensor from its JSON ``data`` or its slice of the binary part, in order."""
-    inputs: dict[str, tuple[str, np.ndarray]] = {}
+def _rest_inputs(
+    raw_inputs: list, binary: memoryview, model: str, names: Sequence[str] | None, limits: InputLimits | None
+) -> dict[str, tuple[str, np.ndarray]]:
+    """The ``inputs`` list: each tensor from its JSON ``data`` or its slice of the binary part, in order.
+    Every entry's name, datatype, shape and binary size is checked first; then the tensors are decoded."""
+    check_input_count(len(raw_inputs), model, names)
+    declared: list[tuple[str, str, tuple[int, ...], str, memoryview | None, Any]] = []
+    seen: set[str] = set()
     offset = 0
     for i, t in enumerate(raw_inputs):
         if not isinstance(t, dict):
@@ -226,12 +243,13 @@ def _rest_inputs(raw_inputs: list, binary: memoryview) -> dict[str, tuple[str, n
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"inputs[{i}] needs a 'name' string")
         where = f"input '{name:.64}'"
-        if name in inputs:
-            raise InvalidArgument(f"{where} appears twice")
+        check_input_name(name, seen, model, names)
         datatype = t.get("datatype")
         if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
             raise InvalidArgument(f"{where}: unknown datatype {datatype!r:.40}; use one of {sorted(V2_TO_NUMPY)}")
         shape = shape_of(t.get("shape"), where)
+        if limits is not None:
+            limits.check_shape(where, shape)
         tparams = t.get("parameters") or {}
         if not isinstance(tparams, dict):
             raise InvalidArgument(f"{where}: 'parameters' must be an object")
@@ -246,16 +264,37 @@ def _rest_inputs(raw_inputs: list, binary: memoryview) -> dict[str, tuple[str, n
                     f"{where}: binary_data_size {size} runs past the {len(binary)} bytes of binary data "
                     f"(Inference-Header-Content-Length set correctly?)"
                 )
-            arr = array_from_binary(binary[offset : offset + size], datatype, shape, where)
+            declared.append((name, datatype, shape, where, binary[offset : offset + size], None))
             offset += size
         elif "data" in t:
-            arr = array_from_json(t["data"], datatype, shape, where)
+            declared.append((name, datatype, shape, where, None, t["data"]))
         else:
             raise InvalidArgument(f"{where} has neither 'data' nor parameters.binary_data_size")
-        inputs[name] = (datatype, arr)
     if offset != len(binary):
         raise InvalidArgument(f"{len(binary) - offset} bytes of binary data follow the inputs unused")
+    inputs: dict[str, tuple[str, np.ndarray]] = {}
+    for name, datatype, shape, where, buf, data in declared:
+        if buf is not None:
+            arr = array_from_binary(buf, datatype, shape, where)
+        else:
+            arr = array_from_json(data, datatype, shape, where)
+        inputs[name] = (datatype, arr)
     return inputs
+
+
+def check_input_count(n: int, model: str, names: Sequence[str] | None) -> None:
+    """A request naming more inputs than its model has is refused before any entry is looked at."""
+    if names is not None and n > len(names):
+        raise InvalidArgument(f"the request has {n:,} inputs but model '{model:.64}' has {len(names)}: {list(names)}")
+
+
+def check_input_name(name: str, seen: set[str], model: str, names: Sequence[str] | None) -> None:
+    """An input's name, before its tensor is decoded: not given twice, and one of the model's inputs."""
+    if name in seen:
+        raise InvalidArgument(f"input '{name:.64}' appears twice")
+    if names is not None and name not in names:
+        raise InvalidArgument(f"model '{model:.64}' has no input '{name:.64}'; inputs: {list(names)}")
+    seen.add(name)
 
 
 def _rest_outputs(raw_outputs: Any, binary_output: bool) -> list[RequestedOutput] | None:
@@ -384,6 +423,19 @@ class InputLimits:
                 f"the request's JSON is {n_bytes:,} bytes, over the limit of {self.max_json_bytes:,} "
                 "(max_json_bytes): send large tensors in the binary tensor extension "
                 "(tritonclient.http's binary_data=True) or over gRPC"
+            )
+
+    def check_shape(self, where: str, shape: tuple[int, ...]) -> None:
+        """An input's declared shape against ``max_elements`` and ``max_rows``, before it is decoded."""
+        size = math.prod(shape)
+        if size > self.max_elements:
+            raise InvalidArgument(
+                f"{where} holds {size:,} elements, over the limit of {self.max_elements:,} (max_tensor_elements)"
+            )
+        if self.max_rows is not None and shape and shape[0] > self.max_rows:
+            raise InvalidArgument(
+                f"{where} carries {shape[0]} batch rows, over the limit of "
+                f"{self.max_rows} (max_batch_rows); split the request"
             )
 
     def check(self, req: InferRequest) -> None:

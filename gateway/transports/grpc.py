@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -21,11 +22,14 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from gateway.dataplane import DataPlane
 from gateway.errors import InvalidArgument, ServingError
-from gateway.transports.auth import GrpcGuard, TokenTable, grpc_server_credentials
+from gateway.transports.auth import GrpcGuard, TokenTable, grpc_server_credentials, may_see
+from gateway.transports.callguard import CallGuard
 from gateway.transports.codec import (
     MAX_ELEMENTS,
     InputLimits,
     array_from_binary,
+    check_input_count,
+    check_input_name,
     parse_params,
     raw_bytes,
 )
@@ -138,7 +142,14 @@ def parse_infer(data: bytes) -> ReceivedInfer:
     return ReceivedInfer(pb.ModelInferRequest.FromString(rest), raw, len(data))
 
 
-def decode_grpc(req: pb.ModelInferRequest, raw_views: list[memoryview] | None = None) -> InferRequest:
+def decode_grpc(
+    req: pb.ModelInferRequest,
+    raw_views: list[memoryview] | None = None,
+    names: Sequence[str] | None = None,
+    limits: InputLimits | None = None,
+) -> InferRequest:
+    """The request's tensors as numpy arrays. ``names`` (the model's inputs) and ``limits``: the count
+    of inputs, every name and every declared shape are checked before any tensor is decoded."""
     raw: Any = req.raw_input_contents if raw_views is None else raw_views
     if raw and len(raw) != len(req.inputs):
         raise InvalidArgument(
@@ -147,13 +158,14 @@ def decode_grpc(req: pb.ModelInferRequest, raw_views: list[memoryview] | None = 
         )
     if not req.inputs:
         raise InvalidArgument("the request needs at least one input")
-    inputs: dict[str, tuple[str, np.ndarray]] = {}
+    check_input_count(len(req.inputs), req.model_name, names)
+    declared: list[tuple[int, Any, tuple[int, ...], str]] = []
+    seen: set[str] = set()
     for i, t in enumerate(req.inputs):
         where = f"input '{t.name:.64}'"
         if not t.name:
             raise InvalidArgument(f"inputs[{i}] needs a name")
-        if t.name in inputs:
-            raise InvalidArgument(f"{where} appears twice")
+        check_input_name(t.name, seen, req.model_name, names)
         if t.datatype not in V2_TO_NUMPY:
             raise InvalidArgument(f"{where}: unknown datatype {t.datatype!r:.40}; use one of {sorted(V2_TO_NUMPY)}")
         shape = tuple(t.shape)
@@ -161,14 +173,20 @@ def decode_grpc(req: pb.ModelInferRequest, raw_views: list[memoryview] | None = 
             raise InvalidArgument(f"{where}: shape {list(shape)} must hold at most 16 non-negative dimensions")
         if any(d > MAX_ELEMENTS for d in shape) or math.prod(shape) > MAX_ELEMENTS:
             raise InvalidArgument(f"{where}: shape {list(shape)} has too many elements (max {MAX_ELEMENTS:,})")
+        if limits is not None:
+            limits.check_shape(where, shape)
         if raw:
             if t.HasField("contents"):
                 raise InvalidArgument(f"{where}: give raw_input_contents or contents, not both")
+        elif _CONTENTS_FIELD.get(t.datatype) is None:
+            raise InvalidArgument(f"{where}: datatype {t.datatype} can only be sent as raw_input_contents")
+        declared.append((i, t, shape, where))
+    inputs: dict[str, tuple[str, np.ndarray]] = {}
+    for i, t, shape, where in declared:
+        if raw:
             arr = array_from_binary(memoryview(raw[i]), t.datatype, shape, where)
         else:
-            field = _CONTENTS_FIELD.get(t.datatype)
-            if field is None:
-                raise InvalidArgument(f"{where}: datatype {t.datatype} can only be sent as raw_input_contents")
+            field = _CONTENTS_FIELD[t.datatype]
             values = getattr(t.contents, field)
             count = math.prod(shape)
             if len(values) != count:
@@ -266,7 +284,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
 
     async def RepositoryIndex(self, request, context):
-        index = self.dp.repository.index(request.ready)
+        index = [m for m in self.dp.repository.index(request.ready) if may_see(m["name"])]  # the token's models
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**m) for m in index])
 
     async def RepositoryModelLoad(self, request, context):
@@ -294,7 +312,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             size = request.nbytes
             ticket = self.dp.admit(request.model_name, size)
             ticket.read(size)
-            req = decode_grpc(request.msg, request.raw)
+            # a model that is not served is refused before the request is decoded; its inputs bound the decoding
+            names = self.dp.input_names(model, request.msg.model_version or None)
+            req = decode_grpc(request.msg, request.raw, names, self.limits)
             self.limits.check(req)
             md = dict(context.invocation_metadata() or ())
             if "x-slo-ms" in md and req.params.slo_ms is None:
@@ -340,8 +360,16 @@ def create_server(dp: DataPlane, address: str, reuse_port: bool = False) -> tupl
             ("grpc.so_reuseport", 1 if reuse_port else 0),
             # one connection cannot hold every call slot: HTTP/2 streams per connection are capped
             ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            # a connection that never completes its HTTP/2 handshake is closed (core's default: 120 s)
+            ("grpc.server_handshake_timeout_ms", max(1, int(dp.settings.header_timeout_s * 1000))),
+            # a connection without calls gets GOAWAY; its client reconnects on its next call
+            ("grpc.max_connection_idle_ms", max(1, int(dp.settings.idle_timeout_s * 1000))),
         ],
-        interceptors=[GrpcGuard(TokenTable.from_settings(dp.settings), {MODEL_INFER: parse_infer})],
+        interceptors=[
+            # outermost: a deadline for each call's request message, a cap per client address
+            CallGuard(dp.settings.body_timeout_s, dp.settings.max_connections_per_client),
+            GrpcGuard(TokenTable.from_settings(dp.settings), {MODEL_INFER: parse_infer}),
+        ],
         maximum_concurrent_rpcs=dp.settings.max_connections,
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dp), server)

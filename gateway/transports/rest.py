@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.dataplane import DataPlane, Ticket
 from gateway.errors import InvalidArgument, RequestTimeout, ServingError
-from gateway.transports.auth import BearerAuthMiddleware, TokenTable
+from gateway.transports.auth import BearerAuthMiddleware, TokenTable, may_see
 from gateway.transports.codec import InputLimits, body_too_large, encode_rest
 from gateway.transports.door import FrontDoor
 from gateway.transports.restdecode import RestDecoder
@@ -132,9 +132,11 @@ async def infer_body(
     except ValueError:
         raise InvalidArgument(f"{HEADER_LEN} {hl!r:.40} is not an integer") from None
     slo_headers = {k: headers[k] for k in SLO_HEADERS if k in headers} or None
-    req = decoder.decode_inline(body, header_len, model, version, slo_headers)  # (no coroutine for the common case)
+    # a model that is not served is refused before the body is decoded; its inputs bound the decoding
+    names = dp.input_names(model, version)
+    req = decoder.decode_inline(body, header_len, model, version, slo_headers, names)  # (no coroutine: common case)
     if req is None:
-        req = await decoder.decode(body, header_len, model, version, slo_headers)
+        req = await decoder.decode(body, header_len, model, version, slo_headers, names)
     req.arrival_s = arrival
     resp = await dp.infer(req, on_shed)
     return encode_rest(resp)
@@ -225,7 +227,8 @@ def _repository_routes(app: FastAPI, dp: DataPlane) -> None:
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request):
-        return repo.index(bool((await _json_body(request)).get("ready", False)))
+        index = repo.index(bool((await _json_body(request)).get("ready", False)))
+        return [m for m in index if may_see(m["name"])]  # a token sees only the models of its list
 
     @app.post("/v2/repository/models/{model}/load")
     async def repository_load(model: str, request: Request):

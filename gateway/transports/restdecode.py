@@ -35,8 +35,9 @@ def _decode_checked(
     version: str | None,
     headers: dict[str, str] | None,
     limits: InputLimits,
+    names: tuple[str, ...] | None = None,
 ) -> InferRequest:
-    req = decode_rest(body, header_len, model, version, headers)
+    req = decode_rest(body, header_len, model, version, headers, names, limits)
     limits.check(req)
     return req
 
@@ -80,29 +81,42 @@ class RestDecoder:
                     tracker._stop()
 
     def decode_inline(
-        self, body: bytes, header_len: int | None, model: str, version: str | None, headers: dict[str, str] | None
+        self,
+        body: bytes,
+        header_len: int | None,
+        model: str,
+        version: str | None,
+        headers: dict[str, str] | None,
+        names: tuple[str, ...] | None = None,
     ) -> InferRequest | None:
         """The checked request when ``body`` is small enough to decode on the loop (every ordinary
-        one); None when it goes to the worker (:meth:`decode`)."""
+        one); None when it goes to the worker (:meth:`decode`). ``names``: the model's inputs, checked
+        with the count and declared shapes before any tensor is decoded (``codec.decode_rest``)."""
         json_len = len(body) if header_len is None else header_len
         self.limits.check_json(json_len)
         if self.offload_bytes is not None and json_len >= self.offload_bytes:
             return None
-        req = decode_rest(body, header_len, model, version, headers)
+        req = decode_rest(body, header_len, model, version, headers, names, self.limits)
         self.limits.check(req)
         return req
 
     async def decode(
-        self, body: bytes, header_len: int | None, model: str, version: str | None, headers: dict[str, str] | None
+        self,
+        body: bytes,
+        header_len: int | None,
+        model: str,
+        version: str | None,
+        headers: dict[str, str] | None,
+        names: tuple[str, ...] | None = None,
     ) -> InferRequest:
-        req = self.decode_inline(body, header_len, model, version, headers)
+        req = self.decode_inline(body, header_len, model, version, headers, names)
         if req is not None:
             return req
         if self._pool is None:
             self.start()
         assert self._pool is not None
         try:
-            fut = self._pool.submit(_decode_checked, body, header_len, model, version, headers, self.limits)
+            fut = self._pool.submit(_decode_checked, body, header_len, model, version, headers, self.limits, names)
             return await asyncio.wrap_future(fut)
         except BrokenProcessPool:
             log.error("the JSON decoding worker died; starting another")

@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as grpc_pb
 
 from gateway.config import Settings
-from gateway.dataplane import door_ms
+from gateway.looplag import door_ms
 from gateway.server import Gateway
 from loadtests.openloop import v2_body
 

@@ -3,6 +3,7 @@ its frames come, every batch computes on one thread in the order it was read, an
 broken gateway holds up nobody else. Real sockets, no sleeps: the compute function is held on events."""
 
 import doctest
+import errno
 import os
 import pickle
 import socket
@@ -151,3 +152,86 @@ def test_a_gateway_that_goes_away_is_dropped_and_its_batch_not_answered():
     assert not t.is_alive()  # the connection is gone
     assert server.drain(5)
     server.close()
+
+
+def _listener() -> tuple[BatchServer, channel.ChannelListener]:
+    server = BatchServer(lambda inputs, variant: {"y": inputs["x"] * 2})
+    return server, channel.ChannelListener(server, "127.0.0.1", {"pid": 1})
+
+
+def _connect(listener: channel.ChannelListener) -> Connection:
+    sock = socket.create_connection((listener.host, listener.port), timeout=10)
+    channel.client_handshake(sock, listener.key)
+    gw = Connection(sock.detach())
+    assert _recv(gw) == ("ready", {"pid": 1})
+    return gw
+
+
+def _replica(server: BatchServer, listener: channel.ChannelListener):
+    """A Ray Serve replica object around this channel, without Ray (its constructor loads a model and
+    publishes the channel through Serve)."""
+    from models.ray_replica import OnnxReplica
+
+    replica = OnnxReplica.__new__(OnnxReplica)
+    replica._server, replica._listener, replica._kv_key = server, listener, None
+    replica.model, replica.variant = "digits", "small"
+    return replica
+
+
+def test_the_replica_health_check_fails_once_its_channel_stops_accepting():
+    """A replica whose channel no longer accepts gateways is unreachable for them, though Serve's
+    own calls still reach it: its health check fails, so Serve replaces it (no Ray needed here)."""
+    server, listener = _listener()
+    replica = _replica(server, listener)
+    replica.check_health()
+    gw = _connect(listener)
+    _send(gw, ("batch", 1, {"x": np.array([4])}, None, None))
+    assert _recv(gw)[1]["y"].tolist() == [8]
+    listener._sock.shutdown(socket.SHUT_RDWR)  # accept() fails for good: the accept thread ends
+    listener._acceptor.join(10)
+    with pytest.raises(RuntimeError, match="accept thread has stopped"):
+        replica.check_health()
+    gw.close()
+    server.close()
+    listener.close()
+
+
+def test_the_replica_health_check_fails_once_the_compute_thread_is_gone():
+    server, listener = _listener()
+    replica = _replica(server, listener)
+    server.close()  # the compute loop ends
+    server._worker.join(10)
+    with pytest.raises(RuntimeError, match="compute thread has stopped"):
+        replica.check_health()
+    listener.close()
+
+
+class _Flaky:
+    """A listening socket whose next accept() fails as a process short of descriptors sees it."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.failed = sock, threading.Event()
+
+    def accept(self):
+        if not self.failed.is_set():
+            self.failed.set()
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self.sock.accept()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_a_transient_accept_error_does_not_stop_the_channel(caplog):
+    server, listener = _listener()
+    flaky = _Flaky(listener._sock)
+    listener._sock = flaky  # the accept thread is in the real socket's accept(); the next call fails once
+    _connect(listener).close()  # (accepted by the real socket; then the loop meets the error)
+    assert flaky.failed.wait(10)
+    gw = _connect(listener)  # accepted after the error
+    _send(gw, ("batch", 1, {"x": np.array([1])}, None, None))
+    assert _recv(gw)[1]["y"].tolist() == [2]
+    assert listener.problem() is None and "retrying" in caplog.text
+    gw.close()
+    server.close()
+    listener.close()
