@@ -1,5 +1,7 @@
 """The Ray adapter, called with an AutoscalingContext built the way Ray 2.60's controller builds it."""
 
+import json
+
 import pytest
 from ray.serve._private.autoscaling_state import _resolve_policy_callable
 from ray.serve._private.common import DeploymentID, ReplicaID
@@ -185,18 +187,43 @@ def test_calls_between_rounds_do_not_turn_a_step_into_a_trend():
     assert often.target_replicas == once.target_replicas <= 3
 
 
+# heavy/large on one CPU core: batch sizes, p50 and p99 (ms)
+QUIET_LARGE = (
+    [1, 2, 4, 8, 16, 32, 64],
+    [1.2677, 1.6888, 1.9562, 2.595, 4.1601, 7.4224, 14.264],
+    [1.4227, 1.8291, 2.1425, 3.4848, 4.5625, 7.6851, 17.0054],
+)
+
+
+def pin_profile(path, curve) -> None:
+    """Replace a measured latency profile's curve with ``curve`` (batch sizes, p50s, p99s)."""
+    doc = json.loads(path.read_text())
+    sizes, p50, p99 = curve
+    doc.update(
+        batch_sizes=sizes,
+        p50_ms=p50,
+        p99_ms=p99,
+        throughput_rps=[b / (x / 1e3) for b, x in zip(sizes, p50, strict=True)],
+    )
+    path.write_text(json.dumps(doc))
+
+
 def test_each_type_of_the_best_variant_sizes_for_its_part_of_the_models_demand(model_repo, tmp_path):
     """heavy on the CPU and a type emulated 3x slower: both large deployments get the model's demand
     and the split (the CPU ranks first at equal prices); medium sizes on what it served, unsplit. The
     slower type stays at its minimum until the CPU is at its maximum."""
     from gateway.backends.ray import RayServeBackend
     from gateway.config import load_settings
-    from loadtests.emulated import emulated_type_repo
+    from loadtests.emulated import add_emulated_profiles, emulated_type_repo
     from models.repository import ModelRepository
     from models.runtime import device_type
 
     root = tmp_path / "repo"
     emulated_type_repo(model_repo, root, "heavy", "emul-slow", 3.0)
+    # large's CPU profile fixed (a quiet 2-core build's), the emulated type's derived from it: the sizes
+    # below follow from the profile, and a build measured on a busy machine profiles it 2x slower
+    pin_profile(root / "heavy" / "large" / "profiles" / f"{device_type('cpu')}.json", QUIET_LARGE)
+    add_emulated_profiles(root, "heavy", "emul-slow", 3.0)
     repo = ModelRepository(root).load()
     auto = {"min_replicas": 1, "max_replicas": 2}
     s = load_settings(
