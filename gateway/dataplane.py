@@ -65,6 +65,7 @@ class ModelState:
             cfg = cfg.model_copy(update={"slo_ms": over.slo_ms})
         self.config: ModelConfig = cfg
         self.inputs = {t.name: t for t in cfg.inputs}
+        self.input_names = tuple(self.inputs)  # what a transport checks before it decodes a request
         self.outputs = {t.name: t for t in cfg.outputs}
         self.by_accuracy = [v.name for v in cfg.variants_by_accuracy]
         best = cfg.best_variant
@@ -382,7 +383,7 @@ class DataPlane:
         before it decodes the request); a model that is not served is refused here, counted as
         :meth:`infer` counts it."""
         try:
-            return tuple(self.model(name, version).inputs)
+            return self.model(name, version).input_names
         except ServingError as e:
             self.metrics.observe_request("unknown", "none", e.kind, 0.0, None)
             raise

@@ -22,6 +22,7 @@ from autoscaler.training.job import DEMO_ENTRY, EntryNotAllowed, JobLimit, JobRe
 from autoscaler.training.manager import SubprocessLauncher, TrainingManager, create_time
 from gateway.tokens import TokenTable
 from gateway.transports.training import training_router
+from tests.unit.placement.test_training_manager import _Queued
 
 TOKENS = TokenTable.parse(
     "team-a-token-1 * infer,training team-a\n"
@@ -32,19 +33,6 @@ TOKENS = TokenTable.parse(
 A, B, ADMIN, NOBODY = (
     {"authorization": f"Bearer {t}"} for t in ("team-a-token-1", "team-b-token-1", "ops-admin-token", "no-tenant-token")
 )
-
-
-class _Queued:
-    """The router over a manager that only queues (as the harvest controller's view does)."""
-
-    def __init__(self, m: TrainingManager):
-        self.m = m
-
-    def submit(self, spec):
-        return self.m.submit(spec, start=False)
-
-    def __getattr__(self, name):
-        return getattr(self.m, name)
 
 
 class _NoStart(SubprocessLauncher):
