@@ -454,12 +454,14 @@ class WorkerRole:
     """One of ``count`` gateway processes sharing this host's ports (gateway/workers.py).
 
     ``run_dir``: where each worker answers its siblings' metrics scrapes (a Unix socket each);
-    ``loopback_ray``: the Ray they join is the supervisor's embedded one, on 127.0.0.1."""
+    ``loopback_ray``: the Ray they join is the supervisor's embedded one, on 127.0.0.1; ``deploys``:
+    it deploys the models' Serve applications when it starts (worker 0, once; the others attach)."""
 
     index: int
     count: int
     run_dir: Path
     loopback_ray: bool = False
+    deploys: bool = True
 
     def metrics_socket(self, index: int) -> Path:
         return self.run_dir / f"worker-{index}.sock"

@@ -18,9 +18,16 @@ class TrainingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(
-        default=False, description="Run the harvest controller and serve /v2/training (needs backend ray)."
+        default=False,
+        description="Run the harvest controller and serve /v2/training (needs backend ray); with several gateway "
+        "workers every one serves it and one at a time places the jobs.",
     )
-    jobs_dir: Path = Field(default=Path(".sloserve/training"), description="Training jobs and their checkpoints.")
+    jobs_dir: Path = Field(
+        default=Path(".sloserve/training"),
+        description="Training jobs and their checkpoints. Every gateway that names the same directory serves the "
+        "same jobs, and the one holding the lock on its .leader file (flock) places them; gateways on several "
+        "hosts need it on shared storage whose locks all of them see (NFSv4, a cluster file system).",
+    )
     grace_s: float = Field(
         default=1.0, gt=0, description="A preempted job gets this long to checkpoint and stop before it is killed."
     )

@@ -40,6 +40,7 @@ from models.repository import (
 
 if TYPE_CHECKING:
     from gateway.dataplane import DataPlane, ModelState
+    from gateway.modelsync import SharedModels
 
 log = logging.getLogger("sloserve.repository")
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
@@ -244,8 +245,9 @@ class ModelManager:
         self.dp = dp
         self._state: dict[str, tuple[str, str]] = {}  # the models not READY: (state, reason)
         self._locks: dict[str, asyncio.Lock] = {}
-        self._files = {name: fingerprint(lm) for name, lm in dp.repo.models.items()}
+        self.fingerprints = {name: fingerprint(lm) for name, lm in dp.repo.models.items()}
         self._stopping = False
+        self.shared: SharedModels | None = None  # one model set for several gateways (gateway/modelsync.py)
 
     @property
     def root(self) -> Path:
@@ -295,6 +297,15 @@ class ModelManager:
             out.append({"name": name, "version": version, "state": state, "reason": reason})
         return out
 
+    def set_state(self, name: str, state: str, reason: str) -> None:
+        self._state[name] = (state, reason)
+
+    def clear_state(self, name: str) -> None:
+        self._state.pop(name, None)
+
+    def state_of(self, name: str) -> str:
+        return READY if name in self.dp.models else self._state.get(name, (UNAVAILABLE, ""))[0]
+
     def _lock(self, name: str) -> asyncio.Lock:
         lock = self._locks.get(name)
         if lock is None:
@@ -303,11 +314,11 @@ class ModelManager:
 
     def _check_serving(self) -> None:
         workers = self.dp.settings.workers or 1
-        if workers > 1:
+        if workers > 1 and self.shared is None:
             raise InvalidArgument(
-                f"this gateway is one of {workers} worker processes sharing the port: a model loaded or "
-                "unloaded through one would be missing from the others; change the model repository and "
-                "restart the service, or run it with workers: 1"
+                f"this gateway is one of {workers} worker processes sharing the port, each with replicas of its "
+                "own (backend: inprocess): a model loaded or unloaded through one would be missing from the "
+                "others; change the model repository and restart the service, run it with workers: 1, or use backend: ray"
             )
         if self._stopping or not self.dp.serving:
             raise Unavailable("the server is starting or shutting down; retry shortly", retry_after_s=1.0)
@@ -322,6 +333,8 @@ class ModelManager:
             raise InvalidArgument(str(e)) from None
         override = parse_load_parameters(name, params)
         self._check_serving()
+        if self.shared is not None:  # (its own locks: the model book's, then this gateway's)
+            return await self.shared.load(name, override)
         async with self._lock(name):
             self._check_serving()
             current = self.dp.models.get(name)
@@ -329,27 +342,27 @@ class ModelManager:
                 loaded = await asyncio.get_running_loop().run_in_executor(
                     None, load_model_dir, self.root, name, override
                 )
-                if current is not None and self._files.get(name) == fingerprint(loaded):
+                if current is not None and self.fingerprints.get(name) == fingerprint(loaded):
                     return "unchanged"
                 self._check_fits(loaded)
                 self.dp.new_state(loaded)  # the batching settings, checked before the old one goes
             except FileNotFoundError as e:
-                raise NotFound(f"cannot load model '{name}': {self._for_client(e)}") from None
+                raise NotFound(f"cannot load model '{name}': {self.for_client(e)}") from None
             except (ModelProblem, ModelLoadError) as e:
                 log.warning("cannot load model %r: %s", name, e)  # (the log keeps the absolute paths)
-                why = self._for_client(e)
+                why = self.for_client(e)
                 if current is None:
                     self._state[name] = (UNAVAILABLE, f"its last load failed: {why}")
                 raise InvalidArgument(f"cannot load model '{name}': {why}") from None
             self._state[name] = (LOADING, "being reloaded" if current is not None else "loading")
             try:
                 if current is not None:
-                    await self._retire(name, current, f"model '{name}' is being reloaded; retry shortly")
+                    await self.retire(name, current, f"model '{name}' is being reloaded; retry shortly")
                 await self.dp.backend.add_model(loaded)
                 state = self.dp.new_state(loaded)  # (the backend now knows how it lays out the model's replicas)
             except ModelLoadError as e:
                 log.warning("cannot load model %r: %s", name, e)
-                why = self._for_client(e)
+                why = self.for_client(e)
                 self._state[name] = (UNAVAILABLE, f"its last load failed: {why}")
                 raise InvalidArgument(f"cannot load model '{name}': {why}") from None
             except BaseException:
@@ -357,12 +370,12 @@ class ModelManager:
                 raise
             self.dp.install(state)
             self.dp.repo.models[name] = loaded
-            self._files[name] = fingerprint(loaded)
+            self.fingerprints[name] = fingerprint(loaded)
             self._state.pop(name, None)
             log.info("model %r %s", name, "reloaded" if current is not None else "loaded")
             return "reloaded" if current is not None else "loaded"
 
-    def _for_client(self, e: Exception) -> str:
+    def for_client(self, e: Exception) -> str:
         """A load error as every client reads it (the index's reasons, a model's 404, the load's 400):
         paths relative to the model repository, never the server's absolute ones."""
         return relative_to_repository(str(e), self.root)
@@ -386,6 +399,10 @@ class ModelManager:
         if params is not None and (not isinstance(params, dict) or set(params) - {"unload_dependents"}):
             raise InvalidArgument("the one unload parameter is 'unload_dependents' (a model here has no dependents)")
         self._check_serving()
+        if self.shared is not None:
+            if name not in self.dp.models and not self.known(name):
+                raise self.not_serving(name)
+            return await self.shared.unload(name)
         async with self._lock(name):
             current = self.dp.models.get(name)
             if current is None:
@@ -396,19 +413,23 @@ class ModelManager:
                 return "not loaded"
             self._state[name] = (UNLOADING, "answering the requests already admitted")
             try:
-                await self._retire(name, current, f"model '{name}' was unloaded; it takes no new requests")
+                await self.retire(name, current, f"model '{name}' was unloaded; it takes no new requests")
             finally:
                 self._state[name] = (UNAVAILABLE, "unloaded")
-                self._files.pop(name, None)
+                self.fingerprints.pop(name, None)
                 self.dp.repo.models.pop(name, None)
             log.info("model %r unloaded", name)
             return "unloaded"
 
-    async def _retire(self, name: str, state: ModelState, why: str) -> None:
-        """Take ``name`` out of serving, let what it admitted finish, and stop its replicas."""
+    async def retire(self, name: str, state: ModelState, why: str, stop_replicas: bool = True) -> None:
+        """Take ``name`` out of serving, let what it admitted finish, and (``stop_replicas``) stop its
+        replicas; else only forget them (another gateway stops them once every gateway has drained)."""
         self.dp.uninstall(name)
         await state.batcher.drain(self.dp.settings.unload_drain_s, why)
-        await self.dp.backend.remove_model(name)
+        if stop_replicas:
+            await self.dp.backend.remove_model(name)
+        else:
+            await self.dp.backend.remove_model(name, delete=False)
 
     def stop(self) -> None:
         """The server is stopping: no load or unload from now on."""

@@ -19,11 +19,14 @@ import grpc
 import uvicorn
 
 from gateway.backends.base import Backend, ModelLoadError
+from gateway.backends.ray_book import shared_models
 from gateway.backends.threads import InProcessBackend
 from gateway.config import Settings, WorkerRole, is_loopback
 from gateway.dataplane import DataPlane
 from gateway.metrics import Metrics
 from gateway.metrics_fanin import MetricsFanIn
+from gateway.modelsync import SharedModels
+from gateway.rates import gateway_id
 from gateway.transports.auth import uvicorn_tls_kwargs
 from gateway.transports.connguard import ConnectionGuard, guarded_protocol
 from gateway.transports.grpc import create_server
@@ -65,7 +68,13 @@ def make_backend(settings: Settings, repo: ModelRepository, role: WorkerRole | N
         )
     from gateway.backends.ray import RayServeBackend
 
-    return RayServeBackend(repo, opts, settings, loopback_ray=role is not None and role.loopback_ray)
+    return RayServeBackend(
+        repo,
+        opts,
+        settings,
+        loopback_ray=role is not None and role.loopback_ray,
+        deploy_at_start=role is None or role.deploys,
+    )
 
 
 def load_repository(settings: Settings) -> ModelRepository:
@@ -103,7 +112,9 @@ class Gateway:
         if settings.training.enabled:  # preemptible training on idle GPUs (autoscaler/placement/controller.py)
             from autoscaler.placement.controller import HarvestController
 
-            self.harvest = HarvestController(settings, self.backend, self.dataplane.metrics)
+            # worker 0 stops last (gateway/workers.py): only it checkpoints the running jobs on a stop
+            last = role is None or role.index == 0
+            self.harvest = HarvestController(settings, self.backend, self.dataplane.metrics, last_to_stop=last)
 
     def prepare(self) -> None:
         """What must run before any server thread exists (idempotent; ``start`` calls it too).
@@ -115,13 +126,19 @@ class Gateway:
         if not self._prepared:
             self._prepared = True
             self.backend.prepare()
+            if shared_models(self.settings):  # one model set with the other gateways (gateway/modelsync.py)
+                manager = self.dataplane.repository
+                manager.shared = SharedModels(manager, gateway_id())
+                dropped = manager.shared.drop_unserved()
+                if dropped:
+                    log.info("not serving %s: the model book says other gateways unloaded them", dropped)
 
     async def start(self) -> None:
         s = self.settings
         self.prepare()
         shared = self.role is not None
         if shared:  # a worker joins the shared ports only once it can serve: the kernel sends it connections at once
-            await self.dataplane.start()
+            await self._start_models()
         self._grpc, self.grpc_port = create_server(self.dataplane, f"{s.host}:{s.grpc_port}", reuse_port=shared)
         await self._grpc.start()
         routers = []
@@ -163,7 +180,7 @@ class Gateway:
         if self.fanin is not None:
             await self.fanin.start()
         if not shared:  # models load while the servers already answer liveness (readiness says not ready)
-            await self.dataplane.start()
+            await self._start_models()
         if self.harvest is not None:
             self.harvest.start()
         # Everything loaded so far lives as long as the server: freeze it out of the collector's
@@ -181,6 +198,11 @@ class Gateway:
             self.backend.name,
             sorted(self.repo.models),
         )
+
+    async def _start_models(self) -> None:
+        await self.dataplane.start()
+        if self.dataplane.repository.shared is not None:
+            await self.dataplane.repository.shared.start()
 
     async def stop(self) -> None:
         """Drain, then stop: not ready and new requests refused at once, the ones in flight given
@@ -202,6 +224,8 @@ class Gateway:
             await asyncio.get_running_loop().run_in_executor(None, self.harvest.stop)
         if self._decoder is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._decoder.close)
+        if self.dataplane.repository.shared is not None:
+            await self.dataplane.repository.shared.stop()
         await self.dataplane.stop()
         if self.fanin is not None:
             await self.fanin.stop()

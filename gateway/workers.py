@@ -12,7 +12,11 @@ supervisor:
   Serve applications and the others attach to them. The replicas' slots are shared among the
   workers by leases (gateway/backends/ray_capacity.py), and each worker reports its own arrivals to
   the autoscaler with its measured share (Swayam's partial views). With ``ray_address`` every
-  worker joins that cluster. Preemptible training (``training.enabled``) runs in worker 0 only.
+  worker joins that cluster.
+- **Training.** With ``training.enabled`` every worker serves ``/v2/training`` over the same jobs
+  directory; one of them, the holder of the directory's leader lock, places the jobs, and another
+  takes over within a placement round when it dies (autoscaler/training/leader.py). A job's run
+  belongs to no worker: killing one leaves it running.
 - **Supervision.** A worker that dies is started again (after 1 s, doubling to 30 s while it keeps
   dying within 10 s of its start). Requests in flight on it fail (their connections close); the
   others keep serving, and its lease returns to them within ``TTL_S``.
@@ -165,14 +169,12 @@ class Supervisor:
         update: dict = {"http_port": self.http_port, "grpc_port": self.grpc_port, "workers": self.count}
         if self.ray_address is not None:
             update["ray_address"] = self.ray_address
-        # worker 0 deploys the applications once; a restarted worker 0 attaches to them like the others
-        update["ray_deploy"] = s.ray_deploy and index == 0 and not self._deployed
-        if index != 0 and s.training.enabled:
-            update["training"] = s.training.model_copy(update={"enabled": False})
         return s.model_copy(update=update)
 
     def spawn(self, index: int) -> None:
-        role = WorkerRole(index, self.count, self.run_dir, loopback_ray=self.started_ray)
+        # worker 0 deploys the applications once; a restarted worker 0 attaches to them like the others
+        deploys = index == 0 and not self._deployed
+        role = WorkerRole(index, self.count, self.run_dir, loopback_ray=self.started_ray, deploys=deploys)
         p = self._ctx.Process(
             target=_worker_main, args=(self.worker_settings(index), role), name=f"sloserve-worker-{index}"
         )

@@ -1,7 +1,9 @@
 """Live harvest: preemptible training on the GPUs inference does not use, reclaimed when it does.
 
-A small controller thread in the gateway process (started by :class:`gateway.server.Gateway` when
-``training.enabled``). Every ``training.interval_s`` it
+A small controller thread in every gateway process (started by :class:`gateway.server.Gateway` when
+``training.enabled``); of the processes that share ``training.jobs_dir`` one, the leader, places jobs
+(``autoscaler/training/leader.py``: a file lock), and the others serve the same jobs and the leader's
+report. Every ``training.interval_s`` the leader
 
 1. **observes** Ray: the typed-GPU inventory (``emulated_gpus``, else the nodes' ``GPU`` and
    ``accelerator_type:<T>`` resources), each GPU model's Serve replica target (replicas starting,
@@ -35,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
+from autoscaler.placement.harvest_jobs import HarvestJobs
 from autoscaler.placement.metrics import gpu_usage
 from autoscaler.placement.policy import get_policy
 from autoscaler.placement.types import (
@@ -48,6 +51,7 @@ from autoscaler.placement.types import (
     TrainingJob,
 )
 from autoscaler.training.job import TrainingSpec
+from autoscaler.training.leader import Leadership
 from autoscaler.training.manager import JobInfo, TrainingManager
 
 log = logging.getLogger("sloserve.harvest")
@@ -96,38 +100,6 @@ class _Job:
     completed: bool = False  # its completion time is recorded
 
 
-class HarvestJobs:
-    """The job API the REST router serves in harvest mode: a submitted job is queued and the
-    controller places it; a job preempted by hand stays held until resumed by hand."""
-
-    def __init__(self, manager: TrainingManager, on_change=None, annotate=None):
-        self.m, self._on_change = manager, on_change or (lambda: None)
-        self._annotate = annotate or (lambda info: info)
-        self.held: set[str] = set()
-
-    def submit(self, spec: TrainingSpec) -> JobInfo:
-        info = self.m.submit(spec, start=False)
-        self._on_change()
-        return self._annotate(info)
-
-    def list(self) -> list[JobInfo]:
-        return [self._annotate(i) for i in self.m.list()]
-
-    def get(self, job_id: str) -> JobInfo:
-        return self._annotate(self.m.get(job_id))
-
-    def preempt(self, job_id: str) -> JobInfo:
-        self.held.add(job_id)
-        return self._annotate(self.m.preempt(job_id))
-
-    def start(self, job_id: str, gpu_type: str | None = None) -> JobInfo:
-        self.held.discard(job_id)
-        return self._annotate(self.m.start(job_id, gpu_type=gpu_type))
-
-    def cancel(self, job_id: str) -> JobInfo:
-        return self._annotate(self.m.cancel(job_id))
-
-
 class HarvestController:
     """Places training jobs on idle typed GPUs and preempts them when inference needs the GPU.
 
@@ -135,7 +107,9 @@ class HarvestController:
     >>> # h = HarvestController(settings, backend, metrics); h.start()  # its HTTP API: gateway/transports/training.py
     """
 
-    def __init__(self, settings, backend, metrics, clock=time.monotonic):
+    def __init__(self, settings, backend, metrics, clock=time.monotonic, last_to_stop: bool = True):
+        """``last_to_stop``: this process stops after the others that share the jobs directory (a lone
+        gateway; worker 0 of ``--workers``): its ``stop`` checkpoints the running jobs."""
         from autoscaler.training.runtime import RayLauncher
 
         t = settings.training
@@ -152,6 +126,8 @@ class HarvestController:
             keep_checkpoints=t.keep_checkpoints,
             retain_ended_s=t.retain_ended_s,
         )
+        self.lead, self.last_to_stop = Leadership(self.manager.dir), last_to_stop
+        self._wake, self._stop = threading.Event(), threading.Event()
         self.jobs_api = HarvestJobs(self.manager, on_change=lambda: self._wake.set(), annotate=self._annotate)
         self.policy_name = t.policy
         self._policy = get_policy(t.policy)
@@ -174,7 +150,6 @@ class HarvestController:
         self._starting: set[str] = set()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="harvest")
         self._lock = threading.Lock()
-        self._wake, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
         self._last_tick: float | None = None
         self.round_s = 0.0  # how long the last round took (observe + decide + act)
@@ -189,13 +164,17 @@ class HarvestController:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the loop, then checkpoint and stop every running job (resumable on the next start)."""
+        """Stop the loop, then, in the last process to stop (``last_to_stop``, and no other leads),
+        checkpoint and stop every running job (resumable on the next start); a process whose siblings
+        keep serving leaves the jobs running."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(10)
         self._pool.shutdown(wait=True)
-        for j in self.manager.list():
+        final = self.last_to_stop and self.lead.try_lead()
+        self.lead.resign()
+        for j in self.manager.list() if final else ():
             if j.state == "running":
                 try:
                     self.manager.preempt(j.job_id)
@@ -206,27 +185,36 @@ class HarvestController:
         interval = self.settings.training.interval_s
         while not self._stop.is_set():
             try:
-                self.tick()
+                if self.lead.try_lead():  # one process places; the others take over when it dies
+                    self.tick()
+                    self.lead.publish(self._report(), self._annotations())
             except Exception:  # Ray or Serve restarting: try again next round
                 log.warning("harvest round failed", exc_info=True)
             self._wake.wait(interval)
             self._wake.clear()
 
-    def _annotate(self, info: JobInfo) -> JobInfo:
-        """A job's status with what only the controller knows: attained service and queue place."""
-        mem = self._jobs.get(info.job_id)
-        extra: dict = {}
-        if mem is not None:
-            extra["attained_gpu_s"] = round(mem.attained_gpu_s, 3)
+    def _annotations(self) -> dict[str, dict]:
+        """Per job what only the placing controller knows: attained service and queue place."""
+        out: dict[str, dict] = {j: {"attained_gpu_s": round(m.attained_gpu_s, 3)} for j, m in self._jobs.items()}
         d = self.last_decision
         for e in d.training_queue if d is not None else ():
-            if e.job_id == info.job_id:
-                extra["queue_position"], extra["queue_reason"] = e.position, e.reason
-        if info.job_id in self.jobs_api.held and info.state == "preempted":
+            out.setdefault(e.job_id, {}).update(queue_position=e.position, queue_reason=e.reason)
+        return out
+
+    def _annotate(self, info: JobInfo) -> JobInfo:
+        """A job's status with the leader's annotations (its own, or the ones it published)."""
+        extra = dict(
+            (self._annotations() if self.lead.leads else self.lead.view().get("jobs", {})).get(info.job_id, {})
+        )
+        if info.state == "preempted" and self.jobs_api.is_held(info.job_id):
             extra["queue_reason"] = "held"  # preempted by hand: resumed only by hand
         return replace(info, **extra)
 
     def report(self) -> dict:
+        """The placement report: the leader's own, or the one it published last."""
+        return self._report() if self.lead.leads else (self.lead.view().get("report") or self._report())
+
+    def _report(self) -> dict:
         d = self.last_decision
         with self._lock:
             reclaims = [r.to_dict() for r in self.reclaims]
@@ -330,8 +318,10 @@ class HarvestController:
                     TrainingSpec.model_validate_json(d.read_text()),
                     iteration=infos[job_id].iteration,
                     checkpoint_iteration=infos[job_id].checkpoint_iteration,
-                    submitted_s=now,
+                    submitted_s=now - max(time.time() - (infos[job_id].submitted_at or time.time()), 0.0),
                     completed=infos[job_id].state == "finished",  # (finished before this gateway started)
+                    # service attained under an earlier leader, as it published it
+                    attained_gpu_s=float(self.lead.view().get("jobs", {}).get(job_id, {}).get("attained_gpu_s") or 0),
                 )
         running = {j: h for j in infos if infos[j].state == "running" and (h := self.manager.handle(j)) is not None}
         refs = {j: h.actor.progress.remote() for j, h in running.items() if hasattr(h, "actor")}
@@ -382,7 +372,7 @@ class HarvestController:
             mem = self._jobs[job_id]
             if info.state not in ("queued", "preempted", "running"):
                 continue
-            if info.state != "running" and (job_id in self.jobs_api.held or not self.settings.training.auto_fill):
+            if info.state != "running" and (not self.settings.training.auto_fill or self.jobs_api.is_held(job_id)):
                 continue  # held by hand, or auto-fill off: placement does not start it
             if info.state == "running" and not mem.gpu_ids:  # started by hand: book free GPUs of its type
                 free = [g for g in by_type.get(mem.spec.gpu_type, []) if g not in taken]

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +44,7 @@ from autoscaler.training.job import (
     preempt_then_kill,
     resolve_entry,
 )
+from autoscaler.training.leader import flocked
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_ID_RE = re.compile(TrainingSpec.model_fields["job_id"].metadata[0].pattern)
@@ -190,6 +192,7 @@ class SubprocessLauncher:
 
 ENDED = ("finished", "cancelled")  # states a job never leaves: its files go after retain_ended_s
 SWEEP_EVERY_S = 30.0
+ABANDONED_S = 60.0  # a job directory without job.json this long is a submit that never finished
 
 
 class TrainingManager:
@@ -234,12 +237,18 @@ class TrainingManager:
         return json.loads(p.read_text())
 
     def _save(self, name: str, **fields) -> None:
-        path = self._job_dir(name) / "job.json"
-        rec = {**self._record(name), **fields} if path.exists() else {"job_id": name, **fields}
-        write_json_atomic(path, rec)
+        d = self._job_dir(name)
+        with flocked(d / ".job.lock"):  # other gateway processes update the same record
+            rec = {**self._record(name), **fields} if (d / "job.json").exists() else {"job_id": name, **fields}
+            write_json_atomic(d / "job.json", rec)
 
     def _handle(self, job_id: str, rec: dict) -> JobHandle | None:
+        """The handle of the job's current run: the one this manager started, or one attached to a
+        run another manager (another gateway process) started."""
         h = self._handles.get(job_id)
+        if h is not None and getattr(h, "actor_id", None) not in (None, rec.get("actor_id")):
+            self._handles.pop(job_id, None)  # restarted by another manager since: that run is the job's
+            h = None
         if h is None and rec.get("launcher") == self.launcher.name:
             h = self.launcher.attach(rec)
         return h
@@ -261,8 +270,9 @@ class TrainingManager:
             )
         with self._lock:
             d = self._job_dir(spec.job_id)
+            exists = ValueError(f"training job {spec.job_id!r} exists; cancel it or pick another id")
             if (d / "job.json").exists():
-                raise ValueError(f"training job {spec.job_id!r} exists; cancel it or pick another id")
+                raise exists
             self.sweep()
             kept = sum(1 for p in self.dir.iterdir() if (p / "job.json").exists())
             if kept >= self.max_jobs:
@@ -271,7 +281,8 @@ class TrainingManager:
                     f"cancelled jobs are removed {self.retain_ended_s:g} s after they end (training.retain_ended_s)"
                 )
             self.launcher.check(spec)
-            d.mkdir(parents=True, exist_ok=True)
+            if not self._claim(d):  # another process submitted the same id meanwhile
+                raise exists
             write_json_atomic(d / "spec.json", spec.model_dump(mode="json"))
             self._save(
                 spec.job_id,
@@ -283,6 +294,24 @@ class TrainingManager:
                 submitted_at=time.time(),
             )
             return self.start(spec.job_id) if start else self.get(spec.job_id)
+
+    def _claim(self, d: Path) -> bool:
+        """Create a job's directory, atomically: of several processes submitting one id, one gets
+        True. A directory left without a ``job.json`` for ``ABANDONED_S`` (a submit that crashed, a
+        removal cut short) is taken over."""
+        for _ in range(2):
+            try:
+                d.mkdir(mode=0o700)
+                return True
+            except FileExistsError:
+                try:
+                    stale = not (d / "job.json").exists() and time.time() - d.stat().st_mtime > ABANDONED_S
+                except OSError:
+                    stale = True  # removed meanwhile: try again
+                if not stale:
+                    return False
+                shutil.rmtree(d, ignore_errors=True)
+        return False
 
     def start(self, job_id: str, workers: int | None = None, gpu_type: str | None = None) -> JobInfo:
         """Start (or resume from its latest good checkpoint) a queued, preempted or failed job.
@@ -331,6 +360,8 @@ class TrainingManager:
                 launcher=self.launcher.name,
                 pid=getattr(h, "pid", None),
                 pid_created=getattr(h, "created", None),
+                actor_id=getattr(h, "actor_id", None),
+                started_by=f"{socket.gethostname()}:{os.getpid()}",  # the gateway process that started this run
                 error=None,
                 workers_now=n,
                 started_at=time.time(),
@@ -420,6 +451,10 @@ class TrainingManager:
         if state == "running":
             h = self._handle(job_id, rec)
             if h is None or not h.alive():  # it ended on its own: finished, failed, or died
+                release = getattr(h, "release", None)
+                if release is not None:  # (its driver ends itself once its run ended; this makes sure)
+                    release()
+                    self._handles.pop(job_id, None)
                 status = st.get("status")
                 state = status if status in ("finished", "preempted", "failed") else "failed"
                 if state == "failed" and not st.get("error"):
@@ -450,8 +485,25 @@ class TrainingManager:
         )
 
     def handle(self, job_id: str) -> JobHandle | None:
-        """The live handle of a job this manager started (None when it runs elsewhere or not at all)."""
-        return self._handles.get(job_id)
+        """The handle of a job's current run, started by this manager or by another (attached); None
+        when it is not running or cannot be reached."""
+        try:
+            rec = self._record(job_id)
+        except (KeyError, OSError, ValueError):
+            return self._handles.get(job_id)
+        return self._handle(job_id, rec) if rec.get("state") == "running" else self._handles.get(job_id)
+
+    def hold(self, job_id: str, held: bool) -> None:
+        """Mark a job preempted by hand (``held``: placement leaves it until it is resumed by hand),
+        in its record, so every gateway process sees it."""
+        self._record(job_id)  # KeyError: no such job
+        self._save(job_id, held=held)
+
+    def held(self, job_id: str) -> bool:
+        try:
+            return bool(self._record(job_id).get("held"))
+        except (KeyError, OSError, ValueError):
+            return False
 
     def last_stop(self, job_id: str) -> str | None:
         """How the job's last preempt or cancel ended: ``checkpointed``, ``killed`` or None."""

@@ -1,7 +1,9 @@
 """Training jobs on Ray Train: one driver actor per run, a ``TorchTrainer`` gang under it.
 
 ``RayLauncher.start(spec, job_dir)`` creates a ``TrainingDriver`` actor (no CPU, no GPU, on this
-node) whose ``run()`` builds
+node; detached and named ``sloserve-train-<job_id>`` in the ``sloserve-training`` namespace, so the run
+outlives the gateway process that started it and any gateway process finds it:
+``RayLauncher.attach``) whose ``run()`` builds
 
     TorchTrainer(<the user's function>, train_loop_config=<its JSON config>,
                  scaling_config=ScalingConfig(num_workers=spec.workers, use_gpu=True,
@@ -18,7 +20,8 @@ Preemption (``RayJobHandle.preempt(grace_s)``): ask the driver (the gang stops a
 iteration boundary, saves and returns, ``fit()`` returns), wait ``grace_s``, else ``ray.kill`` the
 driver; the Ray Train controller and worker actors it owns die with it (Ray's fate sharing) and the
 job loses only the work since its last checkpoint. Either way the handle waits until the gang's
-GPUs are back in Ray's available resources.
+GPUs are back in Ray's available resources. A driver whose run ended kills itself ``LINGER_S`` later
+(time for its last progress to be read), so no detached actor outlives its run.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ from autoscaler.training.job import (
 WORKER_CPUS = 0.25  # logical CPUs per gang worker besides its GPU
 HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # how often the Train controller polls its workers
 CONTROLLER_POLL_S = 0.1  # (a user's own setting of it wins)
+NAMESPACE = "sloserve-training"  # the drivers' Ray namespace
+LINGER_S = 2.0  # a driver whose run ended ends itself this long after
+
+
+def actor_name(job_id: str) -> str:
+    return f"sloserve-train-{job_id}"
 
 
 def resources_per_worker(gpu_type: str) -> dict[str, float]:
@@ -100,6 +109,7 @@ class TrainingDriver:
         self._lock = threading.Lock()
         self.pgs: list[str] = []
         self.done = 0
+        self._ended = threading.Event()  # run() returned
         self.looping = False  # the function reached its training loop in this run
         prev = _read_status(self.dir)
         self.st: dict[str, Any] = {
@@ -201,12 +211,20 @@ class TrainingDriver:
             self._write()
 
     # ----------------------------------------------------------- one run
+    def ended(self) -> bool:
+        """Whether this driver's run is over (``run()`` returned): a handle attached by another
+        process, which holds no reference to the run, asks this."""
+        return self._ended.is_set()
+
     def run(self) -> dict:
         try:
             return self._run()
         except Exception as e:  # before fit(): record it where `train list` and the API see it
             self._set(status="failed", error=_error_text(e))
             return self.progress()
+        finally:
+            self._ended.set()
+            threading.Thread(target=_end_self, daemon=True, name="sloserve-driver-end").start()
 
     def _run(self) -> dict:
         import ray
@@ -271,6 +289,17 @@ class TrainingDriver:
         return self.progress()
 
 
+def _end_self() -> None:
+    """A driver's run is over: end the (detached) actor once its result has been collected."""
+    import ray
+
+    time.sleep(LINGER_S)
+    try:
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+    except Exception:  # the manager killed it meanwhile
+        pass
+
+
 def _error_text(e: BaseException, lines: int = 20) -> str:
     """The tail of what a failed run raised: Ray Train wraps the worker's own exception and traceback."""
     parts = [traceback_tail(e, lines)]
@@ -298,14 +327,40 @@ def gpus_free(gpu_type: str, n: int) -> bool:
 
 
 class RayJobHandle:
-    def __init__(self, spec: TrainingSpec, actor, run_ref):
+    """A run's driver actor. ``run_ref``: its ``run()`` result, held by the process that started it;
+    None for a handle attached by another process (``RayLauncher.attach``), which asks the actor."""
+
+    def __init__(self, spec: TrainingSpec | None, actor, run_ref=None):
         self.spec, self.actor, self.run_ref = spec, actor, run_ref
 
-    def alive(self) -> bool:
+    @property
+    def actor_id(self) -> str:
+        return self.actor._actor_id.hex()
+
+    def _ended(self, timeout_s: float) -> bool | None:
+        """True: the run is over (or its driver is dead); False: it runs; None: no answer in time."""
         import ray
 
-        ready, _ = ray.wait([self.run_ref], timeout=0)
-        return not ready
+        if self.run_ref is not None:
+            return bool(ray.wait([self.run_ref], timeout=0)[0])
+        try:
+            return bool(ray.get(self.actor.ended.remote(), timeout=timeout_s))
+        except ray.exceptions.GetTimeoutError:
+            return None
+        except Exception:  # RayActorError: the driver is dead
+            return True
+
+    def alive(self) -> bool:
+        return self._ended(1.0) is not True  # (a driver too busy to answer is still running)
+
+    def release(self) -> None:
+        """End the driver of a run that is over (it ends itself; this makes sure)."""
+        import ray
+
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:
+            pass
 
     def progress(self, timeout_s: float = 0.2) -> dict | None:
         import ray
@@ -324,7 +379,7 @@ class RayJobHandle:
             # Ray Train's own orderly shutdown of the run takes seconds more, so the kill cuts it short
             deadline = time.monotonic() + t
             while True:
-                if ray.wait([self.run_ref], timeout=0)[0]:
+                if self._ended(0.05):
                     return True
                 try:
                     left = max(0.05, deadline - time.monotonic())
@@ -408,13 +463,42 @@ class RayLauncher:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         resolve_entry(spec.entry)
+        name = actor_name(spec.job_id)
+        try:  # the driver of an earlier run that has not ended itself yet
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            _wait_gone(name)
+        except ValueError:
+            pass
         cls = ray.remote(TrainingDriver)
         actor: Any = cls.options(
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",  # the run outlives this process: any gateway process attaches to it
             num_cpus=0,
             max_concurrency=8,
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
         ).remote(spec.model_dump_json(), str(job_dir), self.backend, entry_root(spec.entry))
         return RayJobHandle(spec, actor, actor.run.remote())
 
-    def attach(self, record: dict) -> None:
-        return None  # drivers are owned by the manager that started them
+    def attach(self, record: dict) -> RayJobHandle | None:
+        """The driver of the job's run, found by name (None when there is none: its run is over)."""
+        import ray
+
+        try:
+            actor = ray.get_actor(actor_name(record["job_id"]), namespace=NAMESPACE)
+        except (KeyError, ValueError):
+            return None
+        return RayJobHandle(None, actor)
+
+
+def _wait_gone(name: str, timeout_s: float = 10.0) -> None:
+    """Until no live actor has the name (a killed one gives it up once it is dead)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.02)

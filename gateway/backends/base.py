@@ -61,12 +61,14 @@ class Backend(BatchRunner, Protocol):
     def note_arrival(self, model: str, rows: int) -> None:
         """A request of ``rows`` rows arrived for ``model`` (the autoscaler's demand signal)."""
 
-    async def add_model(self, model: LoadedModel) -> None:
+    async def add_model(self, model: LoadedModel, deploy: bool = True) -> None:
         """Start ``model``'s replicas while serving (the repository API's load), by the same path
-        start-up takes; returns once they take batches, or raises :class:`ModelLoadError`."""
+        start-up takes; returns once they take batches, or raises :class:`ModelLoadError`.
+        ``deploy`` false: attach to the replicas another gateway started (a shared backend)."""
 
-    async def remove_model(self, name: str) -> None:
-        """Stop ``name``'s replicas (the repository API's unload, once its batcher has drained)."""
+    async def remove_model(self, name: str, delete: bool = True) -> None:
+        """Stop ``name``'s replicas (the repository API's unload, once its batcher has drained);
+        ``delete`` false: only forget them (a shared backend: another gateway stops them)."""
 
 
 class BackendBase:
@@ -95,10 +97,10 @@ class BackendBase:
     def options_of(self, model: str) -> OptionPlan | None:
         return None
 
-    async def add_model(self, model: LoadedModel) -> None:
+    async def add_model(self, model: LoadedModel, deploy: bool = True) -> None:
         raise ModelLoadError(f"the {self.name} backend cannot load models while serving")
 
-    async def remove_model(self, name: str) -> None:
+    async def remove_model(self, name: str, delete: bool = True) -> None:
         return None
 
     def _report_replicas(self, model: str, variant: str, device: str, state: str, count: int) -> None:

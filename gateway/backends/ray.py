@@ -36,6 +36,7 @@ from gateway.backends.ray_serve import (
     deployment_handle,
     read_serve_details,
     replica_states,
+    start_serve,
     swayam_autoscaling,
 )
 from gateway.config import Settings
@@ -52,8 +53,18 @@ APP_PREFIX = "sloserve-"
 class RayServeBackend(BackendBase):
     name = "ray"
 
-    def __init__(self, repo: ModelRepository, opts: RuntimeOptions, settings: Settings, loopback_ray: bool = False):
+    def __init__(
+        self,
+        repo: ModelRepository,
+        opts: RuntimeOptions,
+        settings: Settings,
+        loopback_ray: bool = False,
+        deploy_at_start: bool = True,
+    ):
         self.repo = repo
+        # deploys its models at start (worker 0 of a host, its first start); the repository API's loads
+        # deploy with ray_deploy; keep_apps: other gateways still serve them, stop leaves them
+        self.deploy_at_start, self.keep_apps = settings.ray_deploy and deploy_at_start, False
         self._loopback_ray = loopback_ray  # joined an embedded Ray on 127.0.0.1 (a worker's supervisor's)
         self.opts = opts
         self.settings = settings
@@ -178,16 +189,8 @@ class RayServeBackend(BackendBase):
         table = ProfileTable.load(self.repo.root)
         cfg = self.models[model].config
         v, dev = split_key(variant, self.device_type_of(model))  # an option: its own pair's profile
-        return swayam_autoscaling(
-            over,
-            cfg,
-            table,
-            dev,
-            v,
-            self.shared(model),
-            self._split_types(model, variant),
-            {self._profile_name(t): c for t, c in self.settings.device_cost.items()},
-        )
+        cost = {self._profile_name(t): c for t, c in self.settings.device_cost.items()}
+        return swayam_autoscaling(over, cfg, table, dev, v, self.shared(model), self._split_types(model, variant), cost)
 
     def _split_types(self, model: str, key: str) -> list[str] | None:
         """The device types sharing the model's demand when ``key`` is an option of its most accurate
@@ -219,19 +222,13 @@ class RayServeBackend(BackendBase):
         self._started_ray = init_ray(self.settings, autoscaled=autoscaled, loopback=self._loopback_ray)
 
     def _deploy(self) -> None:
-        from ray import serve
-        from ray.exceptions import ActorAlreadyExistsError
-
-        try:
-            serve.start(proxy_location="Disabled")
-        except ActorAlreadyExistsError:  # another gateway started Serve at the same moment: join it
-            serve.start(proxy_location="Disabled")
+        start_serve()
         for lm in list(self.models.values()):
             if self._cancel_deploy:
                 return
-            self._install(self._deploy_model(lm))
+            self._install(self._deploy_model(lm, self.deploy_at_start))
 
-    def _deploy_model(self, lm: LoadedModel) -> list[tuple[tuple[str, str], str, Any]]:
+    def _deploy_model(self, lm: LoadedModel, deploy: bool) -> list[tuple[tuple[str, str], str, Any]]:
         """Deploy one model's Serve applications (blocking: call it from a thread); each (model,
         variant) with its application and handle. One path for start-up and the repository API."""
         from ray import serve
@@ -264,7 +261,7 @@ class RayServeBackend(BackendBase):
                     emulate = {"batch_sizes": list(curve.batch_sizes), "p50_ms": [x * 1e3 for x in curve.p50_s]}
             dep = deployment_name(name, SHARED if shared else v, device)
             app = APP_PREFIX + dep
-            if self.settings.ray_deploy:
+            if deploy:
                 serve.run(
                     build_app(
                         {
@@ -289,12 +286,12 @@ class RayServeBackend(BackendBase):
                     route_prefix=None,
                     blocking=False,
                 )
-            handle = self._handle(self._deployment_handle(dep, app))
+            handle = self._handle(self._deployment_handle(dep, app, deploy))
             out += [((name, served), app, handle) for served in (ranked if shared else [key])]
         return out
 
-    def _deployment_handle(self, dep: str, app: str) -> Any:
-        wait_s = 0.0 if self.settings.ray_deploy else self.settings.model_load_timeout_s
+    def _deployment_handle(self, dep: str, app: str, deploy: bool) -> Any:
+        wait_s = 0.0 if deploy else self.settings.model_load_timeout_s
         return deployment_handle(dep, app, wait_s, lambda: self._cancel_deploy)
 
     def _install(self, deployed: list[tuple[tuple[str, str], str, Any]]) -> None:
@@ -303,17 +300,18 @@ class RayServeBackend(BackendBase):
             self._handles[key] = handle
             self._replicas[key] = self.replicas_of(key[0])
 
-    async def add_model(self, lm: LoadedModel) -> None:
-        """Deploy ``lm``'s Serve applications while serving (the repository API) and wait until each
-        has a replica taking batches; :class:`ModelLoadError` (its applications deleted again) when
-        Serve cannot start them. Its old applications, if any, are gone (:meth:`remove_model`)."""
+    async def add_model(self, lm: LoadedModel, deploy: bool = True) -> None:
+        """Deploy ``lm``'s Serve applications while serving (the repository API; ``deploy`` false: attach
+        to the ones another gateway deployed) and wait until each has a replica taking batches;
+        :class:`ModelLoadError` (what it deployed deleted again) when Serve cannot start them. Its old
+        applications, if any, are gone (:meth:`remove_model`)."""
         loop = asyncio.get_running_loop()
-        name = lm.config.name
+        name, deploy = lm.config.name, deploy and self.settings.ray_deploy
         self._setup(lm)
         try:
-            deployed = await loop.run_in_executor(None, self._deploy_model, lm)
+            deployed = await loop.run_in_executor(None, self._deploy_model, lm, deploy)
         except Exception as e:
-            await self.remove_model(name)
+            await self.remove_model(name, delete=deploy)
             raise ModelLoadError(f"model '{name}': Ray Serve refused its deployment: {e!s:.300}") from None
         keys = [key for key, _, _ in deployed]
         for key, app, handle in deployed:  # not counted as serving until a replica is connected
@@ -321,14 +319,14 @@ class RayServeBackend(BackendBase):
         try:
             await self._wait_running(keys, self.settings.model_load_timeout_s)
         except BaseException as e:
-            await self.remove_model(name)
+            await self.remove_model(name, delete=deploy)
             if isinstance(e, ModelLoadError | TimeoutError):
                 raise ModelLoadError(f"model '{name}': {e}") from None
             raise
 
-    async def remove_model(self, name: str) -> None:
-        """Delete ``name``'s Serve applications (its batcher has drained: no batch of it is in flight);
-        Serve stops their replicas."""
+    async def remove_model(self, name: str, delete: bool = True) -> None:
+        """Forget ``name`` and (``delete``) delete its Serve applications (its batcher has drained: no
+        batch of it is in flight); Serve stops their replicas."""
         keys = [k for k in self._apps if k[0] == name]
         apps = sorted({self._apps[k] for k in keys})
         for key in keys:
@@ -341,14 +339,14 @@ class RayServeBackend(BackendBase):
                 self.channels.sync(app, {})  # its channels close
         lm = self.models.pop(name, None)
         self._arrivals.pop(name, None)
-        if self.settings.ray_deploy and apps:
+        if self.settings.ray_deploy and delete and apps:
             from ray import serve
 
-            def delete() -> None:
+            def delete_apps() -> None:
                 for app in apps:
                     serve.delete(app, _blocking=True)
 
-            await asyncio.get_running_loop().run_in_executor(None, delete)
+            await asyncio.get_running_loop().run_in_executor(None, delete_apps)
         if lm is not None:
             for key in keys:
                 device = self.device_of(name, key[1]).lower()
@@ -543,7 +541,7 @@ class RayServeBackend(BackendBase):
                 await self._deploying
 
     def _shutdown(self) -> None:
-        apps = list(dict.fromkeys(self._apps.values())) if self.settings.ray_deploy else []
+        apps = list(dict.fromkeys(self._apps.values())) if self.deploy_at_start and not self.keep_apps else []
         shutdown_ray(apps, started=self._started_ray)
 
     def ready(self) -> bool:

@@ -138,3 +138,14 @@ def deployment_handle(dep: str, app: str, wait_s: float, cancelled: Callable[[],
             if cancelled() or time.monotonic() > end:
                 raise
             time.sleep(0.5)
+
+
+def start_serve() -> None:
+    """Start Ray Serve (no HTTP proxy: the gateway is the front door), or join the one running."""
+    from ray import serve
+    from ray.exceptions import ActorAlreadyExistsError
+
+    try:
+        serve.start(proxy_location="Disabled")
+    except ActorAlreadyExistsError:  # another gateway started Serve at the same moment: join it
+        serve.start(proxy_location="Disabled")

@@ -214,7 +214,7 @@ class InProcessBackend(BackendBase):
             return None
         return self._plan(model, self.models[model])[0]
 
-    async def add_model(self, model: LoadedModel) -> None:
+    async def add_model(self, model: LoadedModel, deploy: bool = True) -> None:
         """Load ``model``'s replicas while serving (the repository API); its old ones, if any, are gone
         (:meth:`remove_model`). The thread pool grows to hold its batches too."""
         name = model.config.name
@@ -233,7 +233,7 @@ class InProcessBackend(BackendBase):
             raise
         self._report(name)
 
-    async def remove_model(self, name: str) -> None:
+    async def remove_model(self, name: str, delete: bool = True) -> None:
         """Drop ``name``'s replicas (its batcher has drained: no batch of it is in flight)."""
         model = self.models.pop(name, None)
         keys = [k for k in set(self._replicas) | set(self._workers) if k[0] == name]
