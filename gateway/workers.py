@@ -23,8 +23,9 @@ supervisor:
 - **Stop.** SIGTERM/SIGINT stop the workers, each draining as a lone gateway does (worker 0, which
   deployed, last), then the embedded Ray.
 - **Metrics.** A scrape of the shared port answers for every worker (gateway/metrics_fanin.py).
-- The repository API's load and unload answer 400 with workers > 1: a model loaded through one
-  worker would be missing from the others (change the repository and restart instead).
+- **Models.** The repository API's load and unload through any worker change every worker's models:
+  they go through the cluster's model book (gateway/backends/ray_book.py, gateway/modelsync.py),
+  and a restarted worker serves the model set the book holds, not the one it started with.
 """
 
 from __future__ import annotations

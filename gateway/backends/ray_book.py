@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 ACTOR_NAME = "sloserve-models"
@@ -39,7 +40,8 @@ POLL_S = 0.5  # how long a poll waits for a change before it answers anyway
 class ModelBook:
     """The Ray actor (async: its methods interleave only at ``await``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.epoch = uuid.uuid4().hex
         self.version = 0
         self.entries: dict[str, dict[str, Any]] = {}
@@ -108,7 +110,7 @@ class ModelBook:
     async def poll(self, gateway: str, applied: int, epoch: str | None, timeout: float = POLL_S) -> dict[str, Any]:
         """A gateway says it has applied version ``applied`` (of book ``epoch``); answers the book as soon
         as it holds a newer version, or after ``timeout``."""
-        now = time.monotonic()
+        now = self.clock()
         self.applied[gateway] = (applied if epoch == self.epoch else 0, now)
         self._expire(now)
         await self._notify()  # (a wait_applied may be waiting for this gateway)
@@ -121,9 +123,9 @@ class ModelBook:
 
     async def acquire(self, name: str, gateway: str, timeout: float) -> bool:
         """Take ``name``'s lock for ``gateway`` (waiting up to ``timeout`` while another holds it)."""
-        deadline = time.monotonic() + timeout
+        deadline = self.clock() + timeout
         while True:
-            now = time.monotonic()
+            now = self.clock()
             self.applied[gateway] = (self.applied.get(gateway, (0, now))[0], now)
             if self._expire(now):
                 await self._notify()
@@ -150,9 +152,9 @@ class ModelBook:
 
     async def wait_applied(self, version: int, timeout: float) -> list[str]:
         """Wait until every live gateway has applied ``version``; the ones that have not, at ``timeout``."""
-        deadline = time.monotonic() + timeout
+        deadline = self.clock() + timeout
         while True:
-            now = time.monotonic()
+            now = self.clock()
             behind = sorted(g for g, v in self._live(now).items() if v < version)
             if not behind or now >= deadline:
                 return behind
@@ -160,7 +162,7 @@ class ModelBook:
 
     def gateways(self) -> dict[str, int]:
         """For operators and tests: the live gateways and the version each has applied."""
-        return self._live(time.monotonic())
+        return self._live(self.clock())
 
 
 def shared_models(settings: Any) -> bool:

@@ -16,9 +16,15 @@ from tritonclient.utils import InferenceServerException
 
 from loadtests.promtext import families
 from models.repository import ModelConfig
+from tests.integration.conftest import BACKENDS, WORKERS
 
 pytestmark = pytest.mark.integration
 RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(params=[*BACKENDS, WORKERS])  # the protocol holds on two gateway workers as on one
+def server(request, servers):
+    return servers(request.param)
 
 
 def reference(model_repo, model, variant, x):

@@ -1,0 +1,88 @@
+"""The model book (gateway/backends/ray_book.py) as a plain object on a fake clock: one operation per
+model cluster-wide, a gone gateway's lock freed and its half-done operation marked, and the wait
+until every live gateway has applied a version. (The live book, a Ray actor under two workers, is
+tests/integration/test_workers_repository.py.)"""
+
+from __future__ import annotations
+
+from gateway.backends.ray_book import LIVE_S, ModelBook
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def book() -> tuple[ModelBook, Clock]:
+    clock = Clock()
+    return ModelBook(clock=clock), clock
+
+
+async def test_one_operation_per_model_at_a_time():
+    b, _ = book()
+    assert await b.acquire("cnn", "g1", 0.0)
+    assert not await b.acquire("cnn", "g2", 0.0)  # g1 holds it
+    assert await b.acquire("digits", "g2", 0.0)  # another model is free
+    await b.release("cnn", "g2")  # (not g2's: nothing happens)
+    assert not await b.acquire("cnn", "g2", 0.0)
+    await b.release("cnn", "g1")
+    assert await b.acquire("cnn", "g2", 0.0)
+
+
+async def test_only_the_lock_holder_writes_and_each_write_is_a_new_version():
+    b, _ = book()
+    assert await b.acquire("cnn", "g1", 0.0)
+    v1 = await b.write("cnn", "g1", "LOADING", "loading", None, None)
+    v2 = await b.write("cnn", "g1", "READY", "", {"slo_ms": 40.0}, [[], "{}"])
+    assert v2 == v1 + 1 == 2
+    try:
+        await b.write("cnn", "g2", "UNAVAILABLE", "unloaded", None, None)
+        raise AssertionError("a gateway without the lock wrote")
+    except RuntimeError as e:
+        assert "does not hold the lock" in str(e)
+    entry = b.snapshot()["entries"]["cnn"]
+    assert entry["state"] == "READY" and entry["override"] == {"slo_ms": 40.0} and entry["version"] == 2
+
+
+async def test_a_gone_gateways_lock_is_freed_and_its_half_done_load_marked():
+    b, clock = book()
+    await b.poll("g1", 0, None, 0.0)
+    assert await b.acquire("cnn", "g1", 0.0)
+    await b.write("cnn", "g1", "LOADING", "loading", None, None)
+    clock.t += LIVE_S / 2
+    assert not await b.acquire("cnn", "g2", 0.0)  # g1 still counts as live
+    clock.t += LIVE_S  # g1 has not polled for longer than LIVE_S
+    assert await b.acquire("cnn", "g2", 0.0)
+    entry = b.snapshot()["entries"]["cnn"]
+    assert entry["state"] == "UNAVAILABLE" and "interrupted" in entry["reason"], entry
+
+
+async def test_wait_applied_waits_for_every_live_gateway_and_not_for_gone_ones():
+    b, clock = book()
+    epoch = b.snapshot()["epoch"]
+    for g in ("g1", "g2", "g3"):
+        await b.poll(g, 0, epoch, 0.0)
+    assert await b.acquire("cnn", "g1", 0.0)
+    v = await b.write("cnn", "g1", "UNLOADING", "", None, None)
+    assert await b.wait_applied(v, 0.0) == ["g1", "g2", "g3"]
+    snap = await b.poll("g1", v, epoch, 0.0)  # applied, and nothing newer: answers after the (zero) wait
+    assert snap["version"] == v
+    await b.poll("g2", v, epoch, 0.0)
+    assert await b.wait_applied(v, 0.0) == ["g3"]
+    clock.t += LIVE_S + 1  # g3 stopped polling: gone, not waited for; g1 and g2 poll again
+    await b.poll("g1", v, epoch, 0.0)
+    await b.poll("g2", v, epoch, 0.0)
+    assert await b.wait_applied(v, 0.0) == []
+    assert set(b.gateways()) == {"g1", "g2"}
+
+
+async def test_a_poll_answers_at_once_when_behind_and_a_new_book_is_applied_from_zero():
+    b, _ = book()
+    assert await b.acquire("cnn", "g1", 0.0)
+    await b.write("cnn", "g1", "UNAVAILABLE", "unloaded", None, None)
+    snap = await b.poll("g2", 0, "an-older-book", 60.0)  # behind (another epoch): no wait at all
+    assert snap["version"] == 1 and snap["entries"]["cnn"]["reason"] == "unloaded"
+    assert b.applied["g2"][0] == 0  # what it applied of another book counts for nothing here
