@@ -147,12 +147,12 @@ class Supervisor:
     def start_ray(self) -> None:
         if self.settings.backend != "ray" or self.settings.ray_address:
             return
-        import ray
-
         from gateway.backends.ray_local import init_ray
 
         autoscaled = any(o.autoscaling for o in self.settings.models.values())
         self.started_ray = init_ray(self.settings, autoscaled=autoscaled)
+        import ray
+
         self.ray_address = ray.get_runtime_context().gcs_address
         from ray import serve
 

@@ -9,6 +9,8 @@ import json
 import logging
 import math
 import os
+import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +62,38 @@ def _loopback_node() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False  # ray is already imported here
 
 
+def owner_only_token(home: Path | None = None) -> Path | None:
+    """Token authentication for the embedded Ray: ``RAY_AUTH_MODE=token`` unless the operator set a
+    mode, with a token file only this user may read. Ray's default file (``~/.ray/auth_token``, or
+    ``RAY_AUTH_TOKEN_PATH``) is created 0600 when missing, and made 0600 when others could read it:
+    whoever reads it can run code on the cluster. Returns the file (None: a token from
+    ``RAY_AUTH_TOKEN``, or authentication off by the operator's choice)."""
+    if os.environ.setdefault("RAY_AUTH_MODE", "token").lower() != "token":
+        return None
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None:  # Ray read its config when it was imported: read it again, as Ray itself does
+        raylet.Config.initialize("")
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or (home or Path.home()) / ".ray" / "auth_token")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            log.warning("Ray's token file %s was readable by other users; made it owner-only (0600)", path)
+            os.chmod(path, 0o600)
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
 def init_ray(s: Settings, autoscaled: bool, loopback: bool = False) -> bool:
     """Join ``s.ray_address``, or start the embedded Ray (on loopback); True when it started one.
     ``loopback``: the address is an embedded Ray on 127.0.0.1 (the workers' supervisor started it)."""
+    if not s.ray_address:  # (before Ray is imported: it reads the mode once)
+        owner_only_token()
     import ray
 
     if ray.is_initialized():
