@@ -176,7 +176,10 @@ class Batcher:
         await self.close()
 
     def capacity_changed(self) -> None:
-        """The runner's slots changed outside a batch's end (a replica came, a lease grew): plan again."""
+        """The runner's slots changed outside a batch's end (a replica came or went, a lease grew or ran
+        out): plan again. A variant left without slots starts its ``no_replica_wait_s`` now, not when the
+        next request finds it empty (that request would wait the whole of it, after a quiet spell too)."""
+        self._starved(self.clock.now())
         self._wake.set()
 
     async def close(self) -> None:

@@ -545,8 +545,10 @@ class RayServeBackend(BackendBase):
         shutdown_ray(apps, started=self._started_ray)
 
     def ready(self) -> bool:
-        """Deployed, and the Serve controller answered within the last few seconds."""
-        return self._ready and self._connected
+        """Deployed, the Serve controller answered within the last few seconds, and (with leases) this
+        gateway's lease on the slots is in force: one it cannot renew (the lease actor went with the
+        head) leaves it no slot, even where replicas on other nodes live on."""
+        return self._ready and self._connected and (self.leases is None or self.leases.valid())
 
     def applications(self) -> dict[tuple[str, str], str]:
         """(model, variant) -> the Serve application serving it; a shared deployment (every variant on

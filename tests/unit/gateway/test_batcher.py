@@ -417,6 +417,34 @@ async def test_a_variant_without_replicas_fails_its_requests_promptly_never_hang
     await b.close()
 
 
+async def test_the_no_replica_wait_starts_when_the_slots_go_not_when_a_request_looks():
+    """The slots go (a lease runs out, the last replica dies: the backend says its capacity changed)
+    while nothing is queued: a request arriving ``no_replica_wait_s`` later fails at once instead of
+    waiting the whole wait again."""
+    clock = FakeClock()
+    runner = Runner(slots=1)
+    b = Batcher(
+        "m",
+        make_policy("timeout", max_batch_size=4, max_wait_ms=0.0, default_variant="v"),
+        runner,
+        ["v"],
+        max_batch_size=4,
+        clock=clock,
+        no_replica_wait_s=2.0,
+    )
+    b.start()
+    runner._slots = 0
+    b.capacity_changed()
+    clock.advance(2.5)
+    with pytest.raises(Unavailable, match="no running replica"):
+        await asyncio.wait_for(b.submit(x(1), 1, 100.0, ("v",)), 1.0)  # (without: it waits)
+    runner._slots = 1
+    b.capacity_changed()
+    out = await b.submit(x(2), 1, clock.now() + 100.0, ("v",))
+    assert float(out.outputs["y"][0, 0]) == 4.0
+    await b.close()
+
+
 async def test_drain_answers_what_was_admitted_and_refuses_new_requests():
     """An unload drains the model's batcher: the requests queued and in a batch are answered, a new
     one is refused at once (503) with the reason given."""

@@ -37,3 +37,22 @@ def test_the_embedded_ray_offers_the_cpus_its_start_up_replicas_reserve(tmp_path
     more = Settings(repo=str(repo), models={"heavy": {"instances": 2}}, replica_num_cpus=0.5)
     assert replica_cpus(more) == (3 + 6 + 3) * 0.5 and local_cpus(more) == 6
     assert local_cpus(Settings(repo=str(tmp_path / "missing"))) == 2
+
+
+def test_a_gateway_whose_lease_ran_out_is_not_ready():
+    """On a cluster the slots come by lease: a gateway that cannot renew its lease (the lease actor went
+    with the Ray head) holds no slot, so it says not ready even while replicas on other nodes live."""
+    import time
+
+    from gateway.backends.ray import RayServeBackend
+    from gateway.backends.ray_capacity import LeaseClient
+
+    backend = RayServeBackend.__new__(RayServeBackend)
+    backend._ready, backend._connected, backend.leases = True, True, None
+    assert backend.ready()
+    lease = LeaseClient("g", None, set, lambda a: 0.0, lambda a: [], lambda a: {}, lambda a: None)
+    backend.leases = lease
+    lease._valid_until = time.monotonic() + 1.0
+    assert backend.ready()
+    lease._valid_until = time.monotonic() - 0.01
+    assert not backend.ready()
