@@ -333,6 +333,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return encode_response(resp)
 
 
+def _not_served(method: str) -> Any:
+    async def not_served(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> None:
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details(f"{method} is not served by this server")
+
+    not_served.__name__, not_served.__qualname__ = method, f"InferenceServicer.{method}"
+    return not_served
+
+
+# The service's methods this server does not implement answer UNIMPLEMENTED by returning, not by
+# raising as the generated base class does: that raise logged an error and its traceback on every call.
+NOT_SERVED = tuple(
+    m.name
+    for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+    if m.name not in vars(InferenceServicer)
+)
+for _method in NOT_SERVED:
+    setattr(InferenceServicer, _method, _not_served(_method))
+
+
 def encode_response(resp: InferResponse) -> pb.ModelInferResponse:
     """The gRPC answer: every output in ``raw_output_contents`` (the form tritonclient decodes)."""
     out = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id or "")

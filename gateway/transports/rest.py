@@ -77,6 +77,27 @@ INFER_BODY_DOC = {
 }
 
 
+def _optional_json_body(properties: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI document of a repository request's optional JSON object body (:func:`_json_body`
+    reads it; keys it does not name are ignored)."""
+    schema = {"type": "object", "properties": properties}
+    return {"requestBody": {"required": False, "content": {"application/json": {"schema": schema}}}}
+
+
+INDEX_BODY_DOC = _optional_json_body({"ready": {"type": "boolean", "description": "only the models ready"}})
+LOAD_BODY_DOC = _optional_json_body(
+    {
+        "parameters": {
+            "type": "object",
+            "properties": {"config": {"type": "string", "description": "a JSON object of config.json keys"}},
+        }
+    }
+)
+UNLOAD_BODY_DOC = _optional_json_body(
+    {"parameters": {"type": "object", "properties": {"unload_dependents": {"type": "boolean"}}}}
+)
+
+
 def error_response(e: ServingError) -> JSONResponse:
     retry = retry_after_header(e)
     return JSONResponse(
@@ -225,17 +246,17 @@ def _repository_routes(app: FastAPI, dp: DataPlane) -> None:
     """The V2 repository extension (gateway/repository.py) and Triton's per-model config and statistics."""
     repo = dp.repository
 
-    @app.post("/v2/repository/index")
+    @app.post("/v2/repository/index", openapi_extra=INDEX_BODY_DOC)
     async def repository_index(request: Request):
         index = repo.index(bool((await _json_body(request)).get("ready", False)))
         return [m for m in index if may_see(m["name"])]  # a token sees only the models of its list
 
-    @app.post("/v2/repository/models/{model}/load")
+    @app.post("/v2/repository/models/{model}/load", openapi_extra=LOAD_BODY_DOC)
     async def repository_load(model: str, request: Request):
         await repo.load(model, (await _json_body(request)).get("parameters"))
         return Response(status_code=200)
 
-    @app.post("/v2/repository/models/{model}/unload")
+    @app.post("/v2/repository/models/{model}/unload", openapi_extra=UNLOAD_BODY_DOC)
     async def repository_unload(model: str, request: Request):
         await repo.unload(model, (await _json_body(request)).get("parameters"))
         return Response(status_code=200)

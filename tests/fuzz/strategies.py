@@ -13,6 +13,9 @@ import math
 import struct
 
 import numpy as np
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
@@ -222,3 +225,85 @@ def grpc_request(draw) -> pb.ModelInferRequest:
     for name in draw(st.lists(st.sampled_from(["probs", "label", "bogus"]), max_size=2)):
         req.outputs.add().name = name
     return req
+
+
+# ---- any message of a protobuf descriptor (every RPC of inference.GRPCInferenceService) ----------
+_F = FieldDescriptor
+_INT_RANGES = {
+    _F.TYPE_INT32: (-(2**31), 2**31 - 1),
+    _F.TYPE_SINT32: (-(2**31), 2**31 - 1),
+    _F.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
+    _F.TYPE_INT64: INT64,
+    _F.TYPE_SINT64: INT64,
+    _F.TYPE_SFIXED64: INT64,
+    _F.TYPE_UINT32: (0, 2**32 - 1),
+    _F.TYPE_FIXED32: (0, 2**32 - 1),
+    _F.TYPE_UINT64: (0, 2**64 - 1),
+    _F.TYPE_FIXED64: (0, 2**64 - 1),
+}
+NAMES = st.one_of(
+    st.sampled_from(["digits", "heavy", "cnn"]),  # the demo repository's models
+    st.sampled_from(["nope", "", "../digits", "digits/small", "a" * 300]),
+    st.text(max_size=12),
+)
+VERSIONS = st.one_of(
+    st.sampled_from(["", "1"]), st.sampled_from(["2", "0", "-1", "99999999999999999999"]), st.text(max_size=6)
+)
+# string fields whose values the server looks up: names it knows, next to random text
+_STRING_HINTS = {
+    "name": NAMES,
+    "model_name": NAMES,
+    "version": VERSIONS,
+    "model_version": VERSIONS,
+    "datatype": datatypes,
+    "string_param": st.one_of(st.sampled_from(["{}", '{"max_batch_size": 0}', "[]", "{"]), st.text(max_size=20)),
+}
+
+
+def _scalar(field: FieldDescriptor) -> st.SearchStrategy:
+    t = field.type
+    if t in _INT_RANGES:
+        lo, hi = _INT_RANGES[t]
+        return st.one_of(st.integers(-3, 70).filter(lambda v: lo <= v <= hi), st.integers(lo, hi))
+    if t in (_F.TYPE_DOUBLE, _F.TYPE_FLOAT):
+        return st.one_of(st.floats(width=32 if t == _F.TYPE_FLOAT else 64), special_floats)
+    if t == _F.TYPE_BOOL:
+        return st.booleans()
+    if t == _F.TYPE_STRING:
+        return _STRING_HINTS.get(field.name, st.text(max_size=16))
+    if t == _F.TYPE_BYTES:
+        return st.binary(max_size=64)
+    if t == _F.TYPE_ENUM:  # proto3 enums are open: unknown numbers parse too
+        return st.one_of(st.sampled_from([v.number for v in field.enum_type.values]), st.integers(-(2**31), 2**31 - 1))
+    raise TypeError(f"no strategy for field {field.full_name} of type {t}")
+
+
+@st.composite
+def proto_message(draw, descriptor: Descriptor, depth: int = 3) -> Message:
+    """A message of ``descriptor`` with random fields set: scalars across their whole range (known
+    model names and datatypes for the fields that carry them), nested messages ``depth`` deep,
+    repeated fields and maps up to a few entries, one member of each oneof (the last one set wins)."""
+    msg = GetMessageClass(descriptor)()
+    for field in descriptor.fields:
+        if not draw(st.booleans()):
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            key_f, val_f = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+            for key in draw(st.lists(_scalar(key_f), max_size=3)):
+                if val_f.message_type is None:
+                    getattr(msg, field.name)[key] = draw(_scalar(val_f))
+                elif depth > 0:
+                    getattr(msg, field.name)[key].CopyFrom(draw(proto_message(val_f.message_type, depth - 1)))
+        elif field.message_type is not None:
+            if depth <= 0:
+                continue
+            if field.label == _F.LABEL_REPEATED:
+                for _ in range(draw(st.integers(0, 3))):
+                    getattr(msg, field.name).add().CopyFrom(draw(proto_message(field.message_type, depth - 1)))
+            else:
+                getattr(msg, field.name).CopyFrom(draw(proto_message(field.message_type, depth - 1)))
+        elif field.label == _F.LABEL_REPEATED:
+            getattr(msg, field.name).extend(draw(st.lists(_scalar(field), max_size=8)))
+        else:
+            setattr(msg, field.name, draw(_scalar(field)))
+    return msg

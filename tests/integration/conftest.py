@@ -39,6 +39,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = rest[:first] + shared + two + rest[first:]
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """The live fuzzers' calls per REST operation and gRPC method, with their server errors
+    (tests/fuzz/tally.py); also written as JSON to ``SLOSERVE_FUZZ_OUT`` when that is set."""
+    from tests.fuzz import tally
+
+    if tally.empty():
+        return
+    terminalreporter.write_sep("-", "fuzzed calls")
+    for line in tally.lines():
+        terminalreporter.write_line(line)
+    out = os.environ.get("SLOSERVE_FUZZ_OUT")
+    if out:
+        tally.write(out)
+        terminalreporter.write_line(f"written to {out}")
+
+
 @pytest.fixture(scope="session")
 def servers(model_repo):
     """One server per backend for the whole session (Ray starts once)."""
