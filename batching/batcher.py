@@ -177,9 +177,12 @@ class Batcher:
 
     def capacity_changed(self) -> None:
         """The runner's slots changed outside a batch's end (a replica came or went, a lease grew or ran
-        out): plan again. A variant left without slots starts its ``no_replica_wait_s`` now, not when the
-        next request finds it empty (that request would wait the whole of it, after a quiet spell too)."""
-        self._starved(self.clock.now())
+        out): plan again. When no variant has a slot left (every replica gone, or this gateway's lease lapsed)
+        the ``no_replica_wait_s`` starts now, not when the next request finds them empty (that request
+        would wait the whole of it, after a quiet spell too)."""
+        slots = self._slots()
+        if not any(slots.values()):  # (one variant without a slot is a lease's normal state: not a loss)
+            self._starved(self.clock.now(), slots)
         self._wake.set()
 
     async def close(self) -> None:

@@ -445,6 +445,38 @@ async def test_the_no_replica_wait_starts_when_the_slots_go_not_when_a_request_l
     await b.close()
 
 
+async def test_a_variant_without_a_lease_slot_is_not_counted_as_lost():
+    """Under slot leases a variant nobody asks for may hold no slot while the others do: a capacity
+    change then starts no wait, and a request for it later waits for a slot instead of failing."""
+
+    class Leased(Runner):
+        def slots(self, model, variant):
+            return self._slots if variant == "a" else 0
+
+    clock = FakeClock()
+    runner = Leased(slots=1)
+    b = Batcher(
+        "m",
+        make_policy("timeout", max_batch_size=4, max_wait_ms=0.0, default_variant="a"),
+        runner,
+        ["a", "b"],
+        max_batch_size=4,
+        clock=clock,
+        no_replica_wait_s=2.0,
+    )
+    b.start()
+    b.capacity_changed()
+    clock.advance(2.5)
+    pending = asyncio.ensure_future(b.submit(x(1), 1, clock.now() + 100.0, ("b",)))
+    await asyncio.sleep(0.01)
+    assert not pending.done(), "refused at once: a lease's empty variant was taken for a lost one"
+    runner.slots = lambda model, variant: 1  # the lease moves a slot to it
+    b.capacity_changed()
+    out = await asyncio.wait_for(pending, 1.0)
+    assert float(out.outputs["y"][0, 0]) == 2.0
+    await b.close()
+
+
 async def test_drain_answers_what_was_admitted_and_refuses_new_requests():
     """An unload drains the model's batcher: the requests queued and in a batch are answered, a new
     one is refused at once (503) with the reason given."""
