@@ -114,8 +114,10 @@ class ModelBook:
         self.applied[gateway] = (applied if epoch == self.epoch else 0, now)
         self._expire(now)
         await self._notify()  # (a wait_applied may be waiting for this gateway)
-        if epoch == self.epoch and applied >= self.version:
-            await self._wait(timeout)
+        deadline = now + timeout
+        # (woken by every other gateway's poll, for wait_applied: answer only on a new version or the timeout)
+        while epoch == self.epoch and applied >= self.version and (left := deadline - self.clock()) > 0:
+            await self._wait(left)
         return self._snapshot()
 
     def snapshot(self) -> dict[str, Any]:

@@ -86,3 +86,22 @@ async def test_a_poll_answers_at_once_when_behind_and_a_new_book_is_applied_from
     snap = await b.poll("g2", 0, "an-older-book", 60.0)  # behind (another epoch): no wait at all
     assert snap["version"] == 1 and snap["entries"]["cnn"]["reason"] == "unloaded"
     assert b.applied["g2"][0] == 0  # what it applied of another book counts for nothing here
+
+
+async def test_a_waiting_poll_answers_on_a_new_version_not_on_another_gateways_poll():
+    """Every poll wakes the waiters (wait_applied listens for them); a gateway's own long poll must
+    not answer then, or two gateways would wake each other's polls without end."""
+    import asyncio
+
+    b = ModelBook()  # the real clock: the poll's timeout is asyncio's
+    epoch = b.snapshot()["epoch"]
+    first = asyncio.ensure_future(b.poll("g1", 0, epoch, 30.0))
+    await asyncio.sleep(0)
+    for _ in range(3):
+        await b.poll("g2", 0, epoch, 0.0)
+        await asyncio.sleep(0)
+    assert not first.done(), "woken by another gateway's poll"
+    assert await b.acquire("cnn", "g2", 0.0)
+    await b.write("cnn", "g2", "UNAVAILABLE", "unloaded", None, None)
+    snap = await asyncio.wait_for(first, 5.0)
+    assert snap["version"] == 1
