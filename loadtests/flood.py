@@ -262,11 +262,12 @@ def run(args) -> dict:
     out["before"] = asyncio.run(_ordinary(args, args.seconds, 1))
     rss.phase = "flood"
     q: mp.Queue = mp.get_context("spawn").Queue()
-    child = mp.get_context("spawn").Process(target=_attackers, args=(args, args.seconds, q))
+    flood_s = args.flood_seconds or args.seconds
+    child = mp.get_context("spawn").Process(target=_attackers, args=(args, flood_s, q))
     child.start()
     time.sleep(0.5)  # let the attackers open their connections first
-    out["flood"] = asyncio.run(_ordinary(args, args.seconds - 0.5, 2))
-    attack = q.get(timeout=args.seconds + args.answer_timeout_s + 60)
+    out["flood"] = asyncio.run(_ordinary(args, flood_s - 0.5, 2))
+    attack = q.get(timeout=flood_s + args.answer_timeout_s + 60)
     child.join(timeout=10)
     rss.phase = "after"
     out["after"] = asyncio.run(_ordinary(args, args.seconds, 3))
@@ -293,6 +294,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slo-ms", type=float, default=100.0)
     p.add_argument("--rate", type=float, default=100.0, help="ordinary requests per second")
     p.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
+    p.add_argument("--flood-seconds", type=float, default=None, help="length of the attack's phase (default --seconds)")
     p.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS), help=f"comma-separated, of {','.join(ATTACKS)}")
     p.add_argument("--concurrency", type=int, default=8, help="connections per attack")
     p.add_argument("--idle-connections", type=int, default=4100, help="connections the idle attack opens")
