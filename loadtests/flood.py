@@ -176,6 +176,13 @@ async def _attack_loop(kind: str, args, per: dict[str, Counter], stop_at: float)
 def _attackers(args, seconds: float, result_q) -> None:
     raise_fd_limit()  # the idle attack holds thousands of sockets
     details: dict = {}
+    if args.attacker_source:  # the HTTP attackers connect from another address than the ordinary clients
+        plain = asyncio.open_connection
+
+        async def from_source(host, port, **kw):
+            return await plain(host, port, local_addr=(args.attacker_source, 0), **kw)
+
+        asyncio.open_connection = from_source  # type: ignore[assignment]
 
     async def main() -> dict:
         stop_at = time.monotonic() + seconds
@@ -298,8 +305,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS), help=f"comma-separated, of {','.join(ATTACKS)}")
     p.add_argument("--concurrency", type=int, default=8, help="connections per attack")
     p.add_argument("--idle-connections", type=int, default=4100, help="connections the idle attack opens")
+    p.add_argument(
+        "--reconnect-s", type=float, default=None, help="the idle attack opens a connection the server ended again"
+    )
     p.add_argument("--grpc-streams", type=int, default=128, help="stalled calls per grpc-stall connection")
     p.add_argument("--auth-token", default=None, help="bearer token sent by attackers and ordinary clients")
+    p.add_argument(
+        "--attacker-source",
+        default=None,
+        help="source address of the HTTP attackers' connections (e.g. 127.0.0.2: another client than the ordinary "
+        "ones, which connect from 127.0.0.1); default: the same address",
+    )
     p.add_argument("--json-mib", type=int, default=30)
     p.add_argument("--grpc-mib", type=int, default=60)
     p.add_argument("--answer-timeout-s", type=float, default=45.0)

@@ -168,7 +168,8 @@ def raise_fd_limit() -> int:
 
 async def idle_flood(host: str, port: int, args, outcomes: Counter, stop_at: float, reserve_fds: int) -> dict:
     """Open up to ``--idle-connections`` TCP connections (a bounded number connecting at once, each
-    given 5 s), send nothing, and hold each until the phase ends. Outcomes per connection: ``open``
+    given 5 s), send nothing, and hold each until the phase ends (``--reconnect-s``: a connection the
+    server ends is opened again that long after, all phase long). Outcomes per connection: ``open``
     (still open at the end), ``closed`` / ``reset`` / a status (the server ended it), ``refused``,
     ``connect-timeout``. Returns when the server ended connections, in seconds from the start."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -179,6 +180,14 @@ async def idle_flood(host: str, port: int, args, outcomes: Counter, stop_at: flo
     accepted = 0
 
     async def hold() -> None:
+        while True:
+            await hold_once()
+            again = getattr(args, "reconnect_s", None)
+            if again is None or time.monotonic() + again >= stop_at:
+                return
+            await asyncio.sleep(again)  # the server ended it: open another (a sustained flood)
+
+    async def hold_once() -> None:
         nonlocal accepted
         async with connecting:
             left = stop_at - time.monotonic()

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attacks", default=",".join(ATTACKS))
     p.add_argument("--seconds", type=float, default=10.0, help="each phase's length")
     p.add_argument("--rate", type=float, default=100.0, help="ordinary requests per second")
+    p.add_argument("--attacker-source", default=None, help="passed to loadtests.flood")
     p.add_argument("--out")
     args = p.parse_args(argv)
     trees = {t.split("=", 1)[0]: Path(t.split("=", 1)[1]).resolve() for t in args.tree}
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             flood = [sys.executable, "-m", "loadtests.flood", "--url", f"http://127.0.0.1:{http}"]
             flood += ["--grpc", f"127.0.0.1:{grpc}", "--pid", str(server.pid), "--attacks", attack]
             flood += ["--seconds", str(args.seconds), "--rate", str(args.rate), "--out", str(out)]
+            flood += ["--attacker-source", args.attacker_source] if args.attacker_source else []
             try:
                 subprocess.run(flood, timeout=args.seconds * 3 + 200, capture_output=True)
                 got = _summary(json.loads(out.read_text())) if out.exists() else {"error": "no result"}

@@ -14,6 +14,7 @@ docs/reliability.md, "Connections and calls that never finish".
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import shutil
 import time
@@ -245,4 +246,74 @@ async def test_a_grpc_connection_that_never_finishes_its_handshake_is_closed(rep
             _, waited = await _until_closed(gw.grpc_port, send)
             assert 0.9 < waited < 4.0, (send, waited)
     finally:
+        await gw.stop()
+
+
+def _tiny_body(n: int) -> bytes:
+    inputs = [{"name": f"i{k}", "shape": [1], "datatype": "FP32", "data": [0.0]} for k in range(n)]
+    return json.dumps({"inputs": inputs}).encode()
+
+
+_DEEP = 20_000  # under the 64 KiB a config override may take, so the depth check is what refuses it
+ATTACKS = {  # name: (method, path, headers, body, the status it must get)
+    "many tiny inputs": ("POST", "/v2/models/digits/infer", {"Content-Type": "application/json"}, _tiny_body(600), 400),
+    "deep JSON infer": (
+        "POST",
+        "/v2/models/digits/infer",
+        {"Content-Type": "application/json"},
+        b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        400,
+    ),
+    "deep JSON load override": (
+        "POST",
+        "/v2/repository/models/digits/load",
+        {"Content-Type": "application/json"},
+        json.dumps({"parameters": {"config": "[" * _DEEP + "]" * _DEEP}}).encode(),
+        400,
+    ),
+    "text/plain POST": ("POST", "/v2/repository/models/digits/load", {"Content-Type": "text/plain"}, b"{}", 415),
+    "foreign Host": ("GET", "/v2/health/ready", {"Host": "evil.example.com"}, b"", 421),
+}
+
+
+@pytest.mark.parametrize("attack", [*ATTACKS, "connection flood"])
+async def test_an_ordinary_client_keeps_its_p99_under_each_hostile_client(repo, attack):
+    """While one hostile client sends the same bad request over and over on fresh connections (or
+    holds 500 idle connections), every bad request gets its 4xx and an ordinary client's p99 stays
+    within 2x of its idle p99 (or 50 ms of it: a 2-core box)."""
+    gw = await started(settings(repo, header_timeout_s=5.0, body_timeout_s=5.0, idle_timeout_s=30.0))
+    stop = asyncio.Event()
+    got: list[int] = []
+    held: list[asyncio.StreamWriter] = []
+
+    async def hostile() -> None:
+        method, path, headers, body, _ = ATTACKS[attack]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10) as http:
+            while not stop.is_set():
+                r = await http.request(method, path, content=body, headers={**headers, "Connection": "close"})
+                got.append(r.status_code)
+
+    async def flood() -> None:
+        for _ in range(500):
+            held.append((await asyncio.open_connection("127.0.0.1", gw.http_port))[1])
+        await stop.wait()
+
+    try:
+        port = gw.http_port
+        await _latencies(port, 10)
+        idle = await _latencies(port, 40)
+        task = asyncio.create_task(flood() if attack == "connection flood" else hostile())
+        await asyncio.sleep(0.2)
+        during = await _latencies(port, 40)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        idle_p99, during_p99 = pct(idle, 99), pct(during, 99)
+        assert during_p99 <= max(2 * idle_p99, idle_p99 + 0.05), (idle_p99, during_p99)
+        if attack == "connection flood":
+            assert len(held) == 500
+        else:
+            assert got and set(got) == {ATTACKS[attack][4]}, collections.Counter(got)
+    finally:
+        for w in held:
+            w.close()
         await gw.stop()
