@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 JOIN = "import ray, sys; ray.init(address=sys.argv[1]); print('JOINED', flush=True)"
 
 
-def join(address: str, wait_s: float = 40.0, **env: str) -> tuple[str, str]:
+def join(address: str, wait_s: float = 20.0, **env: str) -> tuple[str, str]:
     """A Ray driver that tries to join ``address``: (stdout, stderr) once it ends, or after ``wait_s``
     (a refused client keeps retrying: it is stopped then)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
