@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.backends.base import ModelLoadError
 from gateway.backends.ray_book import POLL_S, call, model_book
-from gateway.errors import InvalidArgument, NotFound, Unavailable
+from gateway.errors import InvalidArgument, NotFound, ServingError, Unavailable
 from gateway.repository import LOADING, READY, UNAVAILABLE, UNLOADING, fingerprint
 from models.repository import LoadedModel, ModelProblem, load_model_dir
 
@@ -40,6 +40,20 @@ if TYPE_CHECKING:
     from gateway.repository import ModelManager
 
 log = logging.getLogger("sloserve.repository")
+
+
+def _lost() -> tuple[type[BaseException], ...]:
+    """What a call to the book raises when Ray, or the book's node, went away."""
+    import ray.exceptions
+
+    return (ray.exceptions.RayError, TimeoutError, ConnectionError)
+
+
+def _unreachable(e: BaseException) -> Unavailable:
+    return Unavailable(
+        f"the cluster's model book cannot be reached ({type(e).__name__}): Ray is restarting or lost; retry shortly",
+        retry_after_s=2.0,
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -190,7 +204,11 @@ class SharedModels:
         op = self._ops.setdefault(name, asyncio.Lock())
         async with op:
             wait_s = self.dp.settings.model_load_timeout_s
-            if not await call(self.book.acquire.remote(name, self.gateway, wait_s)):
+            try:
+                got = await asyncio.wait_for(call(self.book.acquire.remote(name, self.gateway, wait_s)), wait_s + 10)
+            except Exception as e:  # Ray, or the book's node, gone: nothing was changed
+                raise _unreachable(e) from None
+            if not got:
                 raise Unavailable(
                     f"another gateway is still loading or unloading model '{name}'; retry shortly", retry_after_s=2.0
                 )
@@ -199,10 +217,14 @@ class SharedModels:
                 async with self.m._lock(name):
                     self.m._check_serving()
                     yield
+            except ServingError:
+                raise
+            except _lost() as e:  # lost mid-way: a 503 saying so, never a 500
+                raise _unreachable(e) from None
             finally:
                 self.own.discard(name)
                 with contextlib.suppress(Exception):
-                    await call(self.book.release.remote(name, self.gateway))
+                    await asyncio.wait_for(call(self.book.release.remote(name, self.gateway)), 5.0)
 
     async def _write(self, name: str, state: str, reason: str = "", loaded: LoadedModel | None = None) -> int:
         fp = list(fingerprint(loaded)) if loaded is not None else None

@@ -105,3 +105,54 @@ async def test_a_waiting_poll_answers_on_a_new_version_not_on_another_gateways_p
     await b.write("cnn", "g2", "UNAVAILABLE", "unloaded", None, None)
     snap = await asyncio.wait_for(first, 5.0)
     assert snap["version"] == 1
+
+
+class _Ref:
+    def __init__(self, value=None, error: BaseException | None = None):
+        self.value, self.error = value, error
+
+    def future(self):
+        import concurrent.futures
+
+        f: concurrent.futures.Future = concurrent.futures.Future()
+        f.set_exception(self.error) if self.error is not None else f.set_result(self.value)
+        return f
+
+
+class _Method:
+    def __init__(self, ref: _Ref):
+        self.ref = ref
+
+    def remote(self, *args):
+        return self.ref
+
+
+async def test_a_model_book_that_cannot_be_reached_is_a_503_never_a_500():
+    """Ray or the book's node lost: a load or unload answers 503 with Retry-After, whether the book
+    is gone before the operation takes its lock or in the middle of it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import pytest
+    from ray.exceptions import GetTimeoutError
+
+    from gateway.errors import Unavailable
+    from gateway.modelsync import SharedModels
+
+    locks: dict = {}
+    manager = SimpleNamespace(
+        dp=SimpleNamespace(settings=SimpleNamespace(model_load_timeout_s=1.0)),
+        _lock=lambda name: locks.setdefault(name, asyncio.Lock()),
+        _check_serving=lambda: None,
+    )
+    shared = SharedModels(manager, "g1")  # type: ignore[arg-type]
+    shared.book = SimpleNamespace(acquire=_Method(_Ref(error=GetTimeoutError("gone"))), release=_Method(_Ref()))
+    with pytest.raises(Unavailable, match="model book cannot be reached") as e:
+        async with shared._locked("cnn"):
+            raise AssertionError("ran without the lock")
+    assert e.value.retry_after_s == 2.0
+    shared.book = SimpleNamespace(acquire=_Method(_Ref(True)), release=_Method(_Ref()))
+    with pytest.raises(Unavailable, match="model book cannot be reached"):
+        async with shared._locked("cnn"):
+            raise GetTimeoutError("lost mid-way")
+    assert "cnn" not in shared.own
