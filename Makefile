@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 $(REPO)/.built: $(STAMP)
-	$(PY) -m gateway.cli models build --repo $(REPO)
+	$(PY) -m sloserve.cli models build --repo $(REPO)
 
 models: $(REPO)/.built
 
@@ -29,7 +29,7 @@ run: models
 # docs/operations.md, "Watching it under load". Extra flags: DASHBOARDS_ARGS="--config deploy/sloserve.example.yaml".
 DURATION ?= 300
 dashboards: models
-	$(PY) -m loadtests.dashboards --repo $(REPO) --duration $(DURATION) $(DASHBOARDS_ARGS)
+	$(PY) -m sloserve.loadtests.dashboards --repo $(REPO) --duration $(DURATION) $(DASHBOARDS_ARGS)
 
 # The whole suite: the standing checks, unit tests (no Ray, no sleeps) and integration tests
 # (real servers, real Ray).

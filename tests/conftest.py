@@ -45,7 +45,7 @@ def _ephemeral_low() -> int:
 def model_repo() -> Path:
     if not (REPO / ".built").exists():
         subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "models", "build", "--repo", str(REPO)], check=True, cwd=ROOT
+            [sys.executable, "-m", "sloserve.cli", "models", "build", "--repo", str(REPO)], check=True, cwd=ROOT
         )
     return REPO
 
@@ -101,7 +101,7 @@ class ServerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "sloserve.cli",
             "serve",
             "--repo",
             str(repo),

@@ -1,4 +1,4 @@
-"""The lease book that shares replica slots among gateways (autoscaler/leases.py): a pure policy on
+"""The lease book that shares replica slots among gateways (sloserve/autoscaler/leases.py): a pure policy on
 an explicit clock."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from autoscaler.leases import LeaseBook
+from sloserve.autoscaler.leases import LeaseBook
 
 APP = "sloserve-digits-small-cpu"
 

@@ -4,7 +4,7 @@
 # BERT-base; needs torch, torchvision and transformers: pip install 'sloserve[gpu,measure]'). Usage:
 #   deploy/gpu/profile-gpu.sh OUT_DIR ALIAS      e.g. deploy/gpu/profile-gpu.sh /tmp/prof h100
 # Writes OUT_DIR/repo-profiles.tgz (the model repository's profiles/ files, to copy into
-# models/measured/), OUT_DIR/ALIAS.json (for sim/measured/), OUT_DIR/check.txt and, where PyTorch
+# sloserve/build/measured/), OUT_DIR/ALIAS.json (for sloserve/sim/measured/), OUT_DIR/check.txt and, where PyTorch
 # built the cnn model, OUT_DIR/cnn-ratio.txt (deploy/gpu/variant_ratio.py).
 set -euo pipefail
 OUT=${1:?usage: profile-gpu.sh OUT_DIR ALIAS}
@@ -14,12 +14,12 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 "$PY" -c "import onnxruntime as o, sys; print('onnxruntime', o.__version__, o.get_available_providers(), sys.version)"
-"$PY" -m gateway.cli models build --repo "$REPO" --profile-iters 0
+"$PY" -m sloserve.cli models build --repo "$REPO" --profile-iters 0
 # Correct first: the CUDA provider must compute what the CPU provider computes.
 "$PY" - "$REPO" <<'PYEOF' | tee "$OUT/check.txt"
 import sys, numpy as np, onnx
-from models.repository import ModelRepository
-from models.runtime import Replica, RuntimeOptions
+from sloserve.models.repository import ModelRepository
+from sloserve.replica.runtime import Replica, RuntimeOptions
 r = ModelRepository(sys.argv[1]).load()
 rng = np.random.default_rng(1)
 for name, m in sorted(r.models.items()):
@@ -45,7 +45,7 @@ PYEOF
 # The cnn model's variants differ in depth, so in kernels launched: its p50 per variant and the ratio
 # of the most to the least accurate at batch 1 and 8 (needs PyTorch at build time: sloserve[train]).
 if [ -d "$REPO/cnn" ]; then "$PY" deploy/gpu/variant_ratio.py "$REPO" --model cnn | tee "$OUT/cnn-ratio.txt"; fi
-"$PY" -m gateway.cli profile --repo "$REPO" --device cuda --iters 300 --warmup 30
-"$PY" -m gateway.cli profile --repo "$REPO" --device cpu --iters 100 --warmup 10
+"$PY" -m sloserve.cli profile --repo "$REPO" --device cuda --iters 300 --warmup 30
+"$PY" -m sloserve.cli profile --repo "$REPO" --device cpu --iters 100 --warmup 10
 (cd "$REPO" && tar czf "$OUT/repo-profiles.tgz" */*/profiles)
-"$PY" -m sim.measure_profiles --device cuda --alias "$ALIAS" --out "$OUT" --workdir /tmp/sloserve-zoo
+"$PY" -m sloserve.sim.measure_profiles --device cuda --alias "$ALIAS" --out "$OUT" --workdir /tmp/sloserve-zoo

@@ -6,7 +6,7 @@ Run it from the repository's root on the GPU host, after ``sloserve models build
     python deploy/gpu/variant_ratio.py REPO [--model cnn] [--iters 300] [--device auto|cuda|cpu]
 
 It prints one line per variant (provider, nodes in ONNX Runtime's optimized graph, p50 and p99 at
-each batch size) and the ratios; the sessions are the served ones (``models.runtime.Replica``:
+each batch size) and the ratios; the sessions are the served ones (``sloserve.replica.runtime.Replica``:
 ORT_ENABLE_ALL, one intra-op thread). Inputs are random rows in the model's value range (0..16).
 """
 
@@ -22,9 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's packages, not an older install
 
-from models.profiler import profile_inputs
-from models.repository import ModelRepository
-from models.runtime import Replica, RuntimeOptions, ort, session_device
+from sloserve.build.profiler import profile_inputs
+from sloserve.models.repository import ModelRepository
+from sloserve.replica.runtime import Replica, RuntimeOptions, ort, session_device
 
 
 def optimized_nodes(path: Path, providers: list[str]) -> int:

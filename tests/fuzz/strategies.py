@@ -19,7 +19,7 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.types import V2_TO_NUMPY
+from sloserve.gateway.types import V2_TO_NUMPY
 
 DATATYPES = sorted(V2_TO_NUMPY)
 INPUT_NAMES = st.sampled_from(["input", "input", "x", "", "input\x00", "ü" * 3, "a" * 300])

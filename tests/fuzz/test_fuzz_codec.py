@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.errors import InvalidArgument
-from gateway.transports.codec import InputLimits, decode_rest
-from gateway.transports.grpc import decode_grpc, parse_infer
-from gateway.transports.status import http_status
+from sloserve.gateway.errors import InvalidArgument
+from sloserve.gateway.transports.codec import InputLimits, decode_rest
+from sloserve.gateway.transports.grpc import decode_grpc, parse_infer
+from sloserve.gateway.transports.status import http_status
 from tests.fuzz.strategies import (
     grpc_request,
     nested,

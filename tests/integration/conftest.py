@@ -72,7 +72,7 @@ def servers(model_repo):
                     )
                     for line in left:
                         os.kill(int(line.split()[0]), 9)
-            if backend == WORKERS:  # the Ray backend as two gateway workers (gateway/workers.py)
+            if backend == WORKERS:  # the Ray backend as two gateway workers (sloserve/gateway/workers.py)
                 s = ServerProcess(model_repo, "ray", ["--workers", "2"])
             else:
                 s = ServerProcess(model_repo, backend)

@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from loadtests.emulated import slow_variant_repo
-from loadtests.promtext import samples
+from sloserve.loadtests.emulated import slow_variant_repo
+from sloserve.loadtests.promtext import samples
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -145,8 +145,8 @@ def test_shared_replicas_serve_every_variant_from_one_deployment(scaling_server)
     session (its outputs), from the one deployment the gateway made for the model."""
     import numpy as np
 
-    from models.repository import ModelConfig
-    from models.runtime import Replica, RuntimeOptions
+    from sloserve.models.repository import ModelConfig
+    from sloserve.replica.runtime import Replica, RuntimeOptions
 
     s = scaling_server
     x = {"input": np.array([json.loads(BODY)["inputs"][0]["data"]], np.float32)}

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from autoscaler.training.checkpoint import list_checkpoints
-from autoscaler.training.job import JobRejected, TrainingSpec
-from autoscaler.training.manager import TrainingManager
+from sloserve.training.checkpoint import list_checkpoints
+from sloserve.training.job import JobRejected, TrainingSpec
+from sloserve.training.manager import TrainingManager
 
 pytestmark = pytest.mark.integration
 EVERY = 20
@@ -36,10 +36,10 @@ def ray_t4():
 
 @pytest.fixture
 def manager(ray_t4, tmp_path):
-    from autoscaler.training.runtime import RayLauncher
+    from sloserve.training.runtime import RayLauncher
 
     # the entries these tests run (training.entries in a gateway: the demo and the crashing job)
-    entries = ["autoscaler.training.demo:train", "tests.integration.training_jobs:crash"]
+    entries = ["sloserve.training.demo:train", "tests.integration.training_jobs:crash"]
     return TrainingManager(tmp_path, launcher=RayLauncher(backend="gloo"), grace_s=10.0, entries=entries)
 
 

@@ -110,11 +110,11 @@ def test_serve_config_autoscaling_is_what_the_gateway_deploys(serve_repo):
     """For the ConfigMap's settings, the gateway's own autoscaling_config (what `ray_deploy: true`
     deploys) and each application's `autoscaling` arg agree: bounds, delays, windows, the policy,
     its SLO, batch limit and profile, and the swayam knobs after their defaults."""
-    from autoscaler.swayam import SwayamConfig
-    from gateway.backends.ray import APP_PREFIX, RayServeBackend
-    from gateway.config import Settings
-    from models.ray_replica import deployment_name
-    from models.repository import ModelRepository
+    from sloserve.autoscaler.swayam import SwayamConfig
+    from sloserve.gateway.backends.ray import APP_PREFIX, RayServeBackend
+    from sloserve.gateway.config import Settings
+    from sloserve.models.repository import ModelRepository
+    from sloserve.replica.ray_replica import deployment_name
 
     raw = yaml.safe_load(configmap("sloserve.yaml"))
     settings = Settings.model_validate({**raw, "host": "127.0.0.1", "repo": str(serve_repo)})
@@ -135,8 +135,8 @@ def test_serve_config_autoscaling_is_what_the_gateway_deploys(serve_repo):
 
 HOLD_RAY = r"""
 import json, sys, time
-from gateway.backends.ray_local import init_ray
-from gateway.config import Settings
+from sloserve.gateway.backends.ray_local import init_ray
+from sloserve.gateway.config import Settings
 
 # The embedded Ray a gateway starts, with the GPUs the Serve config's comment tells you to emulate.
 init_ray(Settings(emulated_gpus={"T4": 2, "A100": 2}, ray_num_cpus=2), autoscaled=True)
@@ -190,7 +190,7 @@ def test_serve_config_runs_and_the_configmap_gateway_attaches(serve_repo, tmp_pa
                 said[word] = rest
         policies = json.loads(said["APPS"])
         assert sorted(policies) == sorted(a["name"] for a in cfg["applications"])
-        assert all(p == ["autoscaler.ray_policy:SwayamRayPolicy"] for p in policies.values()), policies
+        assert all(p == ["sloserve.gateway.backends.ray_policy:SwayamRayPolicy"] for p in policies.values()), policies
 
         gw_cfg = tmp_path / "sloserve.yaml"
         gw_cfg.write_text(configmap("sloserve.yaml"))

@@ -14,9 +14,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from batching.profile import ProfileTable
-from loadtests.emulated import emulated_type_repo
-from models.runtime import device_type
+from sloserve.batching.profile import ProfileTable
+from sloserve.loadtests.emulated import emulated_type_repo
+from sloserve.replica.runtime import device_type
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration

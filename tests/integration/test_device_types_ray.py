@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from loadtests.emulated import emulated_type_repo
-from models.runtime import device_type
+from sloserve.loadtests.emulated import emulated_type_repo
+from sloserve.replica.runtime import device_type
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration

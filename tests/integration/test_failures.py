@@ -22,8 +22,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gateway.config import Settings
-from gateway.server import Gateway
+from sloserve.gateway.config import Settings
+from sloserve.gateway.server import Gateway
 from tests.conftest import ROOT, ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -58,7 +58,7 @@ def test_model_file_that_cannot_load_stops_startup_naming_it(model_repo, tmp_pat
     cmd = [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "sloserve.cli",
         "serve",
         "--repo",
         str(repo),
@@ -92,7 +92,7 @@ def test_bad_batching_config_stops_startup_naming_it(model_repo, tmp_path, batch
     cmd = [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "sloserve.cli",
         "serve",
         "--repo",
         str(repo),

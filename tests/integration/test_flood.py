@@ -1,6 +1,6 @@
 """A flood of slow and oversized clients beside ordinary ones, against the default (Ray) server.
 
-`loadtests/flood.py` runs three phases of ordinary Poisson traffic (before, during, after the flood),
+`sloserve/loadtests/flood.py` runs three phases of ordinary Poisson traffic (before, during, after the flood),
 with attackers in a process of their own: stalled bodies, a 10 GiB declared body, a chunked body that
 never ends, a large JSON tensor (decoded off the event loop), and large gRPC messages. Every attacker
 request must end in an answer naming its problem (or a connection the server closed), none may hang,
@@ -21,9 +21,9 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.config import Settings
-from gateway.server import Gateway
-from gateway.transports.grpc import ReceivedInfer
+from sloserve.gateway.config import Settings
+from sloserve.gateway.server import Gateway
+from sloserve.gateway.transports.grpc import ReceivedInfer
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20
@@ -43,7 +43,7 @@ def test_a_flood_is_refused_clearly_and_ordinary_clients_keep_their_answers(ray_
     s = ray_server
     out = tmp_path / "flood.json"
     cmd = [
-        sys.executable, "-m", "loadtests.flood",
+        sys.executable, "-m", "sloserve.loadtests.flood",
         "--url", f"http://127.0.0.1:{s.http_port}", "--grpc", f"127.0.0.1:{s.grpc_port}",
         "--pid", str(s.proc.pid), "--seconds", "3", "--rate", "50", "--concurrency", "2",
         "--json-mib", "8", "--grpc-mib", "30", "--answer-timeout-s", "40", "--out", str(out),

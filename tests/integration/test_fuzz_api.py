@@ -34,7 +34,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.transports.grpc import NOT_SERVED
+from sloserve.gateway.transports.grpc import NOT_SERVED
 from tests.conftest import ServerProcess
 from tests.fuzz import tally
 from tests.fuzz.strategies import grpc_request, proto_message, rest_binary_request

@@ -18,8 +18,8 @@ import urllib.request
 
 import pytest
 
-from loadtests.bench.reclaim import AUTH, harvest_setup
-from loadtests.promtext import samples
+from sloserve.loadtests.bench.reclaim import AUTH, harvest_setup
+from sloserve.loadtests.promtext import samples
 from tests.conftest import ServerProcess
 from tests.integration.test_autoscaling_live import BODY, wait_for
 
@@ -119,7 +119,7 @@ def test_load_step_preempts_training_then_training_resumes(harvest_server):
         "/v2/training/jobs",
         {
             "job_id": "harvest-1",
-            "entry": "autoscaler.training.demo:train",
+            "entry": "sloserve.training.demo:train",
             "config": {"iterations": 0, "checkpoint_every": CHECKPOINT_EVERY, "iteration_delay_s": 0.01},
             "checkpoint_every": CHECKPOINT_EVERY,
             "gpu_type": "T4",

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.config import Settings
-from gateway.server import Gateway
-from loadtests.openloop import pct, v2_body
+from sloserve.gateway.config import Settings
+from sloserve.gateway.server import Gateway
+from sloserve.loadtests.openloop import pct, v2_body
 
 pytestmark = pytest.mark.integration
 INFER = "/inference.GRPCInferenceService/ModelInfer"

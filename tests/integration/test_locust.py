@@ -1,6 +1,6 @@
 """Locust SLO runs against a live sloserve: a sane SLO passes, an impossible one fails the run.
 
-``sloserve loadtest`` drives loadtests/locustfile.py (REST via FastHttpUser and gRPC via
+``sloserve loadtest`` drives sloserve/loadtests/locustfile.py (REST via FastHttpUser and gRPC via
 tritonclient) headless; the trace-shaped run replays a slice of the Azure Functions 2019 trace.
 Load stays short (about 10 s, then 4 s) and light: this is a gate, not a benchmark.
 """
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str):
-    """Import a loadtests/ module by path (no Locust import here: gevent must not patch pytest)."""
-    spec = importlib.util.spec_from_file_location(f"sloserve_loadtests_{name}", ROOT / "loadtests" / f"{name}.py")
+    """Import a sloserve/loadtests/ module by path (no Locust import here: gevent must not patch pytest)."""
+    spec = importlib.util.spec_from_file_location(f"sloserve_loadtests_{name}", ROOT / "sloserve" / "loadtests" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -45,7 +45,7 @@ def loadtest(http_port: int, grpc_port: int, *args: str, timeout: float = 90) ->
     cmd = [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "sloserve.cli",
         "loadtest",
         "--host",
         f"http://127.0.0.1:{http_port}",

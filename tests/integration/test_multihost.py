@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.promtext import prom_sum, samples
+from sloserve.loadtests.promtext import prom_sum, samples
 from tests.conftest import RAY_SERVERS, ROOT, ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -83,7 +83,7 @@ say = lambda word, obj: print(word + " " + json.dumps(obj), flush=True)
 # The gateways' lease actor, created before any gateway asks for it, on the head (where Ray may put
 # it anyway): the head's loss then takes the leases with it, whatever else lives on.
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from gateway.backends.ray_capacity import ACTOR_NAME, TTL_S, CapacityBook
+from sloserve.gateway.backends.ray_capacity import ACTOR_NAME, TTL_S, CapacityBook
 book = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(CapacityBook).options(
     name=ACTOR_NAME, namespace="sloserve", lifetime="detached", get_if_exists=True,
     scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.head_node.node_id, soft=False)).remote(

@@ -24,10 +24,10 @@ import httpx
 import psutil
 import pytest
 
-from gateway.config import Settings
-from gateway.server import Gateway
-from loadtests.openloop import pct, run_open_loop, v2_body
-from loadtests.promtext import prom_sum
+from sloserve.gateway.config import Settings
+from sloserve.gateway.server import Gateway
+from sloserve.loadtests.openloop import pct, run_open_loop, v2_body
+from sloserve.loadtests.promtext import prom_sum
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration

@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtests import dashboards
-from loadtests.dashboards import (
+from sloserve.loadtests import dashboards
+from sloserve.loadtests.dashboards import (
     PROM_DIR,
     alerts_firing,
     free_port,

@@ -1,4 +1,4 @@
-"""The embedded Ray takes only clients holding its token (gateway/backends/ray_local.py,
+"""The embedded Ray takes only clients holding its token (sloserve/gateway/backends/ray_local.py,
 ``owner_only_token``): a local process with a wrong token, or with authentication off, cannot join the
 cluster (and so cannot run code in it), and the token file is readable by its owner only."""
 

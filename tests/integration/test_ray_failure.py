@@ -18,7 +18,7 @@ import urllib.request
 import psutil
 import pytest
 
-from loadtests.promtext import prom_sum
+from sloserve.loadtests.promtext import prom_sum
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration

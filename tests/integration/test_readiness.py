@@ -15,11 +15,11 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from gateway.backends.threads import InProcessBackend
-from gateway.config import Settings
-from gateway.server import Gateway
-from models.repository import ModelRepository
-from models.runtime import RuntimeOptions
+from sloserve.gateway.backends.threads import InProcessBackend
+from sloserve.gateway.config import Settings
+from sloserve.gateway.server import Gateway
+from sloserve.models.repository import ModelRepository
+from sloserve.replica.runtime import RuntimeOptions
 
 pytestmark = pytest.mark.integration
 BODY = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}

@@ -1,5 +1,5 @@
 """``replica_processes``: in-process backend replicas that compute in worker processes
-(gateway/backends/processes.py). Same answers as ONNX Runtime in the test's own process; a worker killed with
+(sloserve/gateway/backends/processes.py). Same answers as ONNX Runtime in the test's own process; a worker killed with
 a batch in flight fails that batch explicitly (503 + Retry-After), is started again and serves the next
 one; a batch whose deadline passed while it queued behind another is skipped, not run late; stop
 leaves no worker behind; a model that cannot be loaded is a ModelLoadError naming the file."""
@@ -17,13 +17,13 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from gateway.backends.base import ModelLoadError
-from gateway.backends.processes import WorkerGone
-from gateway.backends.threads import InProcessBackend
-from gateway.errors import DeadlineExceeded
-from gateway.transports.status import http_status
-from models.repository import ModelRepository
-from models.runtime import RuntimeOptions
+from sloserve.gateway.backends.base import ModelLoadError
+from sloserve.gateway.backends.processes import WorkerGone
+from sloserve.gateway.backends.threads import InProcessBackend
+from sloserve.gateway.errors import DeadlineExceeded
+from sloserve.gateway.transports.status import http_status
+from sloserve.models.repository import ModelRepository
+from sloserve.replica.runtime import RuntimeOptions
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def workers() -> set[int]:
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if "gateway.backends.processes" in p.cmdline():
+            if "sloserve.gateway.backends.processes" in p.cmdline():
                 out.add(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -163,8 +163,8 @@ async def test_a_bad_model_file_is_a_load_error_naming_it(model_repo, tmp_path):
 
 
 def test_workers_default_to_depth_two_and_an_explicit_depth_wins(model_repo):
-    from gateway.config import load_settings
-    from gateway.server import make_backend
+    from sloserve.gateway.config import load_settings
+    from sloserve.gateway.server import make_backend
 
     repo = ModelRepository(model_repo).load()
 

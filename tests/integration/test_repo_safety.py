@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 from pydantic import ValidationError
 
-from models.repository import ModelConfig, ModelRepository, check_name
+from sloserve.models.repository import ModelConfig, ModelRepository, check_name
 
 pytestmark = pytest.mark.integration
 
@@ -275,13 +275,16 @@ def _load(srv, model: str, config: str):
         ("[" * 50_000 + "]" * 50_000, "'config' is 100,000 characters"),
         ("[" * 30_000 + "]" * 30_000, "'config' nests arrays and objects more than 16 deep"),
         ('{"batching": ' * 2_000 + "{}" + "}" * 2_000, "more than 16 deep"),
-        (json.dumps({"batching": {"policy": "slo", "profile": "/"}}), "'batching.profile': cannot be set by a load"),
+        (
+            json.dumps({"batching": {"policy": "slo", "profile": "/"}}),
+            "'batching.profile': cannot be set by a load",
+        ),
         (json.dumps({"batching": {"latency_fn": "os.system"}}), "'batching.latency_fn': cannot be set by a load"),
         (json.dumps({"colour": "red"}), "'colour': not a key of config.json"),
     ],
 )
 def test_a_load_override_is_bounded_typed_and_names_no_file(servers, config, needle):
-    """A config override nested 50,000 deep used to be a 500 (RecursionError); ``batching.profile``
+    """A config override nested 50,000 deep used to be a 500 (RecursionError); ``sloserve.batching.profile``
     named a directory that the load globbed and read on the event loop. Each is now a 400 naming the
     key, and the model keeps serving as it was."""
     srv = servers("inprocess")

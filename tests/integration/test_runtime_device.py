@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from loadtests.promtext import samples
+from sloserve.loadtests.promtext import samples
 
 pytestmark = pytest.mark.integration
 

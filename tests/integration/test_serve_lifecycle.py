@@ -29,7 +29,7 @@ def test_bad_config_names_the_key(tmp_path, model_repo):
     cfg = tmp_path / "bad.json"
     cfg.write_text('{"http_port": "eighty", "max_queue_rows": 0}')
     r = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--repo", str(model_repo)],
+        [sys.executable, "-m", "sloserve.cli", "serve", "--config", str(cfg), "--repo", str(model_repo)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -47,7 +47,7 @@ def test_missing_repository_is_a_clear_error(tmp_path, workers):
         [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "sloserve.cli",
             "serve",
             "--backend",
             "inprocess",

@@ -4,7 +4,7 @@ loop is saturated.
 The gateway runs in-process on this test's event loop, next to a hog: ten callbacks that each
 spin 0.4 ms and re-queue themselves, so every loop iteration has ~4 ms of ready work. A woken
 coroutine waits behind that work; the 503 written from inside the shed decision does not
-(gateway/transports/fastpath.py, ``_AnswerNow``). Timed by the server (``sloserve_shed_answer_seconds``,
+(sloserve/gateway/transports/fastpath.py, ``_AnswerNow``). Timed by the server (``sloserve_shed_answer_seconds``,
 decision to the 503 written). The loop's own lag probe shows the control: a timer on that loop runs
 milliseconds late, so an answer written the ordinary way (by the request's coroutine, once woken)
 would come more than 1 ms after the decision.
@@ -22,10 +22,10 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as grpc_pb
 
-from gateway.config import Settings
-from gateway.looplag import door_ms
-from gateway.server import Gateway
-from loadtests.openloop import v2_body
+from sloserve.gateway.config import Settings
+from sloserve.gateway.looplag import door_ms
+from sloserve.gateway.server import Gateway
+from sloserve.loadtests.openloop import v2_body
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ import time
 import httpx
 import pytest
 
-from gateway.config import Settings
-from gateway.server import Gateway
-from loadtests.openloop import v2_body
+from sloserve.gateway.config import Settings
+from sloserve.gateway.server import Gateway
+from sloserve.loadtests.openloop import v2_body
 
 pytestmark = pytest.mark.integration
 

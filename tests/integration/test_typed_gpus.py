@@ -91,7 +91,7 @@ import ray
 from ray import serve
 from ray._private.state import state as gcs_state
 from ray.core.generated import gcs_pb2
-from models.ray_replica import actor_options
+from sloserve.replica.ray_replica import actor_options
 
 gcs, devices, variants = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].split(",")
 ray.init(address=gcs, log_to_driver=False)

@@ -14,8 +14,8 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from loadtests.promtext import families
-from models.repository import ModelConfig
+from sloserve.loadtests.promtext import families
+from sloserve.models.repository import ModelConfig
 from tests.integration.conftest import BACKENDS, WORKERS
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from gateway.cli.main import main
+from sloserve.cli.main import main
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """`sloserve serve --workers 2`: two gateway processes on one host sharing the HTTP and gRPC ports,
-supervised as one service (gateway/workers.py), driven by tritonclient and plain HTTP.
+supervised as one service (sloserve/gateway/workers.py), driven by tritonclient and plain HTTP.
 
 - both workers answer, and one scrape of /metrics counts both (``worker`` label);
 - a worker killed mid-load: its requests in flight fail with an error (none is lost silently), the
@@ -28,7 +28,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
-from loadtests.promtext import samples
+from sloserve.loadtests.promtext import samples
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.integration

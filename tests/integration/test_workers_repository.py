@@ -29,7 +29,7 @@ import urllib.request
 
 import pytest
 
-from loadtests.promtext import samples
+from sloserve.loadtests.promtext import samples
 from tests.conftest import ServerProcess
 from tests.integration.test_workers import all_serving, serving, workers
 

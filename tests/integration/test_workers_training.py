@@ -21,7 +21,7 @@ import urllib.request
 import psutil
 import pytest
 
-from loadtests.bench.reclaim import AUTH, harvest_setup
+from sloserve.loadtests.bench.reclaim import AUTH, harvest_setup
 from tests.conftest import ServerProcess
 from tests.integration.test_workers import all_serving, serving, workers
 
@@ -87,14 +87,14 @@ def test_every_worker_serves_the_jobs_and_a_job_outlives_the_worker_that_started
             "POST",
             {
                 "job_id": JOB,
-                "entry": "autoscaler.training.demo:train",
+                "entry": "sloserve.training.demo:train",
                 "config": {"iterations": 0, "checkpoint_every": 20, "iteration_delay_s": 0.01},
                 "checkpoint_every": 20,
                 "gpu_type": "T4",
             },
         )
         assert code == 201, body
-        code, body = call(s, "/v2/training/jobs", "POST", {"job_id": JOB, "entry": "autoscaler.training.demo:train"})
+        code, body = call(s, "/v2/training/jobs", "POST", {"job_id": JOB, "entry": "sloserve.training.demo:train"})
         assert code == 409, body  # one id, one job, whichever worker takes the second submit
         for _ in range(8):  # fresh connections, spread over both workers
             code, body = call(s, "/v2/training/jobs")

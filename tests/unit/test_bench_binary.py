@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from gateway.transports.codec import decode_rest
-from loadtests.bench import closed
-from loadtests.bench.systems import binary_body
+from sloserve.gateway.transports.codec import decode_rest
+from sloserve.loadtests.bench import closed
+from sloserve.loadtests.bench.systems import binary_body
 
 
 def test_binary_body_decodes_to_the_json_body_tensor():
@@ -49,7 +49,7 @@ def test_binary_is_refused_for_a_peer_without_the_extension(tmp_path):
 
 
 def test_bench_slo_binary_is_refused_for_peers_without_the_extension(monkeypatch):
-    from loadtests.bench import slo
+    from sloserve.loadtests.bench import slo
 
     p = argparse.ArgumentParser()
     slo.add_arguments(p)
@@ -66,8 +66,8 @@ def _must_not_run(_args):
 def test_the_open_loop_generator_sends_the_binary_body_with_its_headers(tmp_path):
     from array import array
 
-    from loadtests.bench.gen import Generator
-    from loadtests.bench.slo import generator_headers
+    from sloserve.loadtests.bench.gen import Generator
+    from sloserve.loadtests.bench.slo import generator_headers
 
     js = json.dumps(
         {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
@@ -96,8 +96,8 @@ def test_the_open_loop_generator_sends_the_binary_body_with_its_headers(tmp_path
 def test_rows_per_request_body_and_saturation(model_repo):
     """``bench closed --rows-per-request``: the body holds that many real images, and saturation is
     rows/s over the compute bound of this machine's profile."""
-    from loadtests.bench.systems import request_body
-    from models.runtime import device_type
+    from sloserve.loadtests.bench.systems import request_body
+    from sloserve.replica.runtime import device_type
 
     body = request_body(model_repo, "digits", rows=8)
     dt, a = decode_rest(body, None, "digits", None).inputs["input"]
@@ -121,8 +121,8 @@ def test_rows_per_request_beyond_the_max_batch_is_refused(tmp_path):
 def test_the_per_round_bound_is_ort_alone_at_the_profiles_best_batch(model_repo):
     """--bound-each-round: rows/s of the variant's own session at the batch the profile peaks at; the
     round's saturation is its rows/s over the mean of the bound before and after it."""
-    from loadtests.bench.systems import compute_bound
-    from models.runtime import device_type
+    from sloserve.loadtests.bench.systems import compute_bound
+    from sloserve.replica.runtime import device_type
 
     prof = compute_bound(model_repo, "digits", "large", 32)[device_type()]
     assert 1 <= prof["batch"] <= 32 and prof["bound_rps_capped"] > 0

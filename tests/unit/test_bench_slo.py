@@ -1,4 +1,4 @@
-"""Pure helpers of `sloserve bench slo` (loadtests/bench/slo*.py, arrivals.py, scrape.py): step length and server-side counts."""
+"""Pure helpers of `sloserve bench slo` (sloserve/loadtests/bench/slo*.py, arrivals.py, scrape.py): step length and server-side counts."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from loadtests.bench.arrivals import schedule, step_duration
-from loadtests.bench.scrape import server_on_time, slo_counts
+from sloserve.loadtests.bench.arrivals import schedule, step_duration
+from sloserve.loadtests.bench.scrape import server_on_time, slo_counts
 
 
 def _args(**kw):
@@ -45,7 +45,7 @@ def test_server_on_time_from_two_scrapes():
 
 def test_bad_arguments_stop_before_anything_starts():
 
-    from loadtests.bench.slo import add_arguments, main_args
+    from sloserve.loadtests.bench.slo import add_arguments, main_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -60,7 +60,7 @@ def test_bad_arguments_stop_before_anything_starts():
 
 
 def test_step_metrics_count_late_answers_per_variant():
-    from loadtests.bench.slo_report import metrics
+    from sloserve.loadtests.bench.slo_report import metrics
 
     a = _args(slo_ms=20.0, _variants=["small", "medium", "large"])
     recs = [
@@ -79,7 +79,7 @@ def test_step_metrics_count_late_answers_per_variant():
 
 
 def test_light_load_rates_use_the_light_steps_own_duration():
-    from loadtests.bench.slo_report import metrics
+    from sloserve.loadtests.bench.slo_report import metrics
 
     a = _args(slo_ms=20.0, _variants=["large"])
     recs = [(i / 100, i / 100, i / 100 + 0.004, 200, 0) for i in range(3000)]  # 100/s for 30 s
@@ -91,9 +91,9 @@ def test_light_load_rates_use_the_light_steps_own_duration():
 def test_sloserve_batching_settings_are_merged_and_checked(monkeypatch):
     import pytest
 
-    from loadtests.bench import slo
-    from loadtests.bench.slo import add_arguments, main_args
-    from loadtests.bench.slo_systems import policy_batching
+    from sloserve.loadtests.bench import slo
+    from sloserve.loadtests.bench.slo import add_arguments, main_args
+    from sloserve.loadtests.bench.slo_systems import policy_batching
 
     def must_not_run(_args):
         raise AssertionError("refused arguments reached the run")
@@ -124,8 +124,8 @@ def test_batch_stats_per_variant_from_two_scrapes():
     """``bench slo`` records, per step, each variant's batches, mean rows and share of <= 2-row batches."""
     from prometheus_client import generate_latest
 
-    from gateway.metrics import Metrics
-    from loadtests.bench.scrape import batch_stats
+    from sloserve.gateway.metrics import Metrics
+    from sloserve.loadtests.bench.scrape import batch_stats
 
     m = Metrics()
     hook, _ = m.batcher_hook("heavy")
@@ -143,7 +143,7 @@ def test_batch_stats_per_variant_from_two_scrapes():
 
 
 def test_timeline_bins_requests_by_scheduled_send_time():
-    from loadtests.bench.slo_report import timeline
+    from sloserve.loadtests.bench.slo_report import timeline
 
     recs = [
         (0.1, 0.1, 0.105, 200, 0),
@@ -166,7 +166,7 @@ def test_timeline_bins_requests_by_scheduled_send_time():
 def test_gil_probe_runs_and_reports_both_timings(model_repo, capsys):
     import sys
 
-    from loadtests.bench import gil_probe
+    from sloserve.loadtests.bench import gil_probe
 
     before = sys.getswitchinterval()
     try:
@@ -195,8 +195,8 @@ def test_the_bench_module_examples_hold():
     """The doctests of the open-loop bench (generator headers, sheds by reason from two scrapes, ...)."""
     import doctest
 
-    from loadtests import promtext
-    from loadtests.bench import scrape, slo, slo_report, slo_systems
+    from sloserve.loadtests import promtext
+    from sloserve.loadtests.bench import scrape, slo, slo_report, slo_systems
 
     results = [doctest.testmod(m) for m in (slo, scrape, slo_report, slo_systems, promtext)]
     assert sum(r.failed for r in results) == 0 and sum(r.attempted for r in results) >= 3
@@ -206,7 +206,7 @@ def test_a_system_runs_from_another_tree(tmp_path):
     """``--tree before=PATH`` and ``sloserve-default:before``: that checkout's code, this interpreter."""
     import sys
 
-    from loadtests.bench.systems import Launch, from_tree, parse_trees, split_tree
+    from sloserve.loadtests.bench.systems import Launch, from_tree, parse_trees, split_tree
 
     (tmp_path / "gateway").mkdir()
     trees = parse_trees([f"before={tmp_path}"])
@@ -221,15 +221,15 @@ def test_a_system_runs_from_another_tree(tmp_path):
     launch = from_tree(
         Launch("sloserve-default", ["/venv/bin/sloserve", "serve", "--repo", "r"], "u", None), trees["before"]
     )
-    assert launch.argv[:3] == [sys.executable, "-m", "gateway.cli"] and launch.argv[3:] == ["serve", "--repo", "r"]
+    assert launch.argv[:3] == [sys.executable, "-m", "sloserve.cli"] and launch.argv[3:] == ["serve", "--repo", "r"]
     assert launch.cwd == tmp_path.resolve() and launch.env["PYTHONPATH"] == str(tmp_path.resolve())
 
 
 def test_a_types_system_serves_every_device_type_and_may_pin_a_pair(tmp_path, model_repo):
     import json
 
-    from loadtests.bench.slo import add_arguments
-    from loadtests.bench.slo_systems import launch_for
+    from sloserve.loadtests.bench.slo import add_arguments
+    from sloserve.loadtests.bench.slo_systems import launch_for
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -246,8 +246,8 @@ def test_a_types_system_serves_every_device_type_and_may_pin_a_pair(tmp_path, mo
 def test_ray_serve_peer_modes_name_their_flags_and_niceness(tmp_path, model_repo):
     """``-ha``: HAProxy in front, Ray's default worker niceness; ``-ha0``: the same with Ray's workers at
     niceness 0, as sloserve's embedded Ray starts its replicas; anything else is refused up front."""
-    from loadtests.bench.slo import add_arguments
-    from loadtests.bench.slo_systems import PEER_CONFIG, launch_for
+    from sloserve.loadtests.bench.slo import add_arguments
+    from sloserve.loadtests.bench.slo_systems import PEER_CONFIG, launch_for
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -1,6 +1,6 @@
-"""The pure parts of loadtests/burst_live.py: the calm-then-clumps trace and the per-minute table."""
+"""The pure parts of sloserve/loadtests/burst_live.py: the calm-then-clumps trace and the per-minute table."""
 
-from loadtests.burst_live import calm_then_clumps, per_minute
+from sloserve.loadtests.burst_live import calm_then_clumps, per_minute
 
 
 def test_calm_minutes_at_the_slices_mean_then_the_slice_itself(tmp_path):

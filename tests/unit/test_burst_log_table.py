@@ -1,4 +1,4 @@
-"""loadtests/bench/burst_log_table.py: each `@any` system against its own family's pinned variants."""
+"""sloserve/loadtests/bench/burst_log_table.py: each `@any` system against its own family's pinned variants."""
 
 import subprocess
 import sys

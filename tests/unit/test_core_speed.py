@@ -1,4 +1,4 @@
-"""The machine-steadiness probe (loadtests/bench/core_speed.py, procstat.core_speed_ms): its slow
+"""The machine-steadiness probe (sloserve/loadtests/bench/core_speed.py, procstat.core_speed_ms): its slow
 spells and report from given samples, and the probe's refusals."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import doctest
 
 import pytest
 
-from loadtests.bench import core_speed
-from loadtests.bench.procstat import core_speed_ms
+from sloserve.loadtests.bench import core_speed
+from sloserve.loadtests.bench.procstat import core_speed_ms
 
 
 def test_doctests():

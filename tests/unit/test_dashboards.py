@@ -1,4 +1,4 @@
-"""loadtests/dashboards.py's pure parts: the command lines it runs, the Prometheus config it writes,
+"""sloserve/loadtests/dashboards.py's pure parts: the command lines it runs, the Prometheus config it writes,
 the queries and links it prints (the run itself: `make dashboards`; its helpers also serve
 tests/integration/test_prometheus.py against a real Prometheus)."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.cli.main import build_parser
-from loadtests import dashboards as d
+from sloserve.cli.main import build_parser
+from sloserve.loadtests import dashboards as d
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def test_prometheus_listens_on_loopback_only(tmp_path):
 
 
 def _sloserve_args(cmd: list[str]):
-    assert cmd[:3] == [sys.executable, "-m", "gateway.cli"]
+    assert cmd[:3] == [sys.executable, "-m", "sloserve.cli"]
     return build_parser().parse_args(cmd[3:])  # what sloserve's own CLI makes of it
 
 
@@ -104,7 +104,7 @@ def test_graph_links_open_prometheus_graph_tab_with_the_expression():
 
 
 def test_chromium_command_screenshots_the_url_headless(tmp_path):
-    from loadtests.screenshots import chromium_command
+    from sloserve.loadtests.screenshots import chromium_command
 
     cmd = chromium_command("chromium", tmp_path / "a.png", "http://127.0.0.1:1/graph", 1100, 900, tmp_path, False)
     assert cmd[0] == "chromium" and cmd[-1] == "http://127.0.0.1:1/graph"

@@ -11,11 +11,11 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = {"gateway", "batching", "autoscaler", "models", "sim", "loadtests", "tests"}
+FIRST_PARTY = {"sloserve", "tests"}
 # Modules that are files beside their importer, on a path it sets itself
 LOCAL = {"trace_rates", "batching_factories", "_ort"}
-# The peer systems run in virtual environments of their own (loadtests/peers/setup.sh installs them)
-OWN_ENVS = ("loadtests/peers/",)
+# The peer systems run in virtual environments of their own (sloserve/loadtests/peers/setup.sh installs them)
+OWN_ENVS = ("sloserve/loadtests/peers/",)
 
 
 def declared() -> set[str]:

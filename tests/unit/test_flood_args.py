@@ -1,4 +1,4 @@
-"""loadtests/flood.py: its arguments, the attack bodies, and the new attackers against a tiny local server."""
+"""sloserve/loadtests/flood.py: its arguments, the attack bodies, and the new attackers against a tiny local server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadtests import flood, flood_attacks
+from sloserve.loadtests import flood, flood_attacks
 
 
 def test_the_default_attacks_are_unchanged_and_the_new_ones_are_accepted():

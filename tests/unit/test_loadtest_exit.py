@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from loadtests import run as lt
+from sloserve.loadtests import run as lt
 
 
 def _child(code: str) -> list[str]:

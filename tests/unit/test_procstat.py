@@ -1,4 +1,4 @@
-"""A process tree's CPU and memory (loadtests/bench/procstat.py, on psutil), as the benchmarks read them."""
+"""A process tree's CPU and memory (sloserve/loadtests/bench/procstat.py, on psutil), as the benchmarks read them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from loadtests.bench.procstat import CpuWindow, machine_busy_s, tree, tree_cpu_s, tree_memory_mb
+from sloserve.loadtests.bench.procstat import CpuWindow, machine_busy_s, tree, tree_cpu_s, tree_memory_mb
 
 
 def test_a_tree_counts_its_children_and_a_window_its_cpu():

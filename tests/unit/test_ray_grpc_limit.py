@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = (
-    "import models.ray_replica, ray.serve._private.constants as c; print(c.RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)"
-)
+PROBE = "import sloserve.replica.ray_replica, ray.serve._private.constants as c; print(c.RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)"
 
 
 def _probe(env):

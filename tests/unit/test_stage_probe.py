@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_stage_probe_hooks_install():
     code = (
-        "from loadtests.bench.stage_probe import Recorder, install\n"
+        "from sloserve.loadtests.bench.stage_probe import Recorder, install\n"
         "install(Recorder())\n"
-        "from gateway.backends.ray import RayServeBackend\n"
+        "from sloserve.gateway.backends.ray import RayServeBackend\n"
         "assert RayServeBackend.run.__name__ == 'timed_run'\n"
         "assert RayServeBackend._read_details.__name__ == 'timed_read'\n"
     )
@@ -28,7 +28,7 @@ def test_a_long_stall_records_the_stalled_threads_stack_once():
     import threading
     import time
 
-    from loadtests.bench.stage_probe import Recorder, stack_watch
+    from sloserve.loadtests.bench.stage_probe import Recorder, stack_watch
 
     rec = Recorder()
 

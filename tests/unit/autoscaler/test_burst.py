@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from autoscaler.burst import BinCounts, index_of_dispersion, thinned, unthinned
-from autoscaler.ray_policy import state_from_json, state_to_json, windows_from_metrics
-from autoscaler.swayam import SwayamConfig, SwayamState, aggregate_clumping, decide
-from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
-from batching.profile import Curve
-from gateway.rates import RateMeter
-from sim.arrivals import Arrivals
+from sloserve.autoscaler.burst import BinCounts, index_of_dispersion, thinned, unthinned
+from sloserve.autoscaler.swayam import SwayamConfig, SwayamState, aggregate_clumping, decide
+from sloserve.autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from sloserve.batching.profile import Curve
+from sloserve.gateway.backends.ray_policy import state_from_json, state_to_json, windows_from_metrics
+from sloserve.gateway.rates import RateMeter
+from sloserve.sim.arrivals import Arrivals
 
 SVC = ServiceModel(Curve((1, 32), (0.004, 0.03), (0.005, 0.04)), slo_s=0.05, max_batch_size=32)
 

@@ -4,17 +4,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.predict import PREDICTORS
-from autoscaler.queueing import (
+from sloserve.autoscaler.predict import PREDICTORS
+from sloserve.autoscaler.queueing import (
     capacity_rps,
     late_fraction,
     replicas_needed,
     tail_latency_s,
 )
-from autoscaler.registry import AUTOSCALERS, make_autoscaler
-from autoscaler.swayam import aggregate_rate
-from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
-from batching.profile import Curve
+from sloserve.autoscaler.registry import AUTOSCALERS, make_autoscaler
+from sloserve.autoscaler.swayam import aggregate_rate
+from sloserve.autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from sloserve.batching.profile import Curve
 
 SVC = ServiceModel(Curve((1, 8, 32), (0.010, 0.020, 0.050), (0.012, 0.024, 0.060)), slo_s=0.2, max_batch_size=32)
 

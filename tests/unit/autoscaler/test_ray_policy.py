@@ -8,8 +8,8 @@ from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.autoscaling_policy import _apply_autoscaling_config
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
-from autoscaler.ray_policy import STATE_KEY, SwayamRayPolicy
-from autoscaler.typesplit import rank_types
+from sloserve.autoscaler.typesplit import rank_types
+from sloserve.gateway.backends.ray_policy import STATE_KEY, SwayamRayPolicy
 
 KWARGS = {
     "slo_ms": 100,
@@ -98,8 +98,8 @@ def test_fallback_without_gateway_metrics():
 
 
 def test_state_json_round_trip_and_one_source_of_defaults():
-    from autoscaler.ray_policy import state_from_json, state_to_json
-    from autoscaler.swayam import SwayamConfig, SwayamState
+    from sloserve.autoscaler.swayam import SwayamConfig, SwayamState
+    from sloserve.gateway.backends.ray_policy import state_from_json, state_to_json
 
     st = SwayamState(((1.0, 2.0),), ((1.0, 3),), 2, ((1.0, 2.0),), ((1.0, 4),))
     assert state_from_json(state_to_json(st)) == st
@@ -140,9 +140,9 @@ def test_a_fallback_profile_shrinks_the_keep_alive_buffer():
 
 
 def test_the_gateway_passes_the_next_variant_down_as_the_fallback_of_a_shared_model(model_repo):
-    from gateway.backends.ray import RayServeBackend
-    from gateway.config import load_settings
-    from models.repository import ModelRepository
+    from sloserve.gateway.backends.ray import RayServeBackend
+    from sloserve.gateway.config import load_settings
+    from sloserve.models.repository import ModelRepository
 
     repo = ModelRepository(model_repo).load()
     # the shared deployment is the most accurate variant's, the least accurate has none below it: as
@@ -161,9 +161,9 @@ def test_the_gateway_passes_the_next_variant_down_as_the_fallback_of_a_shared_mo
 def test_calls_between_rounds_do_not_turn_a_step_into_a_trend():
     """Ray calls a policy several times a second: a step from 0 to 100 requests/s seen ten times a
     second plans as the same step seen once a round, not as a steep trend to extrapolate."""
-    from autoscaler.swayam import SwayamConfig, SwayamState, decide
-    from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
-    from batching.profile import Curve
+    from sloserve.autoscaler.swayam import SwayamConfig, SwayamState, decide
+    from sloserve.autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+    from sloserve.batching.profile import Curve
 
     svc = ServiceModel(Curve((1, 4), (0.021, 0.023), (0.024, 0.026)), slo_s=0.2, max_batch_size=4)
     cfg = SwayamConfig(burst_z=0)  # rounds of interval_s 10
@@ -212,11 +212,11 @@ def test_each_type_of_the_best_variant_sizes_for_its_part_of_the_models_demand(m
     """heavy on the CPU and a type emulated 3x slower: both large deployments get the model's demand
     and the split (the CPU ranks first at equal prices); medium sizes on what it served, unsplit. The
     slower type stays at its minimum until the CPU is at its maximum."""
-    from gateway.backends.ray import RayServeBackend
-    from gateway.config import load_settings
-    from loadtests.emulated import add_emulated_profiles, emulated_type_repo
-    from models.repository import ModelRepository
-    from models.runtime import device_type
+    from sloserve.gateway.backends.ray import RayServeBackend
+    from sloserve.gateway.config import load_settings
+    from sloserve.loadtests.emulated import add_emulated_profiles, emulated_type_repo
+    from sloserve.models.repository import ModelRepository
+    from sloserve.replica.runtime import device_type
 
     root = tmp_path / "repo"
     emulated_type_repo(model_repo, root, "heavy", "emul-slow", 3.0)

@@ -16,16 +16,16 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler import swayam
-from autoscaler.swayam import (
+from sloserve.autoscaler import swayam
+from sloserve.autoscaler.swayam import (
     SeasonLog,
     SwayamConfig,
     SwayamState,
     decide,
     seasonal_changes,
 )
-from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
-from batching.profile import Curve
+from sloserve.autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from sloserve.batching.profile import Curve
 
 SVC = ServiceModel(Curve((1, 8, 32), (0.010, 0.020, 0.050), (0.012, 0.024, 0.060)), slo_s=0.2, max_batch_size=32)
 

@@ -3,10 +3,10 @@ deployment on its part, on a fake clock (an explicit ``now`` per round)."""
 
 import pytest
 
-from autoscaler.swayam import SwayamConfig, SwayamState, decide
-from autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
-from autoscaler.typesplit import DemandSplit, TypeOption, rank_types, split_demand, type_options
-from batching.profile import Curve
+from sloserve.autoscaler.swayam import SwayamConfig, SwayamState, decide
+from sloserve.autoscaler.types import RateWindow, ScalingSnapshot, ServiceModel
+from sloserve.autoscaler.typesplit import DemandSplit, TypeOption, rank_types, split_demand, type_options
+from sloserve.batching.profile import Curve
 
 # the gpu is 4x faster per replica and costs 2x: the most requests/s per unit of cost
 GPU = ServiceModel(Curve((1, 32), (0.001, 0.004), (0.001, 0.004)), slo_s=0.05, max_batch_size=32)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batching.types import QueuedItem, QueueView
+from sloserve.batching.types import QueuedItem, QueueView
 
 
 def linear(a_ms: float, b_ms: float):

@@ -1,11 +1,11 @@
 from batching_factories import items, linear, view
 
-from batching import make_policy
-from batching.types import BatchResult, Dispatch, QueuedItem, Shed, Wait
+from sloserve.batching import make_policy
+from sloserve.batching.types import BatchResult, Dispatch, QueuedItem, Shed, Wait
 
 
 def test_all_builtins_registered():
-    from batching import POLICIES
+    from sloserve.batching import POLICIES
 
     assert {"timeout", "fixed", "aimd", "nexus", "slo"} <= set(POLICIES)
 

@@ -1,7 +1,7 @@
-from batching.calibration import Calibrator
-from batching.latency import LatencyModel
-from batching.profile import ProfileTable
-from batching.types import BatchResult
+from sloserve.batching.calibration import Calibrator
+from sloserve.batching.latency import LatencyModel
+from sloserve.batching.profile import ProfileTable
+from sloserve.batching.types import BatchResult
 
 KEY = ("m", "v", "cpu")
 

@@ -1,8 +1,8 @@
 import pytest
 
-from batching import make_policy
-from batching.replay import PolicyError, Request, replay
-from batching.types import Dispatch, Wait
+from sloserve.batching import make_policy
+from sloserve.batching.replay import PolicyError, Request, replay
+from sloserve.batching.types import Dispatch, Wait
 
 
 def test_timeout_policy_replay_matches_hand_computation():

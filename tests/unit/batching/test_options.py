@@ -4,11 +4,11 @@
 import pytest
 from batching_factories import view
 
-from batching import make_policy
-from batching.options import is_option_key, option_key, plan_from_profiles, plan_options, split_key, variant_of
-from batching.policies.slo import SLOPolicy
-from batching.profile import ProfileTable
-from batching.types import BatchResult, Dispatch, QueuedItem
+from sloserve.batching import make_policy
+from sloserve.batching.options import is_option_key, option_key, plan_from_profiles, plan_options, split_key, variant_of
+from sloserve.batching.policies.slo import SLOPolicy
+from sloserve.batching.profile import ProfileTable
+from sloserve.batching.types import BatchResult, Dispatch, QueuedItem
 
 # ms at 1 and 32 rows (p50, p99): big is 4x faster on the gpu; small runs only on the cpu here
 POINTS = {

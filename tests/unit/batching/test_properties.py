@@ -6,8 +6,8 @@ from batching_factories import ACC, two_variants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batching import make_policy
-from batching.replay import Request, replay
+from sloserve.batching import make_policy
+from sloserve.batching.replay import Request, replay
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

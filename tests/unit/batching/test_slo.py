@@ -1,10 +1,10 @@
 import pytest
 from batching_factories import ACC, items, linear, two_variants, view
 
-from batching import make_policy
-from batching.policies.slo import SLOPolicy
-from batching.profile import ProfileTable
-from batching.types import Dispatch, QueuedItem, Shed, Wait
+from sloserve.batching import make_policy
+from sloserve.batching.policies.slo import SLOPolicy
+from sloserve.batching.profile import ProfileTable
+from sloserve.batching.types import Dispatch, QueuedItem, Shed, Wait
 
 
 def policy(**kw):
@@ -139,7 +139,7 @@ def test_incremental_order_survives_foreign_removals():
 
 def test_shared_replicas_serve_the_cheaper_variant_only_for_a_queue_the_better_one_would_miss():
     """QueueView.shared: both variants on the same two replicas (idle and busy list the same ones)."""
-    from batching.types import QueueView
+    from sloserve.batching.types import QueueView
 
     def shared_view(its):
         return QueueView("m", its, {"big": 1, "small": 1}, 32, {"big": [0.004], "small": [0.004]}, shared=True)
@@ -167,7 +167,7 @@ def test_shared_replicas_serve_the_cheaper_variant_only_for_a_queue_the_better_o
 def test_shared_replicas_without_driver_busy_times_see_every_variants_batch_in_flight():
     """The live batcher gives no busy_until_s: the policy's own predictions stand in, and on shared replicas a
     batch of one variant occupies the replica for the others too (and admission counts it once)."""
-    from batching.types import QueueView
+    from sloserve.batching.types import QueueView
 
     p = SLOPolicy(max_batch_size=32, latency_fn=two_variants, accuracy=ACC, calibrate=False)
     both = ("big", "small")
@@ -183,7 +183,7 @@ def test_shared_replicas_without_driver_busy_times_see_every_variants_batch_in_f
 def test_shared_replicas_serve_a_head_pinned_to_the_best_variant_first():
     """Under overload a freed shared replica goes to the cheaper variant first, except when the earliest
     deadline belongs to a request only the best may serve: it would otherwise wait until it is shed."""
-    from batching.types import QueueView
+    from sloserve.batching.types import QueueView
 
     both = ("big", "small")
     its = [QueuedItem(0, 0.0, 0.010, variants=("big",))] + [
@@ -203,7 +203,7 @@ def test_shared_replicas_serve_a_head_pinned_to_the_best_variant_first():
 def test_shared_replicas_turn_to_the_cheaper_variant_when_the_best_answers_late():
     """A queue the best variant can serve in time, but it has just answered more than late_target late
     (a profile that under-predicts it): a freed shared replica serves the cheaper one until that passes."""
-    from batching.types import BatchResult, QueueView
+    from sloserve.batching.types import BatchResult, QueueView
 
     def shared_view(its):
         return QueueView("m", its, {"big": 1, "small": 1}, 32, {"big": [], "small": []}, shared=True)
@@ -223,7 +223,7 @@ def test_shared_replicas_turn_to_the_cheaper_variant_when_the_best_answers_late(
 def test_shared_replicas_admission_counts_each_replica_once():
     """Two shared replicas, both busy until 30 ms, 60 rows ahead: admission prices them as two replicas of
     the variant an overload turns to (small: 1 + 0.1 n ms), each listed once, not once per variant."""
-    from batching.types import QueueView
+    from sloserve.batching.types import QueueView
 
     both = ("big", "small")
     its = items(60, slo_s=0.02, variants=both)

@@ -1,8 +1,8 @@
 """Lateness feedback in the slo policy: observed late answers raise the degrade level even when
 the latency predictions say the best variant keeps up (fake clock, no sleep)."""
 
-from batching.policies.slo import SLOPolicy
-from batching.types import BatchResult, Dispatch, QueuedItem, QueueView
+from sloserve.batching.policies.slo import SLOPolicy
+from sloserve.batching.types import BatchResult, Dispatch, QueuedItem, QueueView
 
 
 def lat(v, n):
@@ -71,7 +71,7 @@ def test_too_few_rows_or_old_lateness_is_not_evidence():
 def test_bad_lateness_settings_and_misspelt_arguments_are_config_errors():
     import pytest
 
-    from batching.policy import make_policy
+    from sloserve.batching.policy import make_policy
 
     with pytest.raises(ValueError, match="late_target"):
         make_policy("slo", late_target=-1)
@@ -92,8 +92,8 @@ def test_lateness_does_not_outlive_an_idle_window():
 
 def test_offline_replay_reports_late_rows_not_requests():
     """A late 4-row request is 4 late rows in the BatchResult, as the live batcher counts them."""
-    from batching.replay import Request, replay
-    from batching.types import BatchResult
+    from sloserve.batching.replay import Request, replay
+    from sloserve.batching.types import BatchResult
 
     seen: list[BatchResult] = []
 
@@ -102,7 +102,7 @@ def test_offline_replay_reports_late_rows_not_requests():
         default_variant = "v"
 
         def plan(self, view, now):
-            from batching.types import Dispatch
+            from sloserve.batching.types import Dispatch
 
             return Dispatch(tuple(it.id for it in view.items), "v", "all")
 
@@ -117,7 +117,7 @@ def test_offline_replay_reports_late_rows_not_requests():
 
 
 def _lc(memory_s=10.0):
-    from batching.policies._levels import LevelController
+    from sloserve.batching.policies._levels import LevelController
 
     return LevelController(restore_headroom=0.25, restore_hold_s=0.5, memory_s=memory_s)
 
@@ -231,7 +231,7 @@ def test_a_request_only_a_cheaper_variant_can_make_is_not_a_failed_level():
 def test_the_new_settings_refuse_bad_values_with_their_own_names():
     import pytest
 
-    from batching.policy import make_policy
+    from sloserve.batching.policy import make_policy
 
     for kwargs, name in (
         ({"overload_memory_ms": -1}, "overload_memory_ms"),
@@ -247,7 +247,7 @@ def test_the_new_settings_refuse_bad_values_with_their_own_names():
 
 
 def test_late_now_reads_the_last_window_and_keeps_no_more_than_it():
-    from batching.policies._levels import LatenessMonitor
+    from sloserve.batching.policies._levels import LatenessMonitor
 
     m = LatenessMonitor(target=0.01, window_s=1.0, min_rows=32)
     for i in range(10_000):  # a long-running gateway whose model never asks (not shared): bounded anyway

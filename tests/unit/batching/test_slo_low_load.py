@@ -1,7 +1,7 @@
 """Live-path rules of the slo policy: no waiting at low load, no shedding inside the safety margin."""
 
-from batching.policies.slo import SLOPolicy
-from batching.types import QueuedItem, QueueView
+from sloserve.batching.policies.slo import SLOPolicy
+from sloserve.batching.types import QueuedItem, QueueView
 
 
 def lat(v, n):
@@ -65,7 +65,7 @@ def test_admission_keeps_the_safety_margin():
 
 
 def test_late_at_p99_but_on_time_at_the_median_is_served_not_shed():
-    from batching.profile import ProfileTable
+    from sloserve.batching.profile import ProfileTable
 
     table = ProfileTable.from_points({("m", "v", "cpu"): ([1, 8], [5.0, 8.0], [30.0, 40.0])})
     p = SLOPolicy(max_batch_size=8, profile=table, model="m", device_type="cpu", variants=["v"], calibrate=False)

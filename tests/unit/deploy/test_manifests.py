@@ -69,7 +69,7 @@ def _containers(pod_spec: dict) -> list[dict]:
 
 
 def _demo_models() -> dict[str, list[str]]:
-    from models.build import DIGITS_VARIANTS, HEAVY_VARIANTS
+    from sloserve.build.demo import DIGITS_VARIANTS, HEAVY_VARIANTS
 
     return {"digits": [v[0] for v in DIGITS_VARIANTS], "heavy": [v[0] for v in HEAVY_VARIANTS]}
 
@@ -140,7 +140,7 @@ def test_import_path_builds_an_application_without_starting_ray(which, app_cfg):
     import ray
     from ray.serve import Application
 
-    from models.ray_replica import OnnxReplica, deployment_name
+    from sloserve.replica.ray_replica import OnnxReplica, deployment_name
 
     was_up = ray.is_initialized()
     app = _build(app_cfg)
@@ -158,13 +158,13 @@ def test_import_path_builds_an_application_without_starting_ray(which, app_cfg):
         args["autoscaling"]["min_replicas"],
         args["autoscaling"]["max_replicas"],
     )
-    assert auto.policy.policy_function == "autoscaler.ray_policy:SwayamRayPolicy"
+    assert auto.policy.policy_function == "sloserve.gateway.backends.ray_policy:SwayamRayPolicy"
     assert dep.max_ongoing_requests == args["pipeline_depth"]
     assert dep.init_args[:4] == (args["repo"], args["model"], args["variant"], args["device"])
 
 
 def test_builder_args_name_real_runtime_options():
-    from models.runtime import RuntimeOptions
+    from sloserve.replica.runtime import RuntimeOptions
 
     for _, app_cfg in _applications():
         RuntimeOptions(**app_cfg["args"].get("runtime", {}))  # unknown keys would raise TypeError
@@ -192,7 +192,7 @@ def test_builder_args_are_ones_build_app_reads():
     """build_app reads its args with .get(): a misspelt key would be ignored silently, so check them."""
     import inspect
 
-    from models.ray_replica import build_app
+    from sloserve.replica.ray_replica import build_app
 
     src = inspect.getsource(build_app)
     assert all(f'"{k}"' in src for k in BUILD_APP_ARGS), "BUILD_APP_ARGS lists a key build_app does not read"
@@ -205,7 +205,7 @@ def test_swayam_policy_accepts_its_kwargs():
     """Each application's policy_kwargs build the policy Ray's controller instantiates (SwayamRayPolicy,
     its swayam knobs through SwayamConfig). That they are what the gateway itself would deploy is
     tests/integration/test_deploy_configs.py (it needs the built repository)."""
-    from autoscaler.ray_policy import SwayamRayPolicy
+    from sloserve.gateway.backends.ray_policy import SwayamRayPolicy
 
     for _, app_cfg in _applications():
         kwargs = app_cfg["args"]["autoscaling"]["policy"]["policy_kwargs"]
@@ -318,8 +318,8 @@ def _gateway_container(deployment: str = "sloserve-gateway") -> dict:
 def _gateway_settings(tmp_path: Path, monkeypatch, deployment: str = "sloserve-gateway"):
     """What `sloserve serve` resolves in the gateway pod: its command line parsed by sloserve's own
     parser, over the ConfigMap's settings file mounted where the command says."""
-    from gateway.cli.main import build_parser
-    from gateway.cli.serve import settings_from_args
+    from sloserve.cli.main import build_parser
+    from sloserve.cli.serve import settings_from_args
 
     c = _gateway_container(deployment)
     argv = c["command"] + c.get("args", [])
@@ -362,8 +362,8 @@ def test_gateway_command_parses_and_its_settings_validate(tmp_path, monkeypatch)
 def test_gateway_finds_exactly_the_applications_the_rayservice_deploys(tmp_path, monkeypatch):
     """With ray_deploy false the gateway derives app and deployment names from the repository and its
     models.<m>.device_type; they must be the ones serveConfigV2 deploys, with the same pipeline depth."""
-    from gateway.backends.ray import APP_PREFIX, RayServeBackend
-    from models.ray_replica import deployment_name
+    from sloserve.gateway.backends.ray import APP_PREFIX, RayServeBackend
+    from sloserve.replica.ray_replica import deployment_name
 
     _, s = _gateway_settings(tmp_path, monkeypatch)
     backend = RayServeBackend(repo=SimpleNamespace(models={}), opts=None, settings=s)
@@ -399,8 +399,8 @@ def test_one_harvest_gateway_runs_the_training_harvest(tmp_path, monkeypatch):
     """sloserve-harvest: one pod (Recreate), the training harvest on, its jobs_dir on a ReadWriteMany
     volume that every GPU worker mounts at the same path (the jobs run there and write their
     checkpoints), attached to the same applications, sending no rate stamps (it takes no traffic)."""
-    from gateway.backends.ray import APP_PREFIX, RayServeBackend
-    from models.ray_replica import deployment_name
+    from sloserve.gateway.backends.ray import APP_PREFIX, RayServeBackend
+    from sloserve.replica.ray_replica import deployment_name
 
     dep = _kind("Deployment", "sloserve-harvest")
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
@@ -455,7 +455,7 @@ def _uncomment_examples(text: str) -> str:
 
 
 def test_example_settings_file_validates_including_its_commented_examples(tmp_path):
-    from gateway.config import load_settings
+    from sloserve.gateway.config import load_settings
 
     s = load_settings(EXAMPLE)
     assert s.backend == "ray" and s.ray_deploy is True
@@ -468,7 +468,7 @@ def test_example_settings_file_validates_including_its_commented_examples(tmp_pa
 
 
 def test_example_settings_turn_the_features_on():
-    from gateway.config import load_settings
+    from sloserve.gateway.config import load_settings
 
     s = load_settings(EXAMPLE)
     assert s.default_policy == "slo"
@@ -484,7 +484,7 @@ ON_HERE = {"models", "training.enabled"}
 def test_example_values_are_the_defaults_except_those_marked_on_here():
     """The file says its values are the defaults except the lines marked "on here": check it, key by
     key, against the pydantic defaults (autoscaling knobs against AutoscalingSettings')."""
-    from gateway.config import AutoscalingSettings, Settings, TrainingSettings
+    from sloserve.gateway.config import AutoscalingSettings, Settings, TrainingSettings
 
     raw = yaml.safe_load(EXAMPLE.read_text())
     text = EXAMPLE.read_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from models.repository import ModelConfig
+from sloserve.models.repository import ModelConfig
 from tests.conftest import ROOT
 
 

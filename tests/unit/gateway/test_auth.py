@@ -1,4 +1,4 @@
-"""gateway/transports/auth.py without servers: token parsing, constant-time lookup, allow-lists, the ASGI guard."""
+"""sloserve/gateway/transports/auth.py without servers: token parsing, constant-time lookup, allow-lists, the ASGI guard."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import hmac
 
 import pytest
 
-from gateway import tokens
-from gateway.config import Settings
-from gateway.errors import PermissionDenied, Unauthenticated
-from gateway.tokens import TokenTable, bearer_token
-from gateway.transports.auth import BearerAuthMiddleware
-from gateway.transports.status import http_status
+from sloserve.gateway import tokens
+from sloserve.gateway.config import Settings
+from sloserve.gateway.errors import PermissionDenied, Unauthenticated
+from sloserve.gateway.tokens import TokenTable, bearer_token
+from sloserve.gateway.transports.auth import BearerAuthMiddleware
+from sloserve.gateway.transports.status import http_status
 
 TEXT = """
 # comment line

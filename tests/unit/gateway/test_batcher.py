@@ -5,12 +5,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from batching.batcher import Batcher, RunResult
-from batching.clock import FakeClock
-from batching.policy import PolicyBase, make_policy
-from batching.types import Dispatch, Shed, Wait
-from gateway.errors import InternalError, ReplicaFailed, TooManyRequests, Unavailable
-from gateway.transports.status import http_status
+from sloserve.batching.batcher import Batcher, RunResult
+from sloserve.batching.clock import FakeClock
+from sloserve.batching.policy import PolicyBase, make_policy
+from sloserve.batching.types import Dispatch, Shed, Wait
+from sloserve.gateway.errors import InternalError, ReplicaFailed, TooManyRequests, Unavailable
+from sloserve.gateway.transports.status import http_status
 
 
 class Runner:
@@ -186,7 +186,7 @@ class ShedTiny(ShedOldest):
 
 
 async def test_error_texts_keep_sub_tenth_millisecond_figures():
-    from batching.batcher import _ms
+    from sloserve.batching.batcher import _ms
 
     assert (_ms(0.005), _ms(0.00001), _ms(0.02)) == ("5.0", "0.010", "20.0")  # not "0.0 ms" for a 10 us miss
     b = Batcher("m", ShedTiny(), Runner(), ["v"], max_batch_size=4, clock=FakeClock())
@@ -320,7 +320,7 @@ def test_shared_replicas_one_set_of_slots_under_every_variant():
 
 
 def test_shared_replicas_setting_is_refused_with_worker_processes():
-    from gateway.config import ConfigError, load_settings
+    from sloserve.gateway.config import ConfigError, load_settings
 
     for ok in ("inprocess", "ray"):
         assert load_settings(backend=ok, models={"m": {"shared_replicas": True}}).models["m"].shared_replicas
@@ -331,7 +331,7 @@ def test_shared_replicas_setting_is_refused_with_worker_processes():
 async def test_best_effort_requests_are_never_refused_for_a_deadline_and_wait_behind_deadline_traffic():
     """A request that names no deadline is not refused at admission where one with a tight deadline
     is, and a request with a deadline that arrives after it is served before it."""
-    from gateway.errors import DeadlineUnreachable
+    from sloserve.gateway.errors import DeadlineUnreachable
 
     clock = FakeClock()
     runner = Runner()

@@ -7,10 +7,10 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.errors import InvalidArgument
-from gateway.transports.codec import decode_rest, encode_rest
-from gateway.transports.status import http_status
-from gateway.types import InferResponse, RequestedOutput
+from sloserve.gateway.errors import InvalidArgument
+from sloserve.gateway.transports.codec import decode_rest, encode_rest
+from sloserve.gateway.transports.status import http_status
+from sloserve.gateway.types import InferResponse, RequestedOutput
 
 
 def body(inputs, **extra):
@@ -151,7 +151,7 @@ def test_encode_json_and_binary():
 def test_uint64_takes_json_booleans_and_integers_without_overflow():
     """Found by the codec fuzz: a boolean array's extreme against uint64's max raised OverflowError
     (a 500) instead of being range-checked as the integers 0 and 1."""
-    from gateway.transports.codec import array_from_json
+    from sloserve.gateway.transports.codec import array_from_json
 
     assert array_from_json(False, "UINT64", (), "input 'x'").tolist() == 0
     assert array_from_json([True, False], "UINT64", (2,), "input 'x'").tolist() == [1, 0]
@@ -168,7 +168,7 @@ def test_grpc_bytes_outputs_are_length_prefixed_elements_not_pointers():
     for an object array is pointers)."""
     from tritonclient.grpc import InferResult
 
-    from gateway.transports.grpc import encode_response
+    from sloserve.gateway.transports.grpc import encode_response
 
     words = np.array([[b"seven"], ["eight"]], dtype=object)
     resp = InferResponse(model="m", version="1", outputs={"label": words, "p": np.array([[0.5], [0.25]], np.float32)})
@@ -180,7 +180,7 @@ def test_grpc_bytes_outputs_are_length_prefixed_elements_not_pointers():
 
 
 def _config(shape, datatype="FP32", max_batch=64):
-    from models.repository import ModelConfig
+    from sloserve.models.repository import ModelConfig
 
     return ModelConfig(
         name="m",
@@ -192,8 +192,8 @@ def _config(shape, datatype="FP32", max_batch=64):
 
 
 def test_size_limits_are_what_the_largest_servable_request_needs():
-    from gateway.config import Settings
-    from gateway.limits import MAX_BODY_BYTES, REQUEST_HEADROOM_BYTES, size_limits
+    from sloserve.gateway.config import Settings
+    from sloserve.gateway.limits import MAX_BODY_BYTES, REQUEST_HEADROOM_BYTES, size_limits
 
     s = Settings()
     digits, heavy = _config([64]), _config([1024])

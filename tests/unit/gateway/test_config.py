@@ -8,8 +8,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-import gateway.config as config
-from gateway.config import ConfigError, Settings, load_settings
+import sloserve.gateway.config as config
+from sloserve.gateway.config import ConfigError, Settings, load_settings
 
 
 def test_an_environment_key_changes_that_key_and_keeps_the_files_map(tmp_path, monkeypatch):
@@ -54,7 +54,7 @@ def test_loopback_needs_no_tokens(host):
 def test_device_types_and_device_type_are_one_or_the_other():
     import pytest
 
-    from gateway.config import Settings
+    from sloserve.gateway.config import Settings
 
     with pytest.raises(ValueError, match="device_type .* or device_types"):
         Settings(models={"heavy": {"device_type": "T4", "device_types": ["cpu", "T4"]}})

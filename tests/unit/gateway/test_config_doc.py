@@ -1,8 +1,8 @@
 from pathlib import Path
 
-from gateway.config_doc import render
+from sloserve.gateway.config_doc import render
 
 
 def test_configuration_reference_is_current():
     doc = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
-    assert doc.read_text() == render(), "regenerate: python -m gateway.config_doc > docs/configuration.md"
+    assert doc.read_text() == render(), "regenerate: python -m sloserve.gateway.config_doc > docs/configuration.md"

@@ -9,8 +9,8 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from gateway.transports.callguard import peer_host
-from gateway.transports.connguard import APP, BODY, HEAD, ConnectionGuard, guarded_protocol
+from sloserve.gateway.transports.callguard import peer_host
+from sloserve.gateway.transports.connguard import APP, BODY, HEAD, ConnectionGuard, guarded_protocol
 
 
 class FakeTransport:

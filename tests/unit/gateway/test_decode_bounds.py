@@ -13,18 +13,18 @@ import orjson
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-import gateway.transports.codec as codec
-import gateway.transports.grpc as grpc_transport
-from gateway.backends.threads import InProcessBackend
-from gateway.config import Settings
-from gateway.dataplane import DataPlane
-from gateway.errors import InvalidArgument
-from gateway.transports.codec import InputLimits, decode_rest
-from gateway.transports.grpc import InferenceServicer, ReceivedInfer, decode_grpc
-from gateway.transports.rest import create_asgi
-from gateway.transports.restdecode import RestDecoder
-from models.repository import ModelRepository
-from models.runtime import RuntimeOptions
+import sloserve.gateway.transports.codec as codec
+import sloserve.gateway.transports.grpc as grpc_transport
+from sloserve.gateway.backends.threads import InProcessBackend
+from sloserve.gateway.config import Settings
+from sloserve.gateway.dataplane import DataPlane
+from sloserve.gateway.errors import InvalidArgument
+from sloserve.gateway.transports.codec import InputLimits, decode_rest
+from sloserve.gateway.transports.grpc import InferenceServicer, ReceivedInfer, decode_grpc
+from sloserve.gateway.transports.rest import create_asgi
+from sloserve.gateway.transports.restdecode import RestDecoder
+from sloserve.models.repository import ModelRepository
+from sloserve.replica.runtime import RuntimeOptions
 
 NAMES = ("a", "b")
 LIMITS = InputLimits(max_elements=1000, max_rows=8)

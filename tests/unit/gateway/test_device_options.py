@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batching.options import split_key, variant_of
-from gateway.backends.threads import InProcessBackend
-from gateway.config import Settings
-from gateway.dataplane import DataPlane
-from gateway.errors import InvalidArgument
-from gateway.types import InferRequest, RequestParams
-from loadtests.emulated import emulated_type_repo
-from models.repository import ModelRepository
-from models.runtime import RuntimeOptions, device_type
+from sloserve.batching.options import split_key, variant_of
+from sloserve.gateway.backends.threads import InProcessBackend
+from sloserve.gateway.config import Settings
+from sloserve.gateway.dataplane import DataPlane
+from sloserve.gateway.errors import InvalidArgument
+from sloserve.gateway.types import InferRequest, RequestParams
+from sloserve.loadtests.emulated import emulated_type_repo
+from sloserve.models.repository import ModelRepository
+from sloserve.replica.runtime import RuntimeOptions, device_type
 
 EMUL = "emul-slow"
 

@@ -1,4 +1,4 @@
-"""The REST front door (gateway/transports/door.py): the Host a request names and the Content-Type of
+"""The REST front door (sloserve/gateway/transports/door.py): the Host a request names and the Content-Type of
 a state-changing request, alone and in front of the served app, where the infer fast path and the
 repository API sit behind it.
 
@@ -17,13 +17,13 @@ import shutil
 import httpx
 import pytest
 
-from gateway.backends.threads import InProcessBackend
-from gateway.config import Settings
-from gateway.dataplane import DataPlane
-from gateway.transports.door import FrontDoor, host_name
-from gateway.transports.rest import create_asgi
-from models.repository import ModelRepository
-from models.runtime import RuntimeOptions
+from sloserve.gateway.backends.threads import InProcessBackend
+from sloserve.gateway.config import Settings
+from sloserve.gateway.dataplane import DataPlane
+from sloserve.gateway.transports.door import FrontDoor, host_name
+from sloserve.gateway.transports.rest import create_asgi
+from sloserve.models.repository import ModelRepository
+from sloserve.replica.runtime import RuntimeOptions
 
 
 async def _inner(scope, receive, send):

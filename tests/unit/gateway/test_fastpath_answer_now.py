@@ -1,4 +1,4 @@
-"""The early shed answer of the raw-ASGI path (gateway/transports/fastpath.py) against uvicorn's real
+"""The early shed answer of the raw-ASGI path (sloserve/gateway/transports/fastpath.py) against uvicorn's real
 request cycle: written synchronously when the transport takes it, left to the handler otherwise."""
 
 import asyncio
@@ -7,9 +7,9 @@ import orjson
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
-from gateway.errors import DeadlineUnreachable
-from gateway.limits import SizeLimits
-from gateway.transports.fastpath import _AnswerNow
+from sloserve.gateway.errors import DeadlineUnreachable
+from sloserve.gateway.limits import SizeLimits
+from sloserve.gateway.transports.fastpath import _AnswerNow
 
 
 class Transport:
@@ -113,7 +113,7 @@ async def test_paused_after_the_status_line_the_handler_sends_the_body_under_uvi
     """Run the real fast-path handler under uvicorn's own run_asgi: the status line goes out from
     inside the decision, the body when the handler resumes and the transport drains. A body left
     to a task instead made uvicorn close the connection with the response half written."""
-    import gateway.transports.fastpath as fp
+    import sloserve.gateway.transports.fastpath as fp
 
     t = Pausing()
     c = cycle(t)
@@ -158,7 +158,7 @@ async def test_paused_after_the_status_line_the_handler_sends_the_body_under_uvi
 
 
 async def test_a_send_that_fails_marks_nothing_so_the_handler_answers(monkeypatch):
-    from gateway.transports import fastpath
+    from sloserve.gateway.transports import fastpath
 
     t = Transport()
     c = cycle(t)

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.transports.grpc import NOT_SERVED, InferenceServicer
+from sloserve.gateway.transports.grpc import NOT_SERVED, InferenceServicer
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 

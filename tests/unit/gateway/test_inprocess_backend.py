@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from gateway.backends.threads import InProcessBackend
-from gateway.errors import DeadlineExceeded
-from models.runtime import RuntimeOptions
+from sloserve.gateway.backends.threads import InProcessBackend
+from sloserve.gateway.errors import DeadlineExceeded
+from sloserve.replica.runtime import RuntimeOptions
 
 
 class Gated:
@@ -151,7 +151,7 @@ async def test_shared_replicas_run_one_batch_at_a_time_whatever_its_variant():
 async def test_start_shares_one_queue_per_shared_model_and_runs_nothing_inline(model_repo):
     """start() on the real repository: digits shared (one queue of replica indices for its three variants,
     never inline even where a batch is tiny), heavy not (a queue per variant, tiny batches inline)."""
-    from models.repository import ModelRepository
+    from sloserve.models.repository import ModelRepository
 
     repo = ModelRepository(model_repo).load()
     b = InProcessBackend(repo, RuntimeOptions(device="cpu"), instances=2, inline_below_s=1.0, shared={"digits"})

@@ -1,4 +1,4 @@
-"""The event-loop lag probe (gateway/looplag.py): its estimate, the loop's own share of it, its idle stop,
+"""The event-loop lag probe (sloserve/gateway/looplag.py): its estimate, the loop's own share of it, its idle stop,
 and the door it drives."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import shutil
 
 import pytest
 
-from batching.errors import DeadlineUnreachable
-from gateway.backends.threads import InProcessBackend
-from gateway.config import Settings
-from gateway.dataplane import DataPlane
-from gateway.looplag import LoopLag
-from models.repository import ModelRepository
-from models.runtime import RuntimeOptions
+from sloserve.batching.errors import DeadlineUnreachable
+from sloserve.gateway.backends.threads import InProcessBackend
+from sloserve.gateway.config import Settings
+from sloserve.gateway.dataplane import DataPlane
+from sloserve.gateway.looplag import LoopLag
+from sloserve.models.repository import ModelRepository
+from sloserve.replica.runtime import RuntimeOptions
 
 
 def test_estimate_is_a_capped_ewma_of_probe_lateness():

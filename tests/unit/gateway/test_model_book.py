@@ -1,11 +1,11 @@
-"""The model book (gateway/backends/ray_book.py) as a plain object on a fake clock: one operation per
+"""The model book (sloserve/gateway/backends/ray_book.py) as a plain object on a fake clock: one operation per
 model cluster-wide, a gone gateway's lock freed and its half-done operation marked, and the wait
 until every live gateway has applied a version. (The live book, a Ray actor under two workers, is
 tests/integration/test_workers_repository.py.)"""
 
 from __future__ import annotations
 
-from gateway.backends.ray_book import LIVE_S, ModelBook
+from sloserve.gateway.backends.ray_book import LIVE_S, ModelBook
 
 
 class Clock:
@@ -136,8 +136,8 @@ async def test_a_model_book_that_cannot_be_reached_is_a_503_never_a_500():
     import pytest
     from ray.exceptions import GetTimeoutError
 
-    from gateway.errors import Unavailable
-    from gateway.modelsync import SharedModels
+    from sloserve.gateway.errors import Unavailable
+    from sloserve.gateway.modelsync import SharedModels
 
     locks: dict = {}
     manager = SimpleNamespace(

@@ -1,4 +1,4 @@
-"""Ending left-over processes (gateway/backends/proctree.py, on psutil): a process still there after the
+"""Ending left-over processes (sloserve/gateway/backends/proctree.py, on psutil): a process still there after the
 grace period is killed, our zombies are collected, and the log line names the processes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from gateway.backends.proctree import describe, reap
+from sloserve.gateway.backends.proctree import describe, reap
 
 
 def _child(code: str) -> psutil.Process:

@@ -1,7 +1,7 @@
 """Which local ``ray.init`` failures the Ray backend retries once (a busy box starts daemons late), and
 how many CPUs the embedded Ray offers."""
 
-from gateway.backends.ray_local import startup_timed_out
+from sloserve.gateway.backends.ray_local import startup_timed_out
 
 
 def test_ray_start_up_timeouts_are_retried_and_nothing_else():
@@ -25,8 +25,8 @@ def _repo(tmp_path, variants: dict[str, int]):
 
 
 def test_the_embedded_ray_offers_the_cpus_its_start_up_replicas_reserve(tmp_path, monkeypatch):
-    from gateway.backends.ray_local import local_cpus, replica_cpus
-    from gateway.config import Settings
+    from sloserve.gateway.backends.ray_local import local_cpus, replica_cpus
+    from sloserve.gateway.config import Settings
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     repo = _repo(tmp_path, {"digits": 3, "heavy": 3, "cnn": 3})
@@ -44,8 +44,8 @@ def test_a_gateway_whose_lease_ran_out_is_not_ready():
     with the Ray head) holds no slot, so it says not ready even while replicas on other nodes live."""
     import time
 
-    from gateway.backends.ray import RayServeBackend
-    from gateway.backends.ray_capacity import LeaseClient
+    from sloserve.gateway.backends.ray import RayServeBackend
+    from sloserve.gateway.backends.ray_capacity import LeaseClient
 
     backend = RayServeBackend.__new__(RayServeBackend)
     backend._ready, backend._connected, backend.leases = True, True, None

@@ -1,4 +1,4 @@
-"""The embedded Ray's token authentication (gateway/backends/ray_local.py, ``owner_only_token``): on
+"""The embedded Ray's token authentication (sloserve/gateway/backends/ray_local.py, ``owner_only_token``): on
 unless the operator turned it off, with a token file only its owner may read."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from gateway.backends.ray_local import owner_only_token
+from sloserve.gateway.backends.ray_local import owner_only_token
 
 
 @pytest.fixture

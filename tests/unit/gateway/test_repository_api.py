@@ -12,12 +12,12 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 
-import gateway.modelinfo as modelinfo
-from gateway.errors import InvalidArgument
-from gateway.modelinfo import ModelStats, triton_config
-from gateway.repository import ConfigOverride, parse_load_parameters
-from gateway.transports.auth import _model_from_path, _scope_of
-from models.repository import ModelConfig
+import sloserve.gateway.modelinfo as modelinfo
+from sloserve.gateway.errors import InvalidArgument
+from sloserve.gateway.modelinfo import ModelStats, triton_config
+from sloserve.gateway.repository import ConfigOverride, parse_load_parameters
+from sloserve.gateway.transports.auth import _model_from_path, _scope_of
+from sloserve.models.repository import ModelConfig
 
 CFG = ModelConfig.model_validate(
     {

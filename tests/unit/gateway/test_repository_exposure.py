@@ -14,15 +14,15 @@ import httpx
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.backends.threads import InProcessBackend
-from gateway.config import Settings
-from gateway.dataplane import DataPlane
-from gateway.tokens import TokenTable
-from gateway.transports.auth import GrpcGuard
-from gateway.transports.grpc import InferenceServicer
-from gateway.transports.rest import create_asgi
-from models.repository import ModelRepository
-from models.runtime import RuntimeOptions
+from sloserve.gateway.backends.threads import InProcessBackend
+from sloserve.gateway.config import Settings
+from sloserve.gateway.dataplane import DataPlane
+from sloserve.gateway.tokens import TokenTable
+from sloserve.gateway.transports.auth import GrpcGuard
+from sloserve.gateway.transports.grpc import InferenceServicer
+from sloserve.gateway.transports.rest import create_asgi
+from sloserve.models.repository import ModelRepository
+from sloserve.replica.runtime import RuntimeOptions
 
 TOKENS = "digits-only-token digits infer,models;every-model-token * infer,models"
 SERVICE = "/inference.GRPCInferenceService/"

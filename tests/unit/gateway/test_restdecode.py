@@ -9,9 +9,9 @@ import orjson
 import psutil
 import pytest
 
-from gateway.errors import InvalidArgument, Unavailable
-from gateway.transports.codec import InputLimits
-from gateway.transports.restdecode import RestDecoder
+from sloserve.gateway.errors import InvalidArgument, Unavailable
+from sloserve.gateway.transports.codec import InputLimits
+from sloserve.gateway.transports.restdecode import RestDecoder
 
 LIMITS = InputLimits(max_elements=1 << 20, max_rows=64, allow_nonfinite=False)
 

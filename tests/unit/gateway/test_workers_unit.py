@@ -1,7 +1,7 @@
 """How many gateway workers `sloserve serve` starts by default, and what the supervisor does when one
-exits (gateway/workers.py)."""
+exits (sloserve/gateway/workers.py)."""
 
-from gateway.workers import Supervisor, available_cores, default_workers
+from sloserve.gateway.workers import Supervisor, available_cores, default_workers
 
 
 def test_default_workers_follow_the_cores():
@@ -37,7 +37,7 @@ class _Exited:
 def test_a_worker_that_exits_with_2_ends_the_service_and_others_restart(tmp_path):
     """Exit 2 means a bad setting or model, which every start would meet again: the supervisor stops
     the service with 2 instead of restarting that worker forever. Any other exit is restarted."""
-    from gateway.config import Settings
+    from sloserve.gateway.config import Settings
 
     sup = Supervisor(Settings(repo=tmp_path, backend="inprocess", http_port=0, grpc_port=0), 2)
     try:

@@ -1,4 +1,4 @@
-"""The replica side of the batch channel (models/channel.py): each gateway's connection is read as
+"""The replica side of the batch channel (sloserve/replica/channel.py): each gateway's connection is read as
 its frames come, every batch computes on one thread in the order it was read, and a stalled or
 broken gateway holds up nobody else. Real sockets, no sleeps: the compute function is held on events."""
 
@@ -15,8 +15,8 @@ from multiprocessing.connection import Connection
 import numpy as np
 import pytest
 
-import models.channel as channel
-from models.channel import BatchServer
+import sloserve.replica.channel as channel
+from sloserve.replica.channel import BatchServer
 
 
 def _recv(gw: Connection) -> tuple:
@@ -170,7 +170,7 @@ def _connect(listener: channel.ChannelListener) -> Connection:
 def _replica(server: BatchServer, listener: channel.ChannelListener):
     """A Ray Serve replica object around this channel, without Ray (its constructor loads a model and
     publishes the channel through Serve)."""
-    from models.ray_replica import OnnxReplica
+    from sloserve.replica.ray_replica import OnnxReplica
 
     replica = OnnxReplica.__new__(OnnxReplica)
     replica._server, replica._listener, replica._kv_key = server, listener, None

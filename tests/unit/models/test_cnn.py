@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import pytest
 
-from models import build, cnn
-from models.repository import ModelRepository, load_model_dir, write_config
+from sloserve.build import cnn, demo
+from sloserve.models.repository import ModelRepository, load_model_dir, write_config
 
 TINY = (
     ("small", cnn.Arch(pool=2, convs=((2, 1),), epochs=2)),
@@ -69,10 +69,10 @@ def test_the_same_seed_trains_the_same_net(tmp_path):
 
 def test_without_torch_the_build_skips_cnn_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
-    monkeypatch.setattr(build, "DIGITS_VARIANTS", [("small", (), 2, 50)])
-    monkeypatch.setattr(build, "HEAVY_VARIANTS", [("small", (), 8, 50)])
+    monkeypatch.setattr(demo, "DIGITS_VARIANTS", [("small", (), 2, 50)])
+    monkeypatch.setattr(demo, "HEAVY_VARIANTS", [("small", (), 8, 50)])
     lines: list[str] = []
-    built = build.build_demo(tmp_path, log=lines.append)
+    built = demo.build_demo(tmp_path, log=lines.append)
     assert [c.name for c in built] == ["digits", "heavy"]
     said = [line for line in lines if "cnn" in line]
     assert len(said) == 1 and "pip install 'sloserve[train]'" in said[0], lines
@@ -82,7 +82,7 @@ def test_without_torch_the_build_skips_cnn_in_one_line(tmp_path, monkeypatch):
 
 def test_where_a_gpu_runs_it_the_large_variant_gets_an_fp16_twin(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from models import variants_build
+    from sloserve.build import variants_build
 
     devices: list[str] = []
     real_predict = variants_build.predict

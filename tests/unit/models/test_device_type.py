@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models import runtime
+from sloserve.replica import runtime
 
 
 @pytest.fixture(autouse=True)

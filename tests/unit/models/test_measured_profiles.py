@@ -1,4 +1,4 @@
-"""Profiles measured on other hardware (models/measured, sim/measured) reach the tables that use them."""
+"""Profiles measured on other hardware (sloserve/build/measured, sloserve/sim/measured) reach the tables that use them."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from batching.profile import ProfileTable, write_profile
-from models.build import MEASURED_DIR, copy_measured_profiles
-from sim.profiles import default_profiles, measured_curves, service_for
+from sloserve.batching.profile import ProfileTable, write_profile
+from sloserve.build.demo import MEASURED_DIR, copy_measured_profiles
+from sloserve.sim.profiles import default_profiles, measured_curves, service_for
 
 
 def _profile(device: str, p50: list[float]) -> dict:

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from gateway.cli.main import main
+from sloserve.cli.main import main
 
 
 def graph(path, batch: int | str = "batch") -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.runtime import CPU, CUDA, choose_providers
+from sloserve.replica.runtime import CPU, CUDA, choose_providers
 
 GPU_WHEEL = [CUDA, CPU]  # onnxruntime-gpu (lists CUDA whether or not a GPU is there)
 CPU_WHEEL = [CPU]  # onnxruntime
@@ -57,15 +57,15 @@ def test_without_onnx_runtime_the_import_names_both_extras(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if neither wheel were installed
-    monkeypatch.delitem(sys.modules, "models.runtime")
+    monkeypatch.delitem(sys.modules, "sloserve.replica.runtime")
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'sloserve\[cpu\]'.*pip install 'sloserve\[gpu\]'"):
-        importlib.import_module("models.runtime")
+        importlib.import_module("sloserve.replica.runtime")
 
 
 def test_a_cuda_session_picks_cudnn_algorithms_by_heuristic(monkeypatch, tmp_path):
     """A served model meets every batch size; ONNX Runtime's default exhaustive cuDNN benchmark would
     run inside the first batch of each new size."""
-    from models import runtime
+    from sloserve.replica import runtime
 
     seen = {}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from autoscaler.placement.types import (
+from sloserve.autoscaler.placement.types import (
     Gpu,
     PlacementSnapshot,
     Replica,

@@ -1,9 +1,9 @@
 """Gavel's throughput table for serving options (variant, device type): read from the option's
 variant's profile on each GPU type, keyed by the option; placement ranks types by it per cost."""
 
-from autoscaler.placement.cost import rank_types, throughputs_from_profile
-from autoscaler.placement.types import Gpu, PlacementConfig, PlacementSnapshot
-from batching.profile import ProfileTable
+from sloserve.autoscaler.placement.cost import rank_types, throughputs_from_profile
+from sloserve.autoscaler.placement.types import Gpu, PlacementConfig, PlacementSnapshot
+from sloserve.batching.profile import ProfileTable
 
 TABLE = ProfileTable.from_points(
     {

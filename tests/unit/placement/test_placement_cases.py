@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.placement.cost import preemption_cost
-from autoscaler.placement.policy import apply_decision, decide, get_policy, static_partition
-from autoscaler.placement.types import (
+from sloserve.autoscaler.placement.cost import preemption_cost
+from sloserve.autoscaler.placement.policy import apply_decision, decide, get_policy, static_partition
+from sloserve.autoscaler.placement.types import (
     Gpu,
     PlacementConfig,
     PlacementSnapshot,

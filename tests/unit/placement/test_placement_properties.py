@@ -7,9 +7,9 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.placement.cost import lost_work_gpu_s, preemption_cost
-from autoscaler.placement.policy import POLICIES, apply_decision, check_capacity, get_policy
-from autoscaler.placement.types import (
+from sloserve.autoscaler.placement.cost import lost_work_gpu_s, preemption_cost
+from sloserve.autoscaler.placement.policy import POLICIES, apply_decision, check_capacity, get_policy
+from sloserve.autoscaler.placement.types import (
     Gpu,
     PlacementConfig,
     PlacementSnapshot,

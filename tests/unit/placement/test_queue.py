@@ -1,4 +1,4 @@
-"""The training queue (autoscaler/placement/queue.py): 2D-LAS with its starvation guard, FIFO, SRTF,
+"""The training queue (sloserve/autoscaler/placement/queue.py): 2D-LAS with its starvation guard, FIFO, SRTF,
 tenant shares, and the placement policy carrying out its preemptions. Time is an argument: no sleeps."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from autoscaler.placement.policy import apply_decision, decide
-from autoscaler.placement.queue import las_level, order, plan
-from autoscaler.placement.types import Gpu, PlacementConfig, PlacementSnapshot, PlacementState, QueueState
+from sloserve.autoscaler.placement.policy import apply_decision, decide
+from sloserve.autoscaler.placement.queue import las_level, order, plan
+from sloserve.autoscaler.placement.types import Gpu, PlacementConfig, PlacementSnapshot, PlacementState, QueueState
 from tests.unit.placement.factories import job
 
 LAS = PlacementConfig()  # two queues, 3,250 GPU-s, starvation at 4x the run time

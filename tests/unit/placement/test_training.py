@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from autoscaler.training.checkpoint import (
+from sloserve.training.checkpoint import (
     CorruptCheckpoint,
     checkpoint_dir_name,
     latest_good,
@@ -15,7 +15,7 @@ from autoscaler.training.checkpoint import (
     verify,
     write_manifest,
 )
-from autoscaler.training.job import EntryError, TrainingSpec, preempt_then_kill, resolve_entry
+from sloserve.training.job import EntryError, TrainingSpec, preempt_then_kill, resolve_entry
 
 
 def _ckpt(root, run, iteration, payload=b"w"):
@@ -76,8 +76,8 @@ def test_preempt_then_kill_kills_only_after_grace():
     "entry, why",
     [
         ("no_such_package.train:main", "cannot import no_such_package.train"),
-        ("autoscaler.training.demo:no_such_function", "has no function no_such_function"),
-        ("autoscaler.training.demo:DEFAULTS", "has no function DEFAULTS"),
+        ("sloserve.training.demo:no_such_function", "has no function no_such_function"),
+        ("sloserve.training.demo:DEFAULTS", "has no function DEFAULTS"),
         ("not an entry", "is not package.module:function"),
     ],
 )
@@ -87,9 +87,9 @@ def test_an_entry_that_cannot_be_imported_is_a_clear_error(entry, why):
 
 
 def test_the_demo_entry_resolves():
-    from autoscaler.training import demo
+    from sloserve.training import demo
 
-    assert resolve_entry("autoscaler.training.demo:train") is demo.train
+    assert resolve_entry("sloserve.training.demo:train") is demo.train
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_min_workers_above_workers_is_refused():
 def test_demo_config_is_checked_and_the_cnn_classifies_8x8_digits():
     import torch
 
-    from autoscaler.training import demo
+    from sloserve.training import demo
 
     with pytest.raises(ValueError, match="unknown config keys"):
         demo.check_config({"iteration": 10})
@@ -130,7 +130,7 @@ def test_demo_config_is_checked_and_the_cnn_classifies_8x8_digits():
 
 
 def test_session_outside_a_run_never_asks_to_stop():
-    from autoscaler.training import session
+    from sloserve.training import session
 
     assert session.should_stop(iteration=3, loss=0.5) is False
     assert (session.rank(), session.world_size()) == (0, 1)

@@ -8,13 +8,13 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from autoscaler.placement.metrics import gpu_usage
-from autoscaler.placement.types import Gpu, PlacementSnapshot, Replica, ReplicaTarget
-from autoscaler.training.checkpoint import write_json_atomic
-from autoscaler.training.job import DEMO_ENTRY
-from autoscaler.training.manager import SubprocessLauncher, TrainingManager
-from gateway.tokens import TokenTable
-from gateway.transports.training import training_router
+from sloserve.autoscaler.placement.metrics import gpu_usage
+from sloserve.autoscaler.placement.types import Gpu, PlacementSnapshot, Replica, ReplicaTarget
+from sloserve.gateway.tokens import TokenTable
+from sloserve.gateway.transports.training import training_router
+from sloserve.training.checkpoint import write_json_atomic
+from sloserve.training.job import DEMO_ENTRY
+from sloserve.training.manager import SubprocessLauncher, TrainingManager
 from tests.unit.placement.factories import job
 
 TOKENS = TokenTable.parse("team-a-token-1 * training team-a")
@@ -43,7 +43,7 @@ def _client(tmp_path, entries=(DEMO_ENTRY,)):
 
 def test_http_submit_list_get_and_the_new_job_form(tmp_path):
     m, c = _client(tmp_path)
-    body = {"job_id": "h", "entry": "autoscaler.training.demo:train", "config": {"iterations": 10}, "workers": 2}
+    body = {"job_id": "h", "entry": "sloserve.training.demo:train", "config": {"iterations": 10}, "workers": 2}
     r = c.post("/v2/training/jobs", json=body)
     assert r.status_code == 201, r.text
     j = r.json()
@@ -70,10 +70,10 @@ def test_http_an_entry_that_does_not_import_is_a_400_naming_it(tmp_path):
 
 
 def test_status_shows_checkpoint_corrupt_ones_and_a_failed_jobs_traceback(tmp_path, capsys):
-    from gateway.cli import main
+    from sloserve.cli import main
 
     m = TrainingManager(tmp_path, launcher=SubprocessLauncher())
-    from autoscaler.training.job import TrainingSpec
+    from sloserve.training.job import TrainingSpec
 
     m.submit(TrainingSpec(job_id="f"), start=False)
     m._save("f", state="running", launcher="elsewhere")
@@ -98,7 +98,7 @@ def test_status_shows_checkpoint_corrupt_ones_and_a_failed_jobs_traceback(tmp_pa
 
 
 def test_cli_submit_refuses_a_bad_entry_and_bad_config(tmp_path, capsys):
-    from gateway.cli import main
+    from sloserve.cli import main
 
     args = ["train", "submit", "j", "--jobs-dir", str(tmp_path)]
     assert main([*args, "--entry", "nope_pkg.x:train"]) == 2
@@ -125,7 +125,7 @@ class _TypedLauncher(SubprocessLauncher):
     """Checks a job against a cluster of T4s and A100s; starts nothing."""
 
     def check(self, spec):
-        from autoscaler.training.job import JobRejected
+        from sloserve.training.job import JobRejected
 
         if spec.gpu_type not in ("T4", "A100"):
             raise JobRejected(f"the cluster has no {spec.gpu_type} GPUs (it has: A100, T4)")
@@ -142,7 +142,7 @@ class _TypedLauncher(SubprocessLauncher):
 
 
 def test_resume_on_another_gpu_type_rewrites_the_spec_and_refuses_a_type_the_cluster_lacks(tmp_path):
-    from autoscaler.training.job import JobRejected, TrainingSpec
+    from sloserve.training.job import JobRejected, TrainingSpec
 
     launcher = _TypedLauncher()
     m = TrainingManager(tmp_path, launcher=launcher)
@@ -158,7 +158,7 @@ def test_resume_on_another_gpu_type_rewrites_the_spec_and_refuses_a_type_the_clu
 
 
 def test_http_resume_takes_a_gpu_type(tmp_path):
-    from autoscaler.training.job import TrainingSpec
+    from sloserve.training.job import TrainingSpec
 
     m = TrainingManager(tmp_path, launcher=_TypedLauncher())
     app = FastAPI()

@@ -17,11 +17,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from autoscaler.training.checkpoint import checkpoint_dir_name, list_checkpoints, prune, write_manifest
-from autoscaler.training.job import DEMO_ENTRY, EntryNotAllowed, JobLimit, JobRejected, TrainingSpec
-from autoscaler.training.manager import SubprocessLauncher, TrainingManager, create_time
-from gateway.tokens import TokenTable
-from gateway.transports.training import training_router
+from sloserve.gateway.tokens import TokenTable
+from sloserve.gateway.transports.training import training_router
+from sloserve.training.checkpoint import checkpoint_dir_name, list_checkpoints, prune, write_manifest
+from sloserve.training.job import DEMO_ENTRY, EntryNotAllowed, JobLimit, JobRejected, TrainingSpec
+from sloserve.training.manager import SubprocessLauncher, TrainingManager, create_time
 from tests.unit.placement.test_training_manager import _Queued
 
 TOKENS = TokenTable.parse(
@@ -92,7 +92,7 @@ def test_a_spec_written_into_the_jobs_dir_by_hand_is_refused_at_start(tmp_path, 
 def test_the_default_allow_list_is_the_demo_and_a_bad_entry_stops_start_up():
     from pydantic import ValidationError
 
-    from gateway.config import Settings
+    from sloserve.gateway.config import Settings
 
     assert Settings().training.entries == [DEMO_ENTRY]
     with pytest.raises(ValidationError, match="training.entries"):
@@ -192,7 +192,7 @@ def _checkpoint(d: Path, state, iteration: int = 10) -> Path:
 def test_a_checkpoint_holding_a_pickled_object_is_refused_and_runs_nothing(tmp_path):
     import pickle
 
-    from autoscaler.training.session import read_state
+    from sloserve.training.session import read_state
 
     _Payload.marker = tmp_path / "pwned"
     d = _checkpoint(tmp_path / "run-1" / checkpoint_dir_name(10), {"iteration": 10, "x": _Payload()})
@@ -204,8 +204,8 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_and_runs_nothing(tmp_p
 def test_the_demo_state_is_saved_and_read_back_as_tensors_and_plain_values(tmp_path):
     import torch
 
-    from autoscaler.training import demo
-    from autoscaler.training.session import check_plain, read_state
+    from sloserve.training import demo
+    from sloserve.training.session import check_plain, read_state
 
     net = demo.build_model(4)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
@@ -248,7 +248,7 @@ def test_max_jobs_counts_ended_jobs_until_their_files_are_removed(tmp_path):
 
 
 def test_ended_jobs_are_removed_after_retain_ended_s_and_others_stay(tmp_path):
-    from autoscaler.training.checkpoint import write_json_atomic
+    from sloserve.training.checkpoint import write_json_atomic
 
     m = TrainingManager(tmp_path, launcher=_NoStart(), retain_ended_s=60)
     for j in ("fin", "can", "pre", "que"):

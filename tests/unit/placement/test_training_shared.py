@@ -12,10 +12,10 @@ import threading
 
 import pytest
 
-from autoscaler.placement.harvest_jobs import HarvestJobs
-from autoscaler.training.job import DEMO_ENTRY, TrainingSpec
-from autoscaler.training.leader import LeaderLock, Leadership
-from autoscaler.training.manager import ABANDONED_S, TrainingManager
+from sloserve.training.harvest_jobs import HarvestJobs
+from sloserve.training.job import DEMO_ENTRY, TrainingSpec
+from sloserve.training.leader import LeaderLock, Leadership
+from sloserve.training.manager import ABANDONED_S, TrainingManager
 
 
 def spec(job_id: str = "j1") -> TrainingSpec:
@@ -150,7 +150,7 @@ def test_one_leader_at_a_time_and_the_next_takes_over_when_it_lets_go(tmp_path):
 def test_a_dead_leaders_lock_is_freed_by_the_kernel(tmp_path):
     path = tmp_path / ".leader"
     code = (
-        "import sys; from autoscaler.training.leader import LeaderLock\n"
+        "import sys; from sloserve.training.leader import LeaderLock\n"
         f"assert LeaderLock({str(path)!r}).try_acquire()\n"
         "print('leading', flush=True); sys.stdin.read()\n"
     )

@@ -1,22 +1,22 @@
-"""sim.bound: the hindsight-tuned reactive bound on what a causal autoscaler can reach."""
+"""sloserve.sim.bound: the hindsight-tuned reactive bound on what a causal autoscaler can reach."""
 
 import doctest
 
 import numpy as np
 import pytest
 
-import sim.bound
-from sim.arrivals import Arrivals
-from sim.bound import bound, hindsight_rate
-from sim.engine import SimConfig
-from sim.profiles import default_profiles, service_for
-from sim.run import make_spec
+import sloserve.sim.bound
+from sloserve.sim.arrivals import Arrivals
+from sloserve.sim.bound import bound, hindsight_rate
+from sloserve.sim.engine import SimConfig
+from sloserve.sim.profiles import default_profiles, service_for
+from sloserve.sim.run import make_spec
 
 SVC = service_for(default_profiles(), "gpt2-gen", "t4", slo_ms=1000)
 
 
 def test_doctests():
-    assert doctest.testmod(sim.bound).failed == 0
+    assert doctest.testmod(sloserve.sim.bound).failed == 0
 
 
 def test_hindsight_rate_sees_only_the_past():
@@ -73,7 +73,7 @@ def test_when_nothing_meets_the_sla_the_closest_run_is_kept():
     ],
 )
 def test_bad_arguments_are_one_line_errors_before_any_run(tmp_path, capsys, args, message):
-    from sim.bound import main
+    from sloserve.sim.bound import main
 
     trace = tmp_path / "t.csv"
     trace.write_text("minute,a\n0,60\n1,120\n")

@@ -4,14 +4,14 @@ short, and swayam sizes its warm buffer with it (docs/simulator.md, "A fallback 
 import numpy as np
 import pytest
 
-from autoscaler.queueing import capacity_of, capacity_rps, replicas_needed
-from autoscaler.swayam import SwayamConfig, SwayamState, decide
-from autoscaler.types import RateWindow, ScalingSnapshot
-from sim.arrivals import Arrivals
-from sim.control import ModelSpec
-from sim.engine import SimConfig, simulate_requests
-from sim.fluid import simulate_fluid
-from sim.profiles import default_profiles, service_for
+from sloserve.autoscaler.queueing import capacity_of, capacity_rps, replicas_needed
+from sloserve.autoscaler.swayam import SwayamConfig, SwayamState, decide
+from sloserve.autoscaler.types import RateWindow, ScalingSnapshot
+from sloserve.sim.arrivals import Arrivals
+from sloserve.sim.control import ModelSpec
+from sloserve.sim.engine import SimConfig, simulate_requests
+from sloserve.sim.fluid import simulate_fluid
+from sloserve.sim.profiles import default_profiles, service_for
 
 TABLE = default_profiles()
 PRIMARY = service_for(TABLE, "gpt2-gen", "t4", slo_ms=1000)
@@ -120,7 +120,7 @@ def test_swayam_sizes_the_warm_buffer_with_the_fallback():
 
 
 def test_cli_pairs_fallback_classes_with_model_classes(tmp_path, capsys):
-    from gateway.cli import main
+    from sloserve.cli import main
 
     trace = tmp_path / "t.csv"
     trace.write_text("minute,a\n0,60\n1,60\n")
@@ -147,7 +147,7 @@ def test_cli_pairs_fallback_classes_with_model_classes(tmp_path, capsys):
 
 
 def test_the_sweeps_ratio_0_66_is_the_profiles_fallback():
-    from sim.fallback_sweep import with_fallback
+    from sloserve.sim.fallback_sweep import with_fallback
 
     base, svc = with_fallback(0.66)
     assert base.fallback is None and base.curve == PRIMARY.curve

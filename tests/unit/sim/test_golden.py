@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from sloserve.cli import main
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden.json"

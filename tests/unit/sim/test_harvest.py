@@ -1,4 +1,4 @@
-"""The harvest hook (sim/harvest.py): capacity, inference first, bounded lost work, determinism, golden."""
+"""The harvest hook (sloserve/sim/harvest.py): capacity, inference first, bounded lost work, determinism, golden."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from autoscaler.placement.types import PlacementConfig
-from sim.harvest import HarvestConfig, HarvestPlacement
-from sim.training_trace import JobSpec, load_training_jobs
+from sloserve.autoscaler.placement.types import PlacementConfig
+from sloserve.sim.harvest import HarvestConfig, HarvestPlacement
+from sloserve.sim.training_trace import JobSpec, load_training_jobs
 
 PCFG = PlacementConfig(pack_small_replicas=False, substitute_types=False, preempt_grace_s=1.0, restart_overhead_s=30.0)
 TYPES = {"m0": "t4", "m1": "t4", "m2": "a100"}
@@ -149,7 +149,7 @@ def test_training_trace_slice_and_backlog(tmp_path):
 
 
 def test_cli_harvest_writes_the_goal_metrics(tmp_path):
-    from gateway.cli import main
+    from sloserve.cli import main
 
     trace = tmp_path / "jobs.csv"
     trace.write_text("submit,dur,gpus\n" + "".join(f"{i * 20},{600 + 37 * i},{1 + i % 2}\n" for i in range(30)))
@@ -255,7 +255,7 @@ def _cli_args(trace, out, *extra):
 
 
 def test_cli_harvest_runs_each_training_queue_with_tenants(tmp_path):
-    from gateway.cli import main
+    from sloserve.cli import main
 
     trace = tmp_path / "jobs.csv"
     trace.write_text(
@@ -289,7 +289,7 @@ def test_cli_harvest_runs_each_training_queue_with_tenants(tmp_path):
     ],
 )
 def test_cli_harvest_bad_queue_input_is_a_clear_error(tmp_path, extra, says):
-    from gateway.cli import main
+    from sloserve.cli import main
 
     trace = tmp_path / "jobs.csv"
     trace.write_text("submit,dur,gpus\n0,600,1\n")

@@ -1,10 +1,10 @@
-"""The pair choice in virtual time (sim/pairs.py): on a burst over what the best pair carries, the
+"""The pair choice in virtual time (sloserve/sim/pairs.py): on a burst over what the best pair carries, the
 slo policy's pair per batch beats the best single variant and the best single pair in effective
 accuracy, using the slower type and the cheaper variant only while the burst lasts."""
 
-from batching.options import variant_of
-from batching.profile import ProfileTable
-from sim.pairs import best_of, burst_arrivals, compare, systems_for
+from sloserve.batching.options import variant_of
+from sloserve.batching.profile import ProfileTable
+from sloserve.sim.pairs import best_of, burst_arrivals, compare, systems_for
 
 ACC = {"big": 0.95, "small": 0.80}
 # ms (batch sizes, p50, p99): big is 3x faster on the gpu; small is cheap on the cpu
@@ -19,7 +19,7 @@ TABLE = ProfileTable.from_points(
 
 
 def test_systems_are_the_pairs_each_variant_and_each_single_pair():
-    from batching.options import plan_from_profiles
+    from sloserve.batching.options import plan_from_profiles
 
     plan = plan_from_profiles(TABLE, "m", ACC, ["gpu", "cpu"], 32)
     names = [s.name for s in systems_for(plan, {"gpu": 1, "cpu": 2})]
@@ -55,8 +55,8 @@ def test_a_run_is_deterministic_under_its_seed():
 
 
 def test_types_are_sized_by_requests_per_cost():
-    from batching.options import plan_from_profiles
-    from sim.pairs import size_by_throughput
+    from sloserve.batching.options import plan_from_profiles
+    from sloserve.sim.pairs import size_by_throughput
 
     plan = plan_from_profiles(TABLE, "m", ACC, ["gpu", "cpu"], 32)
     # big: ~3200 rows/s a gpu replica, ~1070 a cpu one (largest batch within half the 25 ms SLO)

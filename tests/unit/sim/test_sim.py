@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from autoscaler.queueing import capacity_rps
-from sim import arrivals as arr
-from sim.engine import SimConfig, simulate_requests
-from sim.fluid import simulate_fluid
-from sim.placement import FixedPool
-from sim.profiles import default_profiles, service_for
-from sim.run import make_spec
+from sloserve.autoscaler.queueing import capacity_rps
+from sloserve.sim import arrivals as arr
+from sloserve.sim.engine import SimConfig, simulate_requests
+from sloserve.sim.fluid import simulate_fluid
+from sloserve.sim.placement import FixedPool
+from sloserve.sim.profiles import default_profiles, service_for
+from sloserve.sim.run import make_spec
 
 SVC = service_for(default_profiles(), "gpt2-gen", "t4", slo_ms=1000)
 
@@ -83,7 +83,7 @@ class _SlowGpus(FixedPool):
 
 @pytest.mark.parametrize("driver", [simulate_requests, simulate_fluid])
 def test_both_drivers_wait_for_the_gpu_a_placement_delays(driver):
-    """A replica granted on a GPU that frees only later (sim/harvest.py) starts late in either driver,
+    """A replica granted on a GPU that frees only later (sloserve/sim/harvest.py) starts late in either driver,
     and the hook hears the end of the run once."""
     spec = make_spec("m", arr.diurnal(120.0, duration_s=900.0, period_s=900.0), SVC, "t4")
     quick, slow = _SlowGpus(0.0), _SlowGpus(120.0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtests import trace_rates
-from loadtests.bench import arrivals as bench_arrivals
-from sim import bound, fallback_sweep, predict_eval, validate
-from sim.arrivals import (
+from sloserve.loadtests import trace_rates
+from sloserve.loadtests.bench import arrivals as bench_arrivals
+from sloserve.sim import bound, fallback_sweep, predict_eval, validate
+from sloserve.sim.arrivals import (
     ALIBABA_GENAI_2026,
     AZURE_FUNCTIONS_2019,
     AZURE_LLM_2023,

@@ -1,13 +1,13 @@
 """A model on two device types in the fluid simulator: each lane sized for its part of the demand."""
 
-from autoscaler.types import ServiceModel
-from autoscaler.typesplit import TypeOption
-from batching.profile import Curve
-from sim.arrivals import Arrivals
-from sim.control import ModelSpec
-from sim.engine import SimConfig
-from sim.fluid import simulate_fluid
-from sim.typesize import lanes, route, type_report
+from sloserve.autoscaler.types import ServiceModel
+from sloserve.autoscaler.typesplit import TypeOption
+from sloserve.batching.profile import Curve
+from sloserve.sim.arrivals import Arrivals
+from sloserve.sim.control import ModelSpec
+from sloserve.sim.engine import SimConfig
+from sloserve.sim.fluid import simulate_fluid
+from sloserve.sim.typesize import lanes, route, type_report
 
 FAST = ServiceModel(Curve((1, 32), (0.001, 0.004), (0.001, 0.004)), 0.05, 32)
 SLOW = ServiceModel(Curve((1, 32), (0.004, 0.016), (0.004, 0.016)), 0.05, 32)

@@ -1,7 +1,0 @@
-"""Autoscaling and placement: pure policies ``decide(snapshot, config, state, now) -> (Decision, State)``.
-
-Autoscalers (``autoscaler.registry``): ``swayam`` (ours), ``ray-default``, ``kpa``, ``oracle``.
-
->>> from autoscaler.registry import make_autoscaler
->>> a = make_autoscaler("swayam")
-"""

@@ -1,5 +1,0 @@
-"""``sloserve``: every command of the project, one module each. The only code that imports loadtests/."""
-
-from gateway.cli.main import build_parser, main
-
-__all__ = ["build_parser", "main"]

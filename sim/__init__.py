@@ -1,7 +1,0 @@
-"""A discrete-event simulator in virtual time that drives the same batching, autoscaling and
-placement policies as the live gateway (it is a second driver, never a flag inside them).
-
-* ``sim.engine``  -- request level: every request, the real batching policy, profile-sampled latencies;
-* ``sim.fluid``   -- per-interval fluid model of each replica group, for 1,000s of GPUs over a day;
-* ``sim.run``     -- experiments over policies, results JSON and plots; ``gateway.cli.sim`` is ``sloserve sim``.
-"""
