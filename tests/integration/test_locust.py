@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _load(name: str):
     """Import a sloserve/loadtests/ module by path (no Locust import here: gevent must not patch pytest)."""
-    spec = importlib.util.spec_from_file_location(f"sloserve_loadtests_{name}", ROOT / "sloserve" / "loadtests" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"sloserve_loadtests_{name}", ROOT / "sloserve" / "loadtests" / f"{name}.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
