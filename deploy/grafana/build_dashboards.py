@@ -1,463 +1,615 @@
 """Write the Grafana dashboards of deploy/grafana/dashboards/ (run after editing this file).
 
-    python deploy/grafana/build_dashboards.py
+    python deploy/grafana/build_dashboards.py [--out FOLDER]
 
-The JSON files are the artefact (import them into Grafana, or mount them with the provisioning
-files beside them); this script keeps the four dashboards consistent: one datasource variable,
-one `$model` variable, units in every panel, and only the metric names of docs/operations.md.
+The dashboards are built with Grafana's own typed builders (``grafana-foundation-sdk``), so the
+JSON follows Grafana's dashboard schema by construction; the JSON files are the artefact (import
+them into Grafana, or mount them with the provisioning files beside them). This script keeps the
+four dashboards consistent: one datasource variable, one `$model` variable, units in every panel,
+exemplars on the latency panels, and only the metric names of docs/operations.md.
+tests/unit/test_dashboards.py checks that the committed files are what this script writes;
 tests/integration/test_prometheus.py runs every expression below against a real Prometheus.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from board import BAD, PCT, RI, Board, M  # beside this file
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import heatmap as hm
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 OUT = Path(__file__).resolve().parent / "dashboards"
 
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+BAD = 'outcome=~"rejected|unavailable|timeout|error"'
+M = 'model=~"$model"'
+RI = "$__rate_interval"
+# Latency histograms: a time series or heatmap panel that reads their buckets asks Prometheus for
+# exemplars too, which Grafana links to the trace (deploy/grafana/provisioning/datasources/).
+LATENCY_HISTOGRAMS = ("sloserve_request_duration_seconds_bucket", "sloserve_training_reclaim_seconds_bucket")
 
-def overview() -> Board:
-    b = Board(
+Query = tuple[str, str]  # (PromQL, legend)
+Item = timeseries.Panel | stat.Panel | heatmap.Panel | str  # a panel, or the title of a row that starts here
+
+
+def target(expr: str, legend: str, ref: str, exemplars: bool, fmt: PromQueryFormat | None = None):
+    q = prometheus.Dataquery().datasource(DS).expr(expr).legend_format(legend or "__auto").ref_id(ref).range()
+    if exemplars and any(h in expr for h in LATENCY_HISTOGRAMS):
+        q = q.exemplar(True)
+    if fmt is not None:
+        q = q.format(fmt)
+    return q
+
+
+def _panel(p, title: str, queries: Sequence[Query], unit: str, w: int, h: int, description: str, pct: bool, **kw):
+    p = p.title(title).datasource(DS).unit(unit).span(w).height(h)
+    if description:
+        p = p.description(description)
+    if pct:
+        p = p.min(0).max(1)
+    for i, (expr, legend) in enumerate(queries):
+        p = p.with_target(target(expr, legend, chr(ord("A") + i), **kw))
+    return p
+
+
+def series(
+    title: str,
+    queries: Sequence[Query],
+    unit: str,
+    *,
+    description: str = "",
+    pct: bool = False,
+    stacked: bool = False,
+    w: int = 12,
+    h: int = 8,
+) -> timeseries.Panel:
+    p = (
+        timeseries.Panel()
+        .line_width(1)
+        .fill_opacity(10)
+        .show_points(cm.VisibilityMode.NEVER)
+        .legend(
+            cb.VizLegendOptions()
+            .display_mode(cm.LegendDisplayMode.LIST)
+            .placement(cm.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING))
+    )
+    if stacked:
+        p = p.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
+    return _panel(p, title, queries, unit, w, h, description, pct, exemplars=True)
+
+
+def single(
+    title: str,
+    query: Query,
+    unit: str,
+    *,
+    description: str = "",
+    pct: bool = False,
+    decimals: int | None = None,
+    steps: Sequence[tuple[float | None, str]] = (),
+) -> stat.Panel:
+    """A w=4, h=4 stat of the last value (no exemplars: a stat does not draw them)."""
+    p = (
+        stat.Panel()
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+        .color_mode(cm.BigValueColorMode.VALUE)
+        .graph_mode(cm.BigValueGraphMode.AREA)
+    )
+    if decimals is not None:
+        p = p.decimals(decimals)
+    if steps:
+        p = p.thresholds(
+            db.ThresholdsConfig()
+            .mode(dm.ThresholdsMode.ABSOLUTE)
+            .steps([dm.Threshold(value=v, color=c) for v, c in steps])
+        )
+    return _panel(p, title, [query], unit, 4, 4, description, pct, exemplars=False)
+
+
+def latency_heatmap(title: str, query: Query, *, w: int = 12, h: int = 8) -> heatmap.Panel:
+    """Prometheus histogram buckets drawn as they are (Grafana does not re-bucket them)."""
+    p = (
+        heatmap.Panel()
+        .calculate(False)
+        .cell_gap(1)
+        .y_axis(heatmap.YAxisConfig().unit("s"))
+        .color(
+            heatmap.HeatmapColorOptions()
+            .mode(hm.HeatmapColorMode.SCHEME)
+            .scheme("Oranges")
+            .fill("dark-orange")
+            .scale(hm.HeatmapColorScale.EXPONENTIAL)
+            .exponent(0.5)
+            .steps(64)
+        )
+        .show_tooltip()
+        .show_legend()
+    )
+    return _panel(p, title, [query], "reqps", w, h, "", False, exemplars=True, fmt=PromQueryFormat.HEATMAP)
+
+
+def board(uid: str, title: str, description: str, items: Iterable[Item], model_var: bool = True) -> db.Dashboard:
+    """A dashboard with the datasource (and `$model`) variables; the SDK lays `items` out on the grid,
+    a string starting a (non-collapsed) row. Panels are numbered in order."""
+    d = (
+        db.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["sloserve"])
+        .timezone("")
+        .editable()
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .refresh("10s")
+        .time("now-1h", "now")
+        .version(1)
+        .link(db.DashboardLink("sloserve").type(dm.DashboardLinkType.DASHBOARDS).tags(["sloserve"]).as_dropdown(True))
+        .with_variable(db.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+    )
+    if model_var:
+        d = d.with_variable(
+            db.QueryVariable("model")
+            .label("model")
+            .datasource(DS)
+            .query("label_values(sloserve_requests_total, model)")
+            .include_all(True)
+            .multi(True)
+            .all_value(".*")
+            .current(dm.VariableOption(text="All", value="$__all", selected=True))
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        )
+    for i, item in enumerate(items, 1):
+        d = d.with_row(db.Row(item).id(i)) if isinstance(item, str) else d.with_panel(item.id(i))
+    return d
+
+
+def overview() -> db.Dashboard:
+    return board(
         "sloserve-overview",
         "sloserve / overview",
         "Traffic, SLO attainment, availability and load of every model served by the sloserve gateways.",
-    )
-    b.panel(
-        "Requests/s", [(f"sum(rate(sloserve_requests_total{{{M}}}[{RI}]))", "requests/s")], "reqps", "stat", w=4, h=4
-    )
-    b.panel(
-        "SLO attainment (5m)",
         [
-            (
-                'sum(rate(sloserve_slo_requests_total{met="true",' + M + "}[5m])) / "
-                f"sum(rate(sloserve_slo_requests_total{{{M}}}[5m]))",
-                "attainment",
-            )
-        ],
-        "percentunit",
-        "stat",
-        w=4,
-        h=4,
-        defaults={
-            "decimals": 2,
-            **PCT,
-            "thresholds": {
-                "mode": "absolute",
-                "steps": [
-                    {"color": "red", "value": None},
-                    {"color": "orange", "value": 0.95},
-                    {"color": "green", "value": 0.99},
+            single("Requests/s", (f"sum(rate(sloserve_requests_total{{{M}}}[{RI}]))", "requests/s"), "reqps"),
+            single(
+                "SLO attainment (5m)",
+                (
+                    'sum(rate(sloserve_slo_requests_total{met="true",' + M + "}[5m])) / "
+                    f"sum(rate(sloserve_slo_requests_total{{{M}}}[5m]))",
+                    "attainment",
+                ),
+                "percentunit",
+                pct=True,
+                decimals=2,
+                steps=[(None, "red"), (0.95, "orange"), (0.99, "green")],
+            ),
+            single(
+                "Availability (5m)",
+                (
+                    "1 - ((sum(rate(sloserve_requests_total{" + BAD + "," + M + "}[5m])) or vector(0))"
+                    f" / sum(rate(sloserve_requests_total{{{M}}}[5m])))",
+                    "availability",
+                ),
+                "percentunit",
+                pct=True,
+                decimals=3,
+            ),
+            single(
+                "p99 latency",
+                (
+                    "histogram_quantile(0.99, sum by (le) "
+                    f"(rate(sloserve_request_duration_seconds_bucket{{{M}}}[{RI}])))",
+                    "p99",
+                ),
+                "s",
+            ),
+            single(
+                "SLO budget burn (1h)",
+                (f"max(model:sloserve_slo_misses:ratio_rate1h{{{M}}}) / 0.01", "burn rate"),
+                "x",
+                description="How many times faster than sustainable the worst model burns "
+                "its 1% SLO-miss budget; the fast-burn page fires at 14.4.",
+            ),
+            single("Rows queued", (f"sum(sloserve_queue_rows{{{M}}})", "rows"), "short"),
+            "Traffic and SLOs",
+            series(
+                "Requests/s by model",
+                [(f"sum by (model) (rate(sloserve_requests_total{{{M}}}[{RI}]))", "{{model}}")],
+                "reqps",
+            ),
+            series(
+                "SLO attainment by model (5m)",
+                [(f"model:sloserve_slo_attainment:ratio_rate5m{{{M}}}", "{{model}}")],
+                "percentunit",
+                pct=True,
+            ),
+            series(
+                "Latency p99 by model",
+                [
+                    (
+                        f"histogram_quantile({q}, sum by (model, le) (rate("
+                        f"sloserve_request_duration_seconds_bucket{{{M}}}[{RI}])))",
+                        f"{{{{model}}}} p{int(float(q) * 100)}",
+                    )
+                    for q in ("0.99", "0.50")
                 ],
-            },
-        },
-    )
-    b.panel(
-        "Availability (5m)",
-        [
-            (
-                "1 - ((sum(rate(sloserve_requests_total{" + BAD + "," + M + "}[5m])) or vector(0))"
-                f" / sum(rate(sloserve_requests_total{{{M}}}[5m])))",
-                "availability",
-            )
-        ],
-        "percentunit",
-        "stat",
-        w=4,
-        h=4,
-        defaults={"decimals": 3, **PCT},
-    )
-    b.panel(
-        "p99 latency",
-        [
-            (
-                f"histogram_quantile(0.99, sum by (le) (rate(sloserve_request_duration_seconds_bucket{{{M}}}[{RI}])))",
-                "p99",
-            )
-        ],
-        "s",
-        "stat",
-        w=4,
-        h=4,
-    )
-    b.panel(
-        "SLO budget burn (1h)",
-        [(f"max(model:sloserve_slo_misses:ratio_rate1h{{{M}}}) / 0.01", "burn rate")],
-        "x",
-        "stat",
-        w=4,
-        h=4,
-        description="How many times faster than sustainable the worst model burns "
-        "its 1% SLO-miss budget; the fast-burn page fires at 14.4.",
-    )
-    b.panel("Rows queued", [(f"sum(sloserve_queue_rows{{{M}}})", "rows")], "short", "stat", w=4, h=4)
-    b.row("Traffic and SLOs")
-    b.panel(
-        "Requests/s by model", [(f"sum by (model) (rate(sloserve_requests_total{{{M}}}[{RI}]))", "{{model}}")], "reqps"
-    )
-    b.panel(
-        "SLO attainment by model (5m)",
-        [(f"model:sloserve_slo_attainment:ratio_rate5m{{{M}}}", "{{model}}")],
-        "percentunit",
-        defaults=PCT,
-    )
-    b.panel(
-        "Latency p99 by model",
-        [
-            (
-                f"histogram_quantile(0.99, sum by (model, le) (rate("
-                f"sloserve_request_duration_seconds_bucket{{{M}}}[{RI}])))",
-                "{{model}} p99",
+                "s",
             ),
-            (
-                f"histogram_quantile(0.50, sum by (model, le) (rate("
-                f"sloserve_request_duration_seconds_bucket{{{M}}}[{RI}])))",
-                "{{model}} p50",
+            series(
+                "Outcomes/s",
+                [(f"sum by (outcome) (rate(sloserve_requests_total{{{M}}}[{RI}]))", "{{outcome}}")],
+                "reqps",
+            ),
+            series(
+                "SLO budget burn rate (1h, 6h)",
+                [
+                    (f"model:sloserve_slo_misses:ratio_rate{w}{{{M}}} / 0.01", f"{{{{model}}}} {w}")
+                    for w in ("1h", "6h")
+                ],
+                "x",
+            ),
+            series(
+                "Availability budget burn rate (1h, 6h)",
+                [
+                    (f"model:sloserve_request_errors:ratio_rate{w}{{{M}}} / 0.001", f"{{{{model}}}} {w}")
+                    for w in ("1h", "6h")
+                ],
+                "x",
+            ),
+            "Load",
+            series(
+                "Shed and refused/s by reason",
+                [(f"sum by (model, reason) (rate(sloserve_shed_total{{{M}}}[{RI}]))", "{{model}} {{reason}}")],
+                "reqps",
+                description="Requests the batcher shed because they could no longer meet their deadline, or "
+                "refused (queue full). Empty while nothing is shed.",
+            ),
+            series("Rows queued by model", [(f"sum by (model) (sloserve_queue_rows{{{M}}})", "{{model}}")], "short"),
+            series(
+                "Mean batch size",
+                [(f"model_variant:sloserve_batch_rows:mean_1m{{{M}}}", "{{model}}/{{variant}}")],
+                "short",
+            ),
+            series(
+                "GPUs by use",
+                [("sum by (use) (sloserve_gpus)", "{{use}}")],
+                "short",
+                description="Ray/placement deployments only (sloserve_gpus).",
+                stacked=True,
             ),
         ],
-        "s",
     )
-    b.panel("Outcomes/s", [(f"sum by (outcome) (rate(sloserve_requests_total{{{M}}}[{RI}]))", "{{outcome}}")], "reqps")
-    b.panel(
-        "SLO budget burn rate (1h, 6h)",
-        [
-            (f"model:sloserve_slo_misses:ratio_rate1h{{{M}}} / 0.01", "{{model}} 1h"),
-            (f"model:sloserve_slo_misses:ratio_rate6h{{{M}}} / 0.01", "{{model}} 6h"),
-        ],
-        "x",
-    )
-    b.panel(
-        "Availability budget burn rate (1h, 6h)",
-        [
-            (f"model:sloserve_request_errors:ratio_rate1h{{{M}}} / 0.001", "{{model}} 1h"),
-            (f"model:sloserve_request_errors:ratio_rate6h{{{M}}} / 0.001", "{{model}} 6h"),
-        ],
-        "x",
-    )
-    b.row("Load")
-    b.panel(
-        "Shed and refused/s by reason",
-        [(f"sum by (model, reason) (rate(sloserve_shed_total{{{M}}}[{RI}]))", "{{model}} {{reason}}")],
-        "reqps",
-        description="Requests the batcher shed because they could no longer meet their deadline, or refused "
-        "(queue full). Empty while nothing is shed.",
-    )
-    b.panel("Rows queued by model", [(f"sum by (model) (sloserve_queue_rows{{{M}}})", "{{model}}")], "short")
-    b.panel(
-        "Mean batch size", [(f"model_variant:sloserve_batch_rows:mean_1m{{{M}}}", "{{model}}/{{variant}}")], "short"
-    )
-    b.panel(
-        "GPUs by use",
-        [("sum by (use) (sloserve_gpus)", "{{use}}")],
-        "short",
-        description="Ray/placement deployments only (sloserve_gpus).",
-        options={"stacking": {"mode": "normal"}},
-    )
-    return b
 
 
-def per_model() -> Board:
-    b = Board(
+def per_model() -> db.Dashboard:
+    return board(
         "sloserve-model",
         "sloserve / model",
         "One model in depth: variants, latency against the SLO, batching and degradation.",
-    )
-    b.row("Requests")
-    b.panel(
-        "Requests/s by variant and outcome",
-        [(f"sum by (variant, outcome) (rate(sloserve_requests_total{{{M}}}[{RI}]))", "{{variant}} {{outcome}}")],
-        "reqps",
-    )
-    b.panel(
-        "Variant share (degradation)",
         [
-            (
-                f'sum by (variant) (rate(sloserve_requests_total{{{M},outcome="ok"}}'
-                f"[{RI}])) / ignoring(variant) group_left sum(rate(sloserve_requests_total"
-                f'{{{M},outcome="ok"}}[{RI}]))',
-                "{{variant}}",
-            )
-        ],
-        "percentunit",
-        defaults=PCT,
-        options={"stacking": {"mode": "normal"}},
-        description="Share of answered requests per variant: the SLO-aware batcher moves traffic to cheaper "
-        "variants when the best one cannot meet deadlines.",
-    )
-    b.row("Latency and SLO")
-    b.panel(
-        "Latency quantiles by variant",
-        [
-            (
-                f"histogram_quantile({q}, sum by (variant, le) (rate(sloserve_request_duration_seconds_bucket{{{M}}}"
-                f"[{RI}])))",
-                f"{{{{variant}}}} p{int(float(q) * 100)}",
-            )
-            for q in ("0.5", "0.9", "0.99")
-        ],
-        "s",
-    )
-    b.panel(
-        "Latency distribution",
-        [(f"sum by (le) (rate(sloserve_request_duration_seconds_bucket{{{M}}}[{RI}]))", "{{le}}")],
-        "reqps",
-        "heatmap",
-        options={
-            "calculate": False,
-            "yAxis": {"unit": "s"},
-            "cellGap": 1,
-            "color": {"mode": "scheme", "scheme": "Oranges"},
-        },
-        targets_format="heatmap",
-    )
-    b.panel(
-        "SLO attainment (5m, 1h)",
-        [
-            (f"model:sloserve_slo_attainment:ratio_rate5m{{{M}}}", "{{model}} 5m"),
-            (f"1 - model:sloserve_slo_misses:ratio_rate1h{{{M}}}", "{{model}} 1h"),
-        ],
-        "percentunit",
-        defaults=PCT,
-    )
-    b.panel(
-        "Error-budget burn rates",
-        [(f"model:sloserve_slo_misses:ratio_rate{w}{{{M}}} / 0.01", f"SLO {w}") for w in ("5m", "1h", "6h")]
-        + [(f"model:sloserve_request_errors:ratio_rate{w}{{{M}}} / 0.001", f"availability {w}") for w in ("5m", "1h")],
-        "x",
-        description="1 = the budget lasts exactly the 30-day window; pages at 14.4 (1h) / 6 (6h).",
-    )
-    b.row("Batching")
-    b.panel(
-        "Batch size (mean, p90)",
-        [
-            (f"model_variant:sloserve_batch_rows:mean_1m{{{M}}}", "{{variant}} mean"),
-            (
-                f"histogram_quantile(0.9, sum by (variant, le) (rate(sloserve_batch_rows_bucket{{{M}}}[{RI}])))",
-                "{{variant}} p90",
+            "Requests",
+            series(
+                "Requests/s by variant and outcome",
+                [
+                    (
+                        f"sum by (variant, outcome) (rate(sloserve_requests_total{{{M}}}[{RI}]))",
+                        "{{variant}} {{outcome}}",
+                    )
+                ],
+                "reqps",
+            ),
+            series(
+                "Variant share (degradation)",
+                [
+                    (
+                        f'sum by (variant) (rate(sloserve_requests_total{{{M},outcome="ok"}}'
+                        f"[{RI}])) / ignoring(variant) group_left sum(rate(sloserve_requests_total"
+                        f'{{{M},outcome="ok"}}[{RI}]))',
+                        "{{variant}}",
+                    )
+                ],
+                "percentunit",
+                pct=True,
+                stacked=True,
+                description="Share of answered requests per variant: the SLO-aware batcher moves traffic to "
+                "cheaper variants when the best one cannot meet deadlines.",
+            ),
+            "Latency and SLO",
+            series(
+                "Latency quantiles by variant",
+                [
+                    (
+                        f"histogram_quantile({q}, sum by (variant, le) (rate("
+                        f"sloserve_request_duration_seconds_bucket{{{M}}}[{RI}])))",
+                        f"{{{{variant}}}} p{int(float(q) * 100)}",
+                    )
+                    for q in ("0.5", "0.9", "0.99")
+                ],
+                "s",
+            ),
+            latency_heatmap(
+                "Latency distribution",
+                (f"sum by (le) (rate(sloserve_request_duration_seconds_bucket{{{M}}}[{RI}]))", "{{le}}"),
+            ),
+            series(
+                "SLO attainment (5m, 1h)",
+                [
+                    (f"model:sloserve_slo_attainment:ratio_rate5m{{{M}}}", "{{model}} 5m"),
+                    (f"1 - model:sloserve_slo_misses:ratio_rate1h{{{M}}}", "{{model}} 1h"),
+                ],
+                "percentunit",
+                pct=True,
+            ),
+            series(
+                "Error-budget burn rates",
+                [(f"model:sloserve_slo_misses:ratio_rate{w}{{{M}}} / 0.01", f"SLO {w}") for w in ("5m", "1h", "6h")]
+                + [
+                    (f"model:sloserve_request_errors:ratio_rate{w}{{{M}}} / 0.001", f"availability {w}")
+                    for w in ("5m", "1h")
+                ],
+                "x",
+                description="1 = the budget lasts exactly the 30-day window; pages at 14.4 (1h) / 6 (6h).",
+            ),
+            "Batching",
+            series(
+                "Batch size (mean, p90)",
+                [
+                    (f"model_variant:sloserve_batch_rows:mean_1m{{{M}}}", "{{variant}} mean"),
+                    (
+                        "histogram_quantile(0.9, sum by (variant, le) "
+                        f"(rate(sloserve_batch_rows_bucket{{{M}}}[{RI}])))",
+                        "{{variant}} p90",
+                    ),
+                ],
+                "short",
+            ),
+            series(
+                "Batch compute p99",
+                [(f"model_variant:sloserve_batch_compute_seconds:p99_1m{{{M}}}", "{{variant}} compute p99")],
+                "s",
+            ),
+            series("Rows computed/s", [(f"model_variant:sloserve_rows:rate1m{{{M}}}", "{{variant}}")], "short"),
+            series("Rows queued", [(f"sum by (model) (sloserve_queue_rows{{{M}}})", "{{model}}")], "short"),
+            series(
+                "Shed/s by reason",
+                [(f"sum by (reason) (rate(sloserve_shed_total{{{M}}}[{RI}]))", "{{reason}}")],
+                "reqps",
+            ),
+            series(
+                "Profile drift (observed / profiled p99)",
+                [(f"sloserve_profile_drift_ratio{{{M}}}", "{{variant}} on {{device_type}}")],
+                "x",
+                description="Online profile recalibration; alert SloserveProfileDrift at 1.5.",
+            ),
+            series(
+                "Replicas by variant and device type",
+                [
+                    (
+                        f'max by (variant, device_type) (sloserve_replicas{{{M},state="running"}})',
+                        "{{variant}} {{device_type}}",
+                    )
+                ],
+                "short",
             ),
         ],
-        "short",
     )
-    b.panel(
-        "Batch compute p99",
-        [(f"model_variant:sloserve_batch_compute_seconds:p99_1m{{{M}}}", "{{variant}} compute p99")],
-        "s",
-    )
-    b.panel("Rows computed/s", [(f"model_variant:sloserve_rows:rate1m{{{M}}}", "{{variant}}")], "short")
-    b.panel("Rows queued", [(f"sum by (model) (sloserve_queue_rows{{{M}}})", "{{model}}")], "short")
-    b.panel("Shed/s by reason", [(f"sum by (reason) (rate(sloserve_shed_total{{{M}}}[{RI}]))", "{{reason}}")], "reqps")
-    b.panel(
-        "Profile drift (observed / profiled p99)",
-        [(f"sloserve_profile_drift_ratio{{{M}}}", "{{variant}} on {{device_type}}")],
-        "x",
-        description="Online profile recalibration; alert SloserveProfileDrift at 1.5.",
-    )
-    b.panel(
-        "Replicas by variant and device type",
-        [(f'max by (variant, device_type) (sloserve_replicas{{{M},state="running"}})', "{{variant}} {{device_type}}")],
-        "short",
-    )
-    return b
 
 
-def autoscaler() -> Board:
-    b = Board(
+def autoscaler() -> db.Dashboard:
+    return board(
         "sloserve-autoscaler",
         "sloserve / autoscaler and placement",
-        "Replica sizing against load, and "
-        "which typed GPU runs what. The sloserve_replicas/gpus/autoscaler series come from the "
-        "controller; ray_serve_* from Ray's metrics agents (Ray deployments).",
-    )
-    b.row("Sizing")
-    b.panel(
-        "Arrival rate: observed vs predicted",
+        "Replica sizing against load, and which typed GPU runs what. The sloserve_replicas/gpus/autoscaler "
+        "series come from the controller; ray_serve_* from Ray's metrics agents (Ray deployments).",
         [
-            (f"sum by (model) (rate(sloserve_requests_total{{{M}}}[{RI}]))", "{{model}} observed"),
-            (f"sloserve_autoscaler_predicted_requests_per_second{{{M}}}", "{{model}} predicted"),
+            "Sizing",
+            series(
+                "Arrival rate: observed vs predicted",
+                [
+                    (f"sum by (model) (rate(sloserve_requests_total{{{M}}}[{RI}]))", "{{model}} observed"),
+                    (f"sloserve_autoscaler_predicted_requests_per_second{{{M}}}", "{{model}} predicted"),
+                ],
+                "reqps",
+            ),
+            series(
+                "Replicas: running vs desired",
+                [
+                    (f'max by (model) (sloserve_replicas{{{M},state="running"}})', "{{model}} running"),
+                    (f"sum by (model) (sloserve_replicas_desired{{{M}}})", "{{model}} desired"),
+                ],
+                "short",
+            ),
+            series(
+                "Replicas by model and device type",
+                [(f"model_device_type:sloserve_replicas_running:max{{{M}}}", "{{model}} {{device_type}}")],
+                "short",
+                stacked=True,
+            ),
+            series("Replicas by state", [(f"max by (state) (sloserve_replicas{{{M}}})", "{{state}}")], "short"),
+            series(
+                "Scaling decisions/min",
+                [
+                    (
+                        f"sum by (model, direction) (increase(sloserve_autoscaler_decisions_total{{{M}}}[5m])) / 5",
+                        "{{model}} {{direction}}",
+                    )
+                ],
+                "short",
+            ),
+            series(
+                "Replica start time p90",
+                [
+                    (
+                        "histogram_quantile(0.9, sum by (device_type, le) (rate("
+                        f"sloserve_replica_start_seconds_bucket{{{M}}}[15m])))",
+                        "{{device_type}}",
+                    )
+                ],
+                "s",
+            ),
+            "Placement",
+            series(
+                "GPUs by device type and use",
+                [("sum by (device_type, use) (sloserve_gpus)", "{{device_type}} {{use}}")],
+                "short",
+                stacked=True,
+            ),
+            series(
+                "GPU busy share",
+                [("device_type:sloserve_gpus_busy:ratio", "{{device_type}}")],
+                "percentunit",
+                pct=True,
+            ),
+            series(
+                "Load per replica (requests/s)",
+                [
+                    (
+                        f"sum by (model) (rate(sloserve_requests_total{{{M}}}[{RI}])) / on (model) "
+                        f'max by (model) (sloserve_replicas{{{M},state="running"}})',
+                        "{{model}}",
+                    )
+                ],
+                "reqps",
+            ),
+            "Ray Serve (Ray deployments)",
+            series(
+                "Ray Serve healthy replicas",
+                [("sum by (deployment) (ray_serve_deployment_replica_healthy)", "{{deployment}}")],
+                "short",
+            ),
+            series(
+                "Ray Serve autoscaling target replicas",
+                [("sum by (deployment) (ray_serve_autoscaling_target_replicas)", "{{deployment}}")],
+                "short",
+            ),
+            series(
+                "Ray Serve queries in flight per deployment",
+                [("sum by (deployment) (ray_serve_replica_processing_queries)", "{{deployment}}")],
+                "short",
+            ),
         ],
-        "reqps",
     )
-    b.panel(
-        "Replicas: running vs desired",
-        [
-            (f'max by (model) (sloserve_replicas{{{M},state="running"}})', "{{model}} running"),
-            (f"sum by (model) (sloserve_replicas_desired{{{M}}})", "{{model}} desired"),
-        ],
-        "short",
-    )
-    b.panel(
-        "Replicas by model and device type",
-        [(f"model_device_type:sloserve_replicas_running:max{{{M}}}", "{{model}} {{device_type}}")],
-        "short",
-        options={"stacking": {"mode": "normal"}},
-    )
-    b.panel("Replicas by state", [(f"max by (state) (sloserve_replicas{{{M}}})", "{{state}}")], "short")
-    b.panel(
-        "Scaling decisions/min",
-        [
-            (
-                f"sum by (model, direction) (increase(sloserve_autoscaler_decisions_total{{{M}}}[5m])) / 5",
-                "{{model}} {{direction}}",
-            )
-        ],
-        "short",
-    )
-    b.panel(
-        "Replica start time p90",
-        [
-            (
-                f"histogram_quantile(0.9, sum by (device_type, le) (rate("
-                f"sloserve_replica_start_seconds_bucket{{{M}}}[15m])))",
-                "{{device_type}}",
-            )
-        ],
-        "s",
-    )
-    b.row("Placement")
-    b.panel(
-        "GPUs by device type and use",
-        [("sum by (device_type, use) (sloserve_gpus)", "{{device_type}} {{use}}")],
-        "short",
-        options={"stacking": {"mode": "normal"}},
-    )
-    b.panel(
-        "GPU busy share", [("device_type:sloserve_gpus_busy:ratio", "{{device_type}}")], "percentunit", defaults=PCT
-    )
-    b.panel(
-        "Load per replica (requests/s)",
-        [
-            (
-                f"sum by (model) (rate(sloserve_requests_total{{{M}}}[{RI}])) / on (model) "
-                f'max by (model) (sloserve_replicas{{{M},state="running"}})',
-                "{{model}}",
-            )
-        ],
-        "reqps",
-    )
-    b.row("Ray Serve (Ray deployments)")
-    b.panel(
-        "Ray Serve healthy replicas",
-        [("sum by (deployment) (ray_serve_deployment_replica_healthy)", "{{deployment}}")],
-        "short",
-    )
-    b.panel(
-        "Ray Serve autoscaling target replicas",
-        [("sum by (deployment) (ray_serve_autoscaling_target_replicas)", "{{deployment}}")],
-        "short",
-    )
-    b.panel(
-        "Ray Serve queries in flight per deployment",
-        [("sum by (deployment) (ray_serve_replica_processing_queries)", "{{deployment}}")],
-        "short",
-    )
-    return b
 
 
-def training() -> Board:
-    b = Board(
+def training() -> db.Dashboard:
+    reclaim = f"sum by (le, device_type) (rate(sloserve_training_reclaim_seconds_bucket[{RI}]))"
+    jct = "sum by (le) (rate(sloserve_training_job_completion_seconds_bucket[6h]))"
+    return board(
         "sloserve-training",
         "sloserve / training harvest",
         "Preemptible training on GPUs that inference does not need: how much it gets, how much preemption costs it.",
+        [
+            series(
+                "Training jobs by state",
+                [("sum by (state) (sloserve_training_jobs)", "{{state}}")],
+                "short",
+                stacked=True,
+            ),
+            series(
+                "GPUs given to training",
+                [
+                    ('sum by (device_type) (sloserve_gpus{use="training"})', "{{device_type}}"),
+                    ('sum by (device_type) (sloserve_gpus{use="idle"})', "{{device_type}} idle"),
+                ],
+                "short",
+            ),
+            series(
+                "Training share of GPUs",
+                [("device_type:sloserve_gpus_training:ratio", "{{device_type}}")],
+                "percentunit",
+                pct=True,
+            ),
+            series(
+                "Training GPU-hours per hour",
+                [(f"sum by (device_type) (rate(sloserve_training_gpu_seconds_total[{RI}]))", "{{device_type}}")],
+                "short",
+                description="Harvested GPU time: GPU-seconds given to training per second.",
+            ),
+            series(
+                "Training steps/s by job",
+                [(f"sum by (job) (rate(sloserve_training_steps_total[{RI}]))", "{{job}}")],
+                "short",
+            ),
+            series(
+                "Work retained after preemptions (1h)",
+                [("device_type:sloserve_training_work_retained:ratio_rate1h", "{{device_type}}")],
+                "percentunit",
+                pct=True,
+            ),
+            series(
+                "Preemptions/h by reason",
+                [
+                    (
+                        "sum by (device_type, reason) (rate(sloserve_preemptions_total[1h])) * 3600",
+                        "{{device_type}} {{reason}}",
+                    )
+                ],
+                "short",
+            ),
+            series(
+                "Reclaim latency: decision to GPU free (p50, p99)",
+                [
+                    (f"histogram_quantile({q}, {reclaim})", f"{{{{device_type}}}} p{int(float(q) * 100)}")
+                    for q in ("0.5", "0.99")
+                ],
+                "s",
+                description="How long inference waits for a GPU that training holds: the preemption's "
+                "checkpoint and release.",
+            ),
+            series(
+                "Work lost to preemptions (GPU-hours per hour)",
+                [
+                    (
+                        f"sum by (device_type) (rate(sloserve_training_lost_work_seconds_total[{RI}]))",
+                        "{{device_type}}",
+                    )
+                ],
+                "short",
+            ),
+            series(
+                "Job completion time (p50, p95, 6h)",
+                [(f"histogram_quantile({q}, {jct})", f"p{int(float(q) * 100)}") for q in ("0.5", "0.95")],
+                "s",
+            ),
+            series(
+                "Checkpoints/h by trigger",
+                [("sum by (trigger) (rate(sloserve_training_checkpoints_total[1h])) * 3600", "{{trigger}}")],
+                "short",
+            ),
+            series(
+                "Inference SLO attainment while harvesting (5m)",
+                [("min(model:sloserve_slo_attainment:ratio_rate5m)", "worst model")],
+                "percentunit",
+                pct=True,
+                description="Harvest must never cost inference its SLO: the worst model's attainment.",
+            ),
+        ],
         model_var=False,
     )
-    b.panel(
-        "Training jobs by state",
-        [("sum by (state) (sloserve_training_jobs)", "{{state}}")],
-        "short",
-        options={"stacking": {"mode": "normal"}},
-    )
-    b.panel(
-        "GPUs given to training",
-        [
-            ('sum by (device_type) (sloserve_gpus{use="training"})', "{{device_type}}"),
-            ('sum by (device_type) (sloserve_gpus{use="idle"})', "{{device_type}} idle"),
-        ],
-        "short",
-    )
-    b.panel(
-        "Training share of GPUs",
-        [("device_type:sloserve_gpus_training:ratio", "{{device_type}}")],
-        "percentunit",
-        defaults=PCT,
-    )
-    b.panel(
-        "Training GPU-hours per hour",
-        [(f"sum by (device_type) (rate(sloserve_training_gpu_seconds_total[{RI}]))", "{{device_type}}")],
-        "short",
-    )
-    b.panel(
-        "Training steps/s by job", [(f"sum by (job) (rate(sloserve_training_steps_total[{RI}]))", "{{job}}")], "short"
-    )
-    b.panel(
-        "Work retained after preemptions (1h)",
-        [("device_type:sloserve_training_work_retained:ratio_rate1h", "{{device_type}}")],
-        "percentunit",
-        defaults=PCT,
-    )
-    b.panel(
-        "Preemptions/h by reason",
-        [("sum by (device_type, reason) (rate(sloserve_preemptions_total[1h])) * 3600", "{{device_type}} {{reason}}")],
-        "short",
-    )
-    b.panel(
-        "Reclaim latency: decision to GPU free (p50, p99)",
-        [
-            (
-                f"histogram_quantile(0.5, sum by (le, device_type) (rate(sloserve_training_reclaim_seconds_bucket[{RI}])))",
-                "{{device_type}} p50",
-            ),
-            (
-                f"histogram_quantile(0.99, sum by (le, device_type) (rate(sloserve_training_reclaim_seconds_bucket[{RI}])))",
-                "{{device_type}} p99",
-            ),
-        ],
-        "s",
-        description="How long inference waits for a GPU that training holds: the preemption's checkpoint and release.",
-    )
-    b.panel(
-        "Work lost to preemptions (GPU-hours per hour)",
-        [(f"sum by (device_type) (rate(sloserve_training_lost_work_seconds_total[{RI}]))", "{{device_type}}")],
-        "short",
-    )
-    b.panel(
-        "Job completion time (p50, p95, 6h)",
-        [
-            ("histogram_quantile(0.5, sum by (le) (rate(sloserve_training_job_completion_seconds_bucket[6h])))", "p50"),
-            (
-                "histogram_quantile(0.95, sum by (le) (rate(sloserve_training_job_completion_seconds_bucket[6h])))",
-                "p95",
-            ),
-        ],
-        "s",
-    )
-    b.panel(
-        "Checkpoints/h by trigger",
-        [("sum by (trigger) (rate(sloserve_training_checkpoints_total[1h])) * 3600", "{{trigger}}")],
-        "short",
-    )
-    b.panel(
-        "Inference SLO attainment while harvesting (5m)",
-        [("min(model:sloserve_slo_attainment:ratio_rate5m)", "worst model")],
-        "percentunit",
-        defaults=PCT,
-        description="Harvest must never cost inference its SLO: the worst model's attainment.",
-    )
-    return b
 
 
-def build() -> dict[str, dict]:
-    """Every dashboard as Grafana JSON, keyed by file name."""
+def build() -> dict[str, dm.Dashboard]:
+    """Every dashboard, keyed by file name."""
     out = {}
-    for board in (overview(), per_model(), autoscaler(), training()):
-        data = board.json()
-        for p in data["panels"]:
-            fmt = p.pop("targets_format", None)
-            if fmt:
-                for t in p["targets"]:
-                    t["format"] = fmt
-        out[f"{board.uid}.json"] = data
+    for builder in (overview(), per_model(), autoscaler(), training()):
+        d = builder.build()
+        out[f"{d.uid}.json"] = d
     return out
+
+
+def dump(d: dm.Dashboard) -> str:
+    """The dashboard as the committed files hold it."""
+    return json.dumps(d, cls=JSONEncoder, indent=2) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -467,8 +619,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=OUT, help=f"folder (default {OUT})")
     out = ap.parse_args(argv).out
     out.mkdir(parents=True, exist_ok=True)
-    for name, data in build().items():
-        (out / name).write_text(json.dumps(data, indent=2) + "\n")
+    for name, d in build().items():
+        (out / name).write_text(dump(d))
         print(f"wrote {out / name}")
 
 

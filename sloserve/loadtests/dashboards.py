@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import socket
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from sloserve.loadtests.debian import PackageUnavailable, ensure_package
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -110,7 +111,7 @@ QUERIES: tuple[Query, ...] = (
 )
 
 
-class PrometheusUnavailable(RuntimeError):
+class PrometheusUnavailable(PackageUnavailable):
     """Prometheus is not installed and could not be installed here; the message says what to do."""
 
 
@@ -157,41 +158,11 @@ def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
 
 def ensure_prometheus() -> tuple[str, str]:
     """The paths of prometheus and promtool, installing Debian's package if needed (root or sudo)."""
-    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
-    if prom and tool:
-        return prom, tool
-    sudo: list[str] = []
-    if os.geteuid() != 0:
-        if shutil.which("sudo") is None:
-            raise PrometheusUnavailable(
-                "Prometheus is not installed and cannot be installed: not root and no sudo. "
-                "Install it with `apt-get install --no-install-recommends prometheus`."
-            )
-        sudo = ["sudo", "-n"]
-    apt = shutil.which("apt-get")
-    if apt is None:
-        raise PrometheusUnavailable(
-            "Prometheus is not installed and cannot be installed: no apt-get on this machine. "
-            "Put prometheus and promtool (2.x) on PATH."
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    log = []
-    for cmd in (
-        [*sudo, apt, "update", "-q"],
-        [*sudo, apt, "install", "-y", "-q", "--no-install-recommends", "prometheus"],
-    ):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        log.append(f"$ {' '.join(cmd)}\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
-        if r.returncode != 0:
-            raise PrometheusUnavailable(
-                "Prometheus is not installed and installing Debian's package failed:\n" + "\n".join(log)
-            )
-    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
-    if not (prom and tool):
-        raise PrometheusUnavailable(
-            "apt-get installed `prometheus` but prometheus/promtool are not on PATH:\n" + "\n".join(log)
-        )
-    return prom, tool
+    try:
+        ensure_package("prometheus", lambda: bool(shutil.which("prometheus") and shutil.which("promtool")))
+    except PackageUnavailable as e:
+        raise PrometheusUnavailable(f"{e} Put prometheus and promtool (2.x) on PATH.") from None
+    return str(shutil.which("prometheus")), str(shutil.which("promtool"))
 
 
 # ---------------------------------------------------------------- what runs (pure)

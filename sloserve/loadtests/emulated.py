@@ -3,7 +3,7 @@
 One variant of a built model, copied with ``max_batch_size`` set and a latency profile of a fixed
 batch time; the gateway's ``fault_delay_ms`` setting makes each replica take that time a batch.
 Adding a replica then adds capacity, as on a GPU, where on 2 cores a second real CPU replica adds
-nothing. Used by sloserve/loadtests/burst_live.py and the live autoscaling test.
+nothing. Used by the live autoscaling test.
 """
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ from sloserve.loadtests.flood_attacks import (
     small_attack,
 )
 from sloserve.loadtests.openloop import run_open_loop, v2_body
+from sloserve.loadtests.results import write_result
 
 DEFAULT_ATTACKS = ("stall", "declared", "chunked", "json", "grpc")
 ATTACKS = (*DEFAULT_ATTACKS, "headers", "idle", "grpc-stall", "tiny", "deep", "textplain", "host")
@@ -331,11 +332,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = run(args)
-    text = json.dumps(out, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    write_result(out, args.out)
+    print(json.dumps(out, indent=1))
     return 1 if out["hung"] else 0
 
 

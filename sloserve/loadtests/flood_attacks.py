@@ -7,10 +7,13 @@ server closed before answering), ``reset``, or ``hung`` (no answer within ``--an
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import resource
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 from sloserve.loadtests.openloop import v2_body
 
@@ -18,6 +21,9 @@ MIB = 1 << 20
 DEPTH = 50_000  # nesting of the ``deep`` bodies
 TINY_INPUTS = 18_000  # one-element inputs in the ``tiny`` body
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+# Writes a request to a connection while its answer (the task) is awaited
+Sender = Callable[[asyncio.StreamWriter, asyncio.Task[str]], Awaitable[None]]
 
 
 async def read_answer(reader: asyncio.StreamReader, timeout_s: float) -> str:
@@ -66,25 +72,15 @@ def deep_load_body(depth: int = DEPTH) -> bytes:
 # ------------------------------------------------------------------ one HTTP request each
 
 
-async def http_request(
-    host: str, port: int, method: str, path: str, headers: dict[str, str], body: bytes, timeout_s: float
-) -> str:
-    """One request on a fresh connection; the body is written while the answer is awaited, so an
-    early refusal (before the whole body is sent) is still read."""
+async def exchange(host: str, port: int, timeout_s: float, send: Sender) -> str:
+    """Open a connection, read its answer while ``send`` writes the request, and close it: the
+    answer's outcome. The answer is awaited from the start, so an early refusal (before the whole
+    request is sent, or the connection broken under the writes) is still read."""
     reader, writer = await asyncio.open_connection(host, port)
-    hdrs = dict(headers)
-    if body or method != "GET":
-        hdrs["Content-Length"] = str(len(body))
     answer = asyncio.create_task(read_answer(reader, timeout_s))
     try:
-        writer.write(head_lines(method, path, hdrs.pop("Host", f"{host}:{port}"), hdrs) + b"\r\n")
-        for i in range(0, len(body), MIB):
-            if answer.done():
-                break
-            writer.write(body[i : i + MIB])
-            await writer.drain()
-        return await answer
-    except (ConnectionError, OSError):
+        with contextlib.suppress(ConnectionError, OSError):
+            await send(writer, answer)
         return await answer
     finally:
         if not answer.done():
@@ -92,13 +88,31 @@ async def http_request(
         writer.close()
 
 
-async def slow_headers(host: str, port: int, path: str, args) -> str:
+async def http_request(
+    host: str, port: int, method: str, path: str, headers: dict[str, str], body: bytes, timeout_s: float
+) -> str:
+    """One request on a fresh connection; the body goes in 1 MiB writes until it is sent or answered."""
+    hdrs = dict(headers)
+    if body or method != "GET":
+        hdrs["Content-Length"] = str(len(body))
+
+    async def send(writer: asyncio.StreamWriter, answer: asyncio.Task[str]) -> None:
+        writer.write(head_lines(method, path, hdrs.pop("Host", f"{host}:{port}"), hdrs) + b"\r\n")
+        for i in range(0, len(body), MIB):
+            if answer.done():
+                break
+            writer.write(body[i : i + MIB])
+            await writer.drain()
+
+    return await exchange(host, port, timeout_s, send)
+
+
+async def slow_headers(host: str, port: int, path: str, args: argparse.Namespace) -> str:
     """The request line and a few header lines, then one more header line every 2 s, never the blank
     line that ends the headers (slowloris on headers)."""
-    reader, writer = await asyncio.open_connection(host, port)
     hdrs = {"Content-Type": "application/json", **auth_headers(args), "X-Slow-0": "a", "X-Slow-1": "b"}
-    answer = asyncio.create_task(read_answer(reader, args.answer_timeout_s))
-    try:
+
+    async def send(writer: asyncio.StreamWriter, answer: asyncio.Task[str]) -> None:
         writer.write(head_lines("POST", path, f"{host}:{port}", hdrs))
         await writer.drain()
         i = 2
@@ -108,13 +122,8 @@ async def slow_headers(host: str, port: int, path: str, args) -> str:
                 writer.write(f"X-Slow-{i}: {i}\r\n".encode())
                 await writer.drain()
                 i += 1
-        return await answer
-    except (ConnectionError, OSError):
-        return await answer
-    finally:
-        if not answer.done():
-            answer.cancel()
-        writer.close()
+
+    return await exchange(host, port, args.answer_timeout_s, send)
 
 
 async def small_attack(kind: str, host: str, port: int, args, turn: int) -> tuple[str, str]:

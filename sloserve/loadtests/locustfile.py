@@ -20,6 +20,7 @@ for unhandled greenlet exceptions). Options take environment variables too
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from urllib.parse import urlparse
 import gevent
 from locust import FastHttpUser, User, events, task
 from locust import log as locust_log
+from locust.env import Environment
 from locust.runners import WorkerRunner
 from locust.user.wait_time import constant_throughput
 
@@ -136,7 +138,7 @@ class Tally:
         self.start = time.time()
         self.n = self.failed = self.attained = 0
         self.seconds: dict[int, list] = {}  # second -> [n, failed, attained, latencies_ms, batch_sum, batch_n]
-        self.users: dict[int, tuple[int, float]] = {}  # second -> (users, target rps)
+        self.users: dict[int, tuple[int, float | None]] = {}  # second -> (users, target rps, if shaped)
 
     def add(self, latency_ms: float, slo_ms: float, ok: bool, batch: int | None = None) -> None:
         hit = ok and latency_ms <= slo_ms
@@ -337,8 +339,18 @@ def _open_loop_wait(user, env) -> float:
 
 
 class _SloUser:
-    def setup_models(self) -> None:
+    environment: Environment  # set by the Locust User this is mixed into
+
+    @property
+    def options(self) -> argparse.Namespace:
+        """The run's options (this file's and Locust's), parsed before any user starts."""
         opts = self.environment.parsed_options
+        if opts is None:
+            raise RuntimeError("sloserve locustfile: a user started before Locust parsed its options")
+        return opts
+
+    def setup_models(self) -> None:
+        opts = self.options
         self.models, self.weights = _pick_models(opts.models)
         self.slo_ms = opts.slo_ms
         self.rng = random.Random()
@@ -381,7 +393,8 @@ class V2HttpUser(_SloUser, FastHttpUser):
         t0 = time.perf_counter()
         with self.client.post(
             f"/v2/models/{m}/infer",
-            data=self.rng.choice(self.bodies[m]),
+            # bytes: locust types ``data`` as str | dict, though its docstring and geventhttpclient take bytes
+            data=self.rng.choice(self.bodies[m]),  # type: ignore[arg-type]
             headers={"Content-Type": "application/json"},
             name=f"REST {m}",
             catch_response=True,
@@ -415,7 +428,7 @@ class V2GrpcUser(_SloUser, User):
 
         self._err = grpcclient.InferenceServerException
         self.setup_models()
-        addr = self.environment.parsed_options.grpc_host
+        addr = self.options.grpc_host
         if not addr:
             u = urlparse(self.host or "http://127.0.0.1:8000")
             addr = f"{u.hostname}:{(u.port or 8000) + 1}"

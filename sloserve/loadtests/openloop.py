@@ -23,6 +23,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -207,7 +208,9 @@ async def run_open_loop(
 
 def v2_body(model_input: str, values: list[float], params: dict | None = None) -> bytes:
     """A one-row FP32 V2 JSON body."""
-    doc = {"inputs": [{"name": model_input, "shape": [1, len(values)], "datatype": "FP32", "data": values}]}
+    doc: dict[str, Any] = {
+        "inputs": [{"name": model_input, "shape": [1, len(values)], "datatype": "FP32", "data": values}]
+    }
     if params:
         doc["parameters"] = params
     return json.dumps(doc).encode()

@@ -160,7 +160,8 @@ def _wait(proc: subprocess.Popen, code_file: Path, limit_s: float) -> int:
     at ``limit_s`` and the run fails with 4.
     """
     deadline = time.monotonic() + limit_s
-    written_at = code = None
+    code: int | None = None
+    written_at = 0.0  # when the code was first read
     while True:
         try:
             return proc.wait(timeout=0.2)
@@ -169,7 +170,7 @@ def _wait(proc: subprocess.Popen, code_file: Path, limit_s: float) -> int:
         now = time.monotonic()
         if code is None:
             code = _read_code(code_file)
-            written_at = now if code is not None else None
+            written_at = now
         if code is not None and (now - written_at > EXIT_GRACE_S or now > deadline):
             proc.kill()
             proc.wait()

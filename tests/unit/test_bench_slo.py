@@ -163,43 +163,28 @@ def test_timeline_bins_requests_by_scheduled_send_time():
     }
 
 
-def test_gil_probe_runs_and_reports_both_timings(model_repo, capsys):
-    import sys
-
-    from sloserve.loadtests.bench import gil_probe
-
-    before = sys.getswitchinterval()
-    try:
-        assert (
-            gil_probe.main(
-                [
-                    "--model",
-                    str(model_repo / "digits" / "small" / "model.onnx"),
-                    "--rows",
-                    "2",
-                    "--runs",
-                    "3",
-                    "--switch-interval-ms",
-                    "1",
-                ]
-            )
-            == 0
-        )
-    finally:
-        sys.setswitchinterval(before)  # the probe sets it for its process; not for the rest of the suite
-    out = capsys.readouterr().out
-    assert "switch interval 1 ms, batch of 2: alone p50" in out and "next to a GIL-holding thread" in out
-
-
 def test_the_bench_module_examples_hold():
     """The doctests of the open-loop bench (generator headers, sheds by reason from two scrapes, ...)."""
     import doctest
 
-    from sloserve.loadtests import promtext
+    from sloserve.loadtests import promtext, results
     from sloserve.loadtests.bench import scrape, slo, slo_report, slo_systems
 
-    results = [doctest.testmod(m) for m in (slo, scrape, slo_report, slo_systems, promtext)]
-    assert sum(r.failed for r in results) == 0 and sum(r.attempted for r in results) >= 3
+    runs = [doctest.testmod(m) for m in (slo, scrape, slo_report, slo_systems, promtext, results)]
+    assert sum(r.failed for r in runs) == 0 and sum(r.attempted for r in runs) >= 3
+
+
+def test_a_result_is_written_where_asked_and_nowhere_else(tmp_path, capsys):
+    import json
+
+    from sloserve.loadtests.results import spread, write_result
+
+    write_result({"a": 1}, None)
+    out = tmp_path / "deeper" / "r.json"
+    write_result({"a": 1}, str(out))
+    assert json.loads(out.read_text()) == {"a": 1} and out.read_text().endswith("\n")
+    assert capsys.readouterr().err == f"wrote {out}\n"
+    assert spread([4.0, 1.0, 2.0, 3.0]) == {"p50": 2.5, "p99": 4.0, "max": 4.0}
 
 
 def test_a_system_runs_from_another_tree(tmp_path):
@@ -208,7 +193,7 @@ def test_a_system_runs_from_another_tree(tmp_path):
 
     from sloserve.loadtests.bench.systems import Launch, from_tree, parse_trees, split_tree
 
-    (tmp_path / "gateway").mkdir()
+    (tmp_path / "sloserve" / "cli").mkdir(parents=True)
     trees = parse_trees([f"before={tmp_path}"])
     assert split_tree("sloserve-default:before", trees) == ("sloserve-default", tmp_path.resolve())
     assert split_tree("triton-1x1", trees) == ("triton-1x1", None)

@@ -1,10 +1,14 @@
 """sloserve/loadtests/dashboards.py's pure parts: the command lines it runs, the Prometheus config it writes,
 the queries and links it prints (the run itself: `make dashboards`; its helpers also serve
-tests/integration/test_prometheus.py against a real Prometheus)."""
+tests/integration/test_prometheus.py against a real Prometheus); and the Grafana dashboards of
+deploy/grafana/: the committed JSON is what build_dashboards.py writes with Grafana's builders, the
+panels read only metrics sloserve exports, and the latency panels link exemplars to traces."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
@@ -111,3 +115,145 @@ def test_chromium_command_screenshots_the_url_headless(tmp_path):
     assert "--headless" in cmd and f"--screenshot={tmp_path / 'a.png'}" in cmd and "--window-size=1100,900" in cmd
     assert "--no-sandbox" not in cmd
     assert "--no-sandbox" in chromium_command("c", tmp_path / "a.png", "u", 1, 1, tmp_path, True)
+
+
+# ---------------------------------------------------------------- Grafana dashboards
+GRAFANA = ROOT / "deploy" / "grafana"
+DASH_DIR = GRAFANA / "dashboards"
+LATENCY_BUCKETS = ("sloserve_request_duration_seconds_bucket", "sloserve_training_reclaim_seconds_bucket")
+
+
+def _boards() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(DASH_DIR.glob("*.json"))}
+
+
+def _targets(board: dict):
+    for p in board["panels"]:
+        for t in p.get("targets", []):
+            yield p, t
+
+
+def test_committed_dashboards_are_what_the_builder_writes(tmp_path):
+    """Nobody edits the JSON by hand: build_dashboards.py (Grafana's typed builders) regenerates it
+    byte for byte."""
+    r = subprocess.run(
+        [sys.executable, str(GRAFANA / "build_dashboards.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    built = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert built == sorted(_boards()), built
+    assert built == [f"sloserve-{n}.json" for n in ("autoscaler", "model", "overview", "training")]
+    for name in built:
+        assert (tmp_path / name).read_text() == (DASH_DIR / name).read_text(), (
+            f"deploy/grafana/dashboards/{name} differs from build_dashboards.py's output: "
+            "edit build_dashboards.py, run it, and commit both"
+        )
+
+
+def test_dashboards_are_well_formed():
+    """Unique uids and panel ids, panels inside the 24-column grid without overlaps, a unit and
+    Prometheus targets on `${datasource}` in every panel, and the variables the queries use."""
+    uids = set()
+    for name, board in _boards().items():
+        assert board["uid"] not in uids and name == f"{board['uid']}.json"
+        uids.add(board["uid"])
+        assert board["tags"] == ["sloserve"] and board["title"].startswith("sloserve / ")
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+        has_model = name != "sloserve-training.json"
+        assert ("model" in variables) == has_model, name
+        if has_model:
+            m = variables["model"]
+            assert m["type"] == "query" and m["multi"] and m["includeAll"] and m["allValue"] == ".*"
+            assert m["datasource"]["uid"] == "${datasource}"
+        ids = [p["id"] for p in board["panels"]]
+        assert len(ids) == len(set(ids)) and 0 not in ids, name
+        cells = set()
+        for p in board["panels"]:
+            g = p["gridPos"]
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24, (name, p["title"])
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in cells, f"{name}: panel {p['title']!r} overlaps another"
+                    cells.add((x, y))
+            if p["type"] == "row":
+                assert not p["collapsed"] and not p["panels"], (name, p["title"])
+                continue
+            assert p["type"] in ("timeseries", "stat", "heatmap"), (name, p["title"])
+            assert p["fieldConfig"]["defaults"].get("unit"), (name, p["title"])
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, (name, p["title"])
+            assert p["targets"], (name, p["title"])
+            refs = [t["refId"] for t in p["targets"]]
+            assert refs == [chr(ord("A") + i) for i in range(len(refs))], (name, p["title"])
+            for t in p["targets"]:
+                assert t["datasource"] == p["datasource"] and t["expr"] and t["range"], (name, p["title"])
+                assert t["expr"].count("(") == t["expr"].count(")"), (name, p["title"])
+                assert has_model or "$model" not in t["expr"], (name, p["title"])
+
+
+def _exported_series() -> set[str]:
+    """The series names sloserve's gateway registry exports (a counter's _total, a histogram's
+    _bucket/_sum/_count), and the recording rules' names."""
+    from sloserve.gateway.metrics import Metrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    names = {f.name + s for f in Metrics().registry.collect() for s in suffixes.get(f.type, ("",))}
+    rules = yaml.safe_load((d.PROM_DIR / "sloserve_recording_rules.yml").read_text())["groups"]
+    return names | {r["record"] for g in rules for r in g["rules"] if "record" in r}
+
+
+def test_panels_read_only_series_that_exist():
+    exported = _exported_series()
+    assert "sloserve_request_duration_seconds_bucket" in exported and "sloserve_preemptions_total" in exported
+    for name, board in _boards().items():
+        for p, t in _targets(board):
+            # metric names: level:metric:ops recording rules, or sloserve_* series (ray_* are Ray's own)
+            used = set(re.findall(r"\b(?:[a-z_]+:[a-z_]+:[a-z0-9_]+|sloserve_[a-z0-9_]+)\b", t["expr"]))
+            assert used or "ray_serve_" in t["expr"], (name, p["title"], t["expr"])
+            assert used <= exported, (name, p["title"], sorted(used - exported))
+
+
+def test_training_dashboard_shows_the_harvest_and_its_cost():
+    exprs = {
+        p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in _boards()["sloserve-training.json"]["panels"]
+    }
+    wanted = {
+        "jobs by state": "sloserve_training_jobs",
+        "harvested GPU-seconds": "sloserve_training_gpu_seconds_total",
+        "preemptions": "sloserve_preemptions_total",
+        "lost work": "sloserve_training_lost_work_seconds_total",
+        "reclaim latency": "sloserve_training_reclaim_seconds_bucket",
+    }
+    for what, metric in wanted.items():
+        assert any(metric in e for e in exprs.values()), f"no training panel shows {what} ({metric})"
+
+
+def test_latency_panels_ask_for_exemplars():
+    """Every time series or heatmap query over a latency histogram's buckets asks for exemplars
+    (Grafana runs one exemplar query per metric); stats do not draw them, other queries have none."""
+    with_exemplars = 0
+    for name, board in _boards().items():
+        for p, t in _targets(board):
+            latency = any(b in t["expr"] for b in LATENCY_BUCKETS)
+            wanted = latency and p["type"] in ("timeseries", "heatmap")
+            assert bool(t.get("exemplar")) == wanted, (name, p["title"], t["refId"])
+            with_exemplars += wanted
+    assert with_exemplars >= 4
+
+
+def test_exemplars_link_to_the_provisioned_tracing_datasource():
+    provisioned = [
+        ds
+        for f in sorted((GRAFANA / "provisioning" / "datasources").glob("*.yml"))
+        for ds in yaml.safe_load(f.read_text())["datasources"]
+    ]
+    by_uid = {ds["uid"]: ds for ds in provisioned}
+    assert len(by_uid) == len(provisioned)
+    (prom,) = [ds for ds in provisioned if ds["type"] == "prometheus"]
+    links = prom["jsonData"]["exemplarTraceIdDestinations"]
+    assert [link["name"] for link in links] == ["trace_id"]
+    tracing = by_uid[links[0]["datasourceUid"]]
+    assert tracing["type"] in ("tempo", "jaeger", "zipkin"), tracing

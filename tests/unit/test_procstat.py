@@ -7,7 +7,9 @@ import subprocess
 import sys
 import time
 
-from sloserve.loadtests.bench.procstat import CpuWindow, machine_busy_s, tree, tree_cpu_s, tree_memory_mb
+import pytest
+
+from sloserve.loadtests.bench.procstat import CpuWindow, core_speed_ms, machine_busy_s, tree, tree_cpu_s, tree_memory_mb
 
 
 def test_a_tree_counts_its_children_and_a_window_its_cpu():
@@ -29,3 +31,10 @@ def test_a_tree_counts_its_children_and_a_window_its_cpu():
     assert tree(2**22 + 12345) == []  # gone (beyond pid_max): an empty tree
     busy, total = machine_busy_s()
     assert 0 < busy < total
+
+
+def test_the_core_speed_probe_measures_cpu_and_refuses_nonsense():
+    assert core_speed_ms(loops=1, n=1000) > 0
+    for bad in ({"loops": 0}, {"n": 0}):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            core_speed_ms(**bad)

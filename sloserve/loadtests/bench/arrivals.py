@@ -13,7 +13,8 @@ from sloserve.sim.arrivals import AZURE_FUNCTIONS_2019 as TRACE_CSV
 
 # ---- arrival schedules (offsets in seconds, sorted) ------------------------------------------------
 def poisson(rate: float, dur: float, rng: random.Random, t0: float = 0.0) -> list[float]:
-    out, t = [], t0
+    out: list[float] = []
+    t = t0
     while True:
         t += rng.expovariate(rate)
         if t >= t0 + dur:
@@ -25,7 +26,8 @@ def gamma_arrivals(rate: float, cv: float, dur: float, rng: random.Random) -> li
     """Renewal process with gamma inter-arrival times: mean 1/rate, coefficient of variation cv."""
     k = 1.0 / (cv * cv)
     theta = 1.0 / (rate * k)
-    out, t = [], 0.0
+    out: list[float] = []
+    t = 0.0
     while True:
         t += rng.gammavariate(k, theta)
         if t >= dur:

@@ -45,6 +45,7 @@ from sloserve.loadtests.bench.systems import (
     request_body,
     split_tree,
 )
+from sloserve.loadtests.results import write_result
 
 LUA = r"""
 wrk.method = "POST"
@@ -94,6 +95,7 @@ def run_wrk(url: str, lua: Path, concurrency: int, duration_s: float, threads: i
         start_new_session=bool(nice),
         preexec_fn=prioritise(nice),
     )
+    assert proc.stdout is not None  # stdout=PIPE
     out = proc.stdout.read().decode(errors="replace")
     _, status, ru = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -102,7 +104,8 @@ def run_wrk(url: str, lua: Path, concurrency: int, duration_s: float, threads: i
         raise RuntimeError(f"wrk failed (rc {proc.returncode}):\n{out[-2000:]}")
     res = json.loads(m.group(1))
     res["wrk_cpu_s"] = ru.ru_utime + ru.ru_stime
-    res["non_2xx"] = int(re.search(r"Non-2xx or 3xx responses: (\d+)", out).group(1)) if "Non-2xx" in out else 0
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    res["non_2xx"] = int(non_2xx.group(1)) if non_2xx else 0
     return res
 
 
@@ -169,7 +172,7 @@ def measure_once(
     secs = w["duration_us"] / 1e6
     n = w["requests"]
     ok = n - w["non_2xx"]
-    ncpu = total_s / secs if secs else os.cpu_count()
+    ncpu = total_s / secs if secs else float(os.cpu_count() or 1)
     rec: dict[str, Any] = {
         "requests": n,
         "errors": {k: w[k] for k in ("connect", "read", "write", "timeout")} | {"non_2xx": w["non_2xx"]},
@@ -193,7 +196,7 @@ def measure_once(
         "pss_mb": mem["pss_mb"],
         "processes": mem["processes"],
     }
-    if before is not None and after is not None:
+    if bound is not None and before is not None and after is not None:
         rec["round_bound_rows_per_s"] = {"before": round(before, 1), "after": round(after, 1), "batch": bound.batch}
         rec["round_saturation"] = round(rec["rows_per_s"] / ((before + after) / 2), 3)
     if b0 is not None and b1 is not None and b1[1] > b0[1]:
@@ -362,7 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"--max-batch-size ({args.max_batch_size})"
         )
     body = request_body(repo, args.model, rows=args.rows_per_request)
-    wire, body_headers = body, {}
+    wire, body_headers = body, dict[str, str]()
     if args.binary:
         wire, body_headers = binary_body(body)
     tmp = default_tmp()
@@ -498,11 +501,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main_args(args: argparse.Namespace) -> int:
     result = run(args)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
+    write_result(result, args.out)
     print(json.dumps({"summary": result["summary"], "ratios_of_rps": result.get("ratios_of_rps")}, indent=1))
     return 0
 

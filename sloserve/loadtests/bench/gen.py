@@ -33,6 +33,7 @@ from pathlib import Path
 from time import (
     monotonic as _now,  # not loop.time(): uvloop's is libuv's cached millisecond clock
 )
+from typing import cast
 
 REC = struct.Struct("<dddhh")
 
@@ -42,7 +43,7 @@ class _Conn(asyncio.Protocol):
 
     def __init__(self, gen: Generator):
         self.gen = gen
-        self.transport = None
+        self.transport: asyncio.Transport | None = None  # until connection_made
         self.buf = bytearray()
         self.req = -1  # index of the request in flight on this connection, -1 when idle
         self.need = -1  # total bytes of the response once its head is parsed
@@ -50,16 +51,18 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.close_after = False
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's transport
 
     def send(self, i: int) -> None:
         self.req = i
         self.need = -1
         self.gen.sent[i] = _now() - self.gen.t0
+        assert self.transport is not None, "send on a connection not made yet"
         self.transport.write(self.gen.request)
 
     def data_received(self, data: bytes) -> None:
+        assert self.transport is not None  # data comes only on a connection made
         buf = self.buf
         buf += data
         while self.req >= 0:

@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from sloserve.loadtests.results import spread, write_result
 from sloserve.training.checkpoint import latest_good
 
 # The training API needs a token with the training scope (and, once a token is configured, so does
@@ -142,11 +143,6 @@ def offered_load(url: str, threads: int = 12):
         stop.set()
         for t in pool:
             t.join(15)
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
 def reclaims(api: httpx.Client, jobs_dir: Path, n: int, checkpoint_every: int) -> list[dict]:
@@ -265,17 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     lost = [r["lost_iterations"] for r in recs]
     summary = {
         "reclaims": len(recs),
-        "freed_s": {"p50": statistics.median(freed), "p99": _pct(freed, 0.99), "max": max(freed)},
-        "ready_s": {"p50": statistics.median(ready), "p99": _pct(ready, 0.99), "max": max(ready)},
+        "freed_s": spread(freed),
+        "ready_s": spread(ready),
         "lost_iterations": {"max": max(lost), "mean": statistics.fmean(lost)},
         "checkpoint_every": args.checkpoint_every,
         "outcomes": {o: sum(1 for r in recs if r["outcome"] == o) for o in {r["outcome"] for r in recs}},
         "same_loss": loss,
     }
     print(json.dumps(summary, indent=1))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"summary": summary, "reclaims": recs}, indent=1) + "\n")
+    write_result({"summary": summary, "reclaims": recs}, args.out)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -26,13 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from sloserve.loadtests.results import spread, write_result
 
 REPLICA = r"""
 import sys, time, json
@@ -80,11 +81,6 @@ class Gpu:
             return {}
         procs = self.nv.nvmlDeviceGetComputeRunningProcesses(self.h)
         return {p.pid: (p.usedGpuMemory or 0) / 2**20 for p in procs if p.pid != os.getpid()}
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,17 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         "device": device,
         "baseline_used_mib": base_mib,
         "reclaims": len(rows),
-        "gpu_free_s": {"p50": statistics.median(free), "p99": _pct(free, 0.99), "max": max(free)},
-        "first_answer_s": {"p50": statistics.median(ans), "p99": _pct(ans, 0.99), "max": max(ans)},
+        "gpu_free_s": spread(free),
+        "first_answer_s": spread(ans),
         "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in {r["outcome"] for r in rows}},
         "lost_iterations_max": max(r["lost_iterations_upper_bound"] for r in rows),
         "checkpoint_every": args.checkpoint_every,
         "rows": rows,
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=1))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(summary, indent=1))
+    write_result(summary, args.out)
     return 0
 
 

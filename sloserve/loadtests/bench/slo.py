@@ -43,8 +43,8 @@ type) pair per batch, ``@<variant>`` pins the variant (on any type), ``@<variant
 (the ``x-device-type`` header). ``--emulate TYPE=SCALE`` serves from a copy of the model with a profile
 for TYPE derived from this host's CPU profile (every latency times SCALE >= 1): in-process, such a
 replica runs the real CPU session, then waits out that profile (docs/batching.md, "Variants across
-device types"). ``sloserve/loadtests/bench/burst_log_table.py`` on the log compares a ``-types@any`` system with
-the best single variant and the best single pair::
+device types"). The log's per-round lines (``[system rN] RATE/s att ... effacc ...``) compare a
+``-types@any`` system with the best single variant and the best single pair::
 
     sloserve bench slo --model heavy --slo-ms 20 --arrival burst --burst-factor 3 --emulate emul-slow=2 \
         --device-types cpu,emul-slow --systems sloserve-slo-types@any,sloserve-slo-types@large,\
@@ -102,6 +102,7 @@ from sloserve.loadtests.bench.systems import (
     split_tree,
 )
 from sloserve.loadtests.promtext import prom_max
+from sloserve.loadtests.results import write_result
 
 
 def generator_headers(hdrs: dict[str, str], body_headers: dict[str, str] | None) -> dict:
@@ -483,11 +484,7 @@ def main_args(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so the system under test is stopped by its launcher's finally
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
+    write_result(result, args.out)
     brief = {
         s: {
             k: v.get(k)

@@ -84,12 +84,12 @@ def _launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) ->
             launch.headers["x-variant"] = pin
             hdrs["x-variant"] = pin
         return launch, hdrs, pin
-    peer, _, cfg = system.partition("-")
+    peer, _, conf = system.partition("-")
     knobs = BatchingKnobs(
         max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, triton_metrics=args.triton_metrics
     )
-    if cfg:  # <wait ms>x<instances | replicas | workers>[-opt]
-        head, _, flag = cfg.partition("-")
+    if conf:  # <wait ms>x<instances | replicas | workers>[-opt]
+        head, _, flag = conf.partition("-")
         wait, _, count = head.partition("x")
         knobs.max_wait_ms = float(wait)
         if peer == "triton":
@@ -153,7 +153,7 @@ def tune_peers(systems: list[str], args: argparse.Namespace, one, results: dict)
             "errors": {k: v["error"] for k, v in tres.items() if "error" in v},
         }
         print(f"{peer} tuning: {tuning[peer]['max_rate_at_target']} -> {best}", file=sys.stderr, flush=True)
-        systems = [best if s == peer else s for s in systems if s != peer or best]
+        systems = [s for s in systems if s != peer] if best is None else [best if s == peer else s for s in systems]
         if best is None:
             results[peer] = [
                 {

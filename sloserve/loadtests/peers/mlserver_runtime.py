@@ -33,10 +33,10 @@ try:
     from mlserver.codecs import NumpyCodec
     from mlserver.types import InferenceRequest, InferenceResponse
 except ImportError:  # imported outside the MLServer venv (e.g. by a linter)
-    MLModel = object  # type: ignore[misc,assignment]
+    MLModel = object
 
 
-class OnnxRuntime(MLModel):  # type: ignore[misc,valid-type]
+class OnnxRuntime(MLModel):
     async def load(self) -> bool:
         sys.path.insert(0, str(HERE))
         from _ort import OrtModel

@@ -24,7 +24,9 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -43,6 +45,8 @@ def build_app(
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
 
+    loads: Callable[[bytes], Any]
+    dumps: Callable[[Any], bytes]
     try:
         import orjson
 
@@ -52,12 +56,6 @@ def build_app(
 
         loads, dumps = json.loads, lambda o: json.dumps(o).encode()
 
-    @serve.deployment(
-        ray_actor_options={"num_cpus": num_cpus},
-        max_ongoing_requests=256,
-        num_replicas=replicas,
-        logging_config={"enable_access_log": False},
-    )
     class OnnxV2:
         def __init__(self):
             sys.path.insert(0, str(HERE))
@@ -106,7 +104,14 @@ def build_app(
                 payload["id"] = body["id"]
             return Response(dumps(payload), media_type="application/json")
 
-    return OnnxV2.bind()
+    # applied as a call, not as ``@serve.deployment(...)``: mypy keeps a decorated class's own type
+    deployment = serve.deployment(
+        ray_actor_options={"num_cpus": num_cpus},
+        max_ongoing_requests=256,
+        num_replicas=replicas,
+        logging_config={"enable_access_log": False},
+    )(OnnxV2)
+    return deployment.bind()
 
 
 def main() -> int:
