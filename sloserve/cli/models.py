@@ -22,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     c = msub.add_parser(
         "check",
-        help="check a model repository without serving it: each config.json against its ONNX graphs "
-        "(inputs, outputs, datatypes, shapes, max_batch_size) and every variant's file; exit 1 on any problem",
+        help="check a model repository without serving it: each config.json (or Triton config.pbtxt) against its "
+        "ONNX graphs (inputs, outputs, datatypes, shapes, max_batch_size) and every variant's (version's) file; "
+        "exit 1 on any problem",
     )
     c.add_argument("repo", metavar="DIR", help="the model repository folder")
     c.set_defaults(func=_models_check)
@@ -91,25 +92,32 @@ def _models_build(args: argparse.Namespace) -> int:
 
 def _models_check(args: argparse.Namespace) -> int:
     """The check the server runs on every model it loads (``sloserve.models.repository.load_model_dir``), one
-    line per model folder."""
+    line per model folder (for a Triton one: its served versions, and what of its config.pbtxt is not honoured)."""
     from pathlib import Path
 
-    from sloserve.models.repository import ModelRepository
+    from sloserve.models.repository import LoadedModel, ModelRepository
 
     repo = ModelRepository(args.repo)
     try:
-        results = repo.check()
+        results = repo.check_models()
     except FileNotFoundError as e:
         print(f"sloserve models check: {e}")
         return 2
     others = sorted(p.name for p in repo.root.iterdir() if p.is_dir() and p.name not in results)
-    for name, problem in results.items():
-        print(f"{name}: {'ok' if problem is None else 'FAIL: ' + problem}")
+    for name, r in results.items():
+        if not isinstance(r, LoadedModel):
+            print(f"{name}: FAIL: {r}")
+        elif r.triton is None:
+            print(f"{name}: ok")
+        else:
+            t = r.triton
+            note = f"; accepted, not honoured: {', '.join(t.ignored)}" if t.ignored else ""
+            print(f"{name}: ok (Triton config.pbtxt, versions {', '.join(r.config.versions)}{note})")
     for name in others:
-        print(f"{name}: skipped (no {Path(name) / 'config.json'}, so not a model folder)")
-    bad = sum(1 for p in results.values() if p is not None)
+        print(f"{name}: skipped (no {Path(name) / 'config.json'} nor config.pbtxt, so not a model folder)")
+    bad = sum(1 for r in results.values() if not isinstance(r, LoadedModel))
     if not results:
-        print(f"sloserve models check: {repo.root} holds no <model>/config.json")
+        print(f"sloserve models check: {repo.root} holds no <model>/config.json (or config.pbtxt)")
         return 2
     print(f"{len(results) - bad} of {len(results)} model(s) ok in {repo.root}")
     return 1 if bad else 0

@@ -6,6 +6,9 @@ Layout::
     <repo>/<model>/<variant>/model.onnx       one ONNX file per accuracy variant
     <repo>/<model>/<variant>/profiles/<device_type>.json   latency profiles (``sloserve profile``)
 
+A model folder with a ``config.pbtxt`` and no ``config.json`` is a Triton model, served unchanged: its
+numbered version folders are its variants (``sloserve/models/triton.py`` reads and translates it).
+
 Shapes in the config exclude the batch dimension: a request's tensors are ``[n, *shape]`` with
 ``1 <= n <= max_batch_size``. Names are validated so a config can never point outside the repo.
 """
@@ -61,6 +64,73 @@ class VariantConfig(BaseModel):
     @classmethod
     def _safe(cls, v: str) -> str:
         return check_name("variant", v)
+
+
+class QueuePolicy(BaseModel):
+    """Triton's ``ModelQueuePolicy`` (a ``dynamic_batching`` queue's timeout and size)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    default_timeout_us: int = Field(default=0, ge=0, description="0: requests never time out in the queue.")
+    allow_timeout_override: bool = False
+    max_queue_size: int = Field(default=0, ge=0, description="0: unbounded.")
+
+
+class DynamicBatching(BaseModel):
+    """Triton's ``dynamic_batching`` of a config.pbtxt, as written (for the gateway to honour)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_queue_delay_us: int = Field(default=0, ge=0)
+    preferred_batch_sizes: tuple[int, ...] = ()
+    preserve_ordering: bool = False
+    priority_levels: int = Field(default=0, ge=0)
+    default_priority_level: int = Field(default=0, ge=0)
+    default_queue_policy: QueuePolicy = QueuePolicy()
+    priority_queue_policy: dict[int, QueuePolicy] = Field(default_factory=dict)
+
+
+class InstanceGroup(BaseModel):
+    """One of Triton's ``instance_group`` entries: ``count`` instances of a kind (on ``gpus``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = ""
+    kind: Literal["KIND_AUTO", "KIND_CPU", "KIND_GPU"] = "KIND_AUTO"
+    count: int = Field(default=1, ge=1)
+    gpus: tuple[int, ...] = ()
+
+
+class TritonSettings(BaseModel):
+    """What a Triton model's config.pbtxt says that sloserve's own config has no field for
+    (``sloserve/models/triton.py`` fills it: ``LoadedModel.triton``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_filename: str = Field(default="model.onnx", description="default_model_filename of every version.")
+    version_policy: Literal["latest", "all", "specific"] = "latest"
+    variant_fallback: bool = Field(
+        default=False,
+        description="A request naming no version may be served by another version than the default one "
+        "(sloserve's accuracy variants); False: only by the default one, as Triton serves the latest.",
+    )
+    dynamic_batching: DynamicBatching | None = None
+    instance_groups: tuple[InstanceGroup, ...] = ()
+    reshape: dict[str, tuple[int, ...]] = Field(
+        default_factory=dict,
+        description="Tensor name -> its config 'dims' (batch dimension excluded), for the tensors whose "
+        "'reshape' differs: the model (and sloserve's 'shape') takes the reshape.",
+    )
+    batch_dimension: bool = Field(
+        default=True, description="False: config.pbtxt's max_batch_size is 0 (the first dimension is fixed at 1)."
+    )
+    ignored: tuple[str, ...] = Field(default=(), description="Keys of config.pbtxt accepted but not honoured.")
+
+    @field_validator("model_filename")
+    @classmethod
+    def _safe(cls, v: str) -> str:
+        return check_name("default_model_filename", v)
 
 
 class ModelConfig(BaseModel):
@@ -140,10 +210,19 @@ class LoadedModel(BaseModel):
         description="The config.json keys a load through the repository API replaced (a Ray replica, which "
         "reads the folder again, applies them too).",
     )
+    triton: TritonSettings | None = Field(
+        default=None, description="Set for a model read from a Triton config.pbtxt (its versions are its variants)."
+    )
 
     def onnx_path(self, variant: str) -> Path:
+        """The variant's ONNX file: ``<variant>/model.onnx``; for a Triton model
+        ``<version>/<default_model_filename>``, or the ``model.onnx`` inside it when that is a folder
+        (Triton's ONNX Runtime backend reads such a folder so, external data beside it)."""
         check_name("variant", variant)
-        return self.root / variant / "model.onnx"
+        if self.triton is None:
+            return self.root / variant / "model.onnx"
+        path = self.root / variant / self.triton.model_filename
+        return path / "model.onnx" if path.is_dir() else path
 
     def profile_dir(self, variant: str) -> Path:
         return self.root / variant / "profiles"
@@ -170,8 +249,15 @@ def relative_to_repository(text: str, root: Path) -> str:
     return re.sub(rf"{re.escape(r)}(?![\w.-])", "the model repository", text)
 
 
+def is_model_folder(folder: Path) -> bool:
+    """A model folder of a repository: it holds a ``config.json`` (sloserve's) or a ``config.pbtxt``
+    (Triton's)."""
+    return (folder / "config.json").is_file() or (folder / "config.pbtxt").is_file()
+
+
 class ModelRepository:
-    """Reads every ``<repo>/<model>/config.json``; the repo root bounds every file it opens."""
+    """Reads every ``<repo>/<model>/config.json`` (or Triton ``config.pbtxt``); the repo root bounds
+    every file it opens."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
@@ -185,25 +271,29 @@ class ModelRepository:
             )
 
     def model_names(self) -> list[str]:
-        """The model folders in the repository now (those holding a ``config.json``), sorted."""
+        """The model folders in the repository now (those holding a ``config.json`` or a Triton
+        ``config.pbtxt``), sorted."""
         self._require_root()
-        return [p.parent.name for p in sorted(self.root.glob("*/config.json"))]
+        return sorted({p.parent.name for name in ("config.json", "config.pbtxt") for p in self.root.glob(f"*/{name}")})
 
     def load(self) -> ModelRepository:
         self._require_root()
         for name in self.model_names():
             self.models[name] = load_model_dir(self.root, name)
         if not self.models:
-            raise FileNotFoundError(f"model repository {self.root} holds no <model>/config.json")
+            raise FileNotFoundError(f"model repository {self.root} holds no <model>/config.json (or config.pbtxt)")
         return self
 
     def check(self) -> dict[str, str | None]:
         """Every model folder's problem (None when it loads): what ``sloserve models check`` prints."""
-        out: dict[str, str | None] = {}
+        return {name: None if isinstance(r, LoadedModel) else r for name, r in self.check_models().items()}
+
+    def check_models(self) -> dict[str, LoadedModel | str]:
+        """Every model folder, loaded, or its problem."""
+        out: dict[str, LoadedModel | str] = {}
         for name in self.model_names():
             try:
-                load_model_dir(self.root, name)
-                out[name] = None
+                out[name] = load_model_dir(self.root, name)
             except (ModelProblem, FileNotFoundError) as e:
                 out[name] = str(e)
         return out
@@ -213,13 +303,21 @@ def load_model_dir(root: Path, name: str, override: dict | None = None) -> Loade
     """Read and check ``<root>/<name>``: its ``config.json`` (top-level keys of ``override`` replace
     the file's), every variant's ``model.onnx`` (inside the repository, parsable, external data
     beside it) and the config against each graph. The one check of a model folder: start-up,
-    ``load`` of the repository API and ``sloserve models check`` all run it. Raises
+    ``load`` of the repository API and ``sloserve models check`` all run it. A folder with a Triton
+    ``config.pbtxt`` and no ``config.json`` is read by :func:`sloserve.models.triton.load_triton_model`
+    (``override``'s keys then replace those of the config it translates to). Raises
     :class:`ModelProblem` (or ``FileNotFoundError`` for a folder that is not there)."""
     root = Path(root).resolve()
     check_name("model", name)
     cfg_path = root / name / "config.json"
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"model '{name}' has no {cfg_path} in the repository {root}")
+        if (root / name / "config.pbtxt").is_file():
+            from sloserve.models.triton import load_triton_model
+
+            return load_triton_model(root, name, override)
+        raise FileNotFoundError(
+            f"model '{name}' has no {cfg_path} (nor a Triton config.pbtxt) in the repository {root}"
+        )
     if not cfg_path.resolve().is_relative_to(root):
         raise ModelProblem(f"{cfg_path} resolves outside the repository {root} (symlink?)")
     try:
@@ -239,17 +337,23 @@ def load_model_dir(root: Path, name: str, override: dict | None = None) -> Loade
     if cfg.name != name:
         raise ModelProblem(f"{src}: name {cfg.name!r} differs from its directory {name!r}")
     model = LoadedModel(config=cfg, root=cfg_path.parent, override=dict(override or {}))
-    for v in cfg.variants:
+    check_variants(model, root, src)
+    return model
+
+
+def check_variants(model: LoadedModel, root: Path, src: str) -> None:
+    """Every variant's ONNX file of ``model``: inside the repository, there, parsable, and agreeing
+    with the config (``src`` names it in a problem)."""
+    for v in model.config.variants:
         path = model.onnx_path(v.name)
         if not path.resolve().is_relative_to(root):
             raise ModelProblem(f"{path} is outside the repository {root}")
         if not path.is_file():
-            raise ModelProblem(f"{cfg_path}: variant {v.name!r} has no {path}")
+            raise ModelProblem(f"{src}: variant {v.name!r} has no {path}")
         graph = parse_onnx(path, root)
-        problem = signature_mismatch(cfg, graph)
+        problem = signature_mismatch(model.config, graph)
         if problem:
             raise ModelProblem(f"{src}: variant {v.name!r} ({path}): {problem}")
-    return model
 
 
 def parse_onnx(path: Path, root: Path):
