@@ -21,14 +21,33 @@ CPU (2.4x at batch 1, 1.9x at batch 8: ONNX Runtime fuses about half of the conv
 and runs the rest in float between Quantize/Dequantize nodes, 211 nodes against 40), so it trades
 nothing.
 
-The nets are trained at build time in PyTorch (seeded, deterministic, one thread) on the training
-split of ``sloserve models build`` and scored on its held-out split, like ``digits``. The input is
-``[-1, 64]`` as ``digits``'s (values 0..16), so a client sends the same rows to both. PyTorch is
-imported here only: without it (``pip install 'sloserve[train]'``) the other demo models still build.
+The nets are trained in PyTorch (seeded, deterministic, one thread) on the training split of
+``sloserve models build`` and scored on its held-out split, like ``digits``. The input is ``[-1, 64]``
+as ``digits``'s (values 0..16), so a client sends the same rows to both.
+
+``sloserve models build`` does not train them: the package ships the three default variants, trained
+and exported by this module, in ``sloserve/build/prebuilt/cnn/`` (``<variant>/model.onnx``, the
+``config.json`` the repository gets, and ``source.json``: the seed of the split, the PyTorch and ONNX
+versions, each file's SHA-256). :func:`copy_prebuilt` copies them into the repository and scores them
+again on the held-out split with ONNX Runtime; the build then profiles them on this machine as it
+does every demo model. So a host without PyTorch (``make run`` installs none) serves the same ``cnn``
+as one with it, byte for byte. Only ``sloserve models build --seed N`` with another seed than the
+prebuilt files' trains the nets here, where PyTorch is installed (``pip install 'sloserve[train]'``).
+
+To regenerate the prebuilt files (after changing :data:`ARCHS`, the training or the export), with
+PyTorch installed, from the checkout's root::
+
+    python -m sloserve.build.cnn --out sloserve/build/prebuilt/cnn
+
+The build imports PyTorch here only, and only to train.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -41,11 +60,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from sloserve.models.onnx_graph import classifier_model
-from sloserve.models.repository import ModelConfig, TensorSpec, VariantConfig
+from sloserve.models.repository import ModelConfig, TensorSpec, VariantConfig, write_config
 
 NAME = "cnn"
 OPSET = 17
 TRAIN_HINT = "pip install 'sloserve[train]'"
+PREBUILT_DIR = Path(__file__).parent / "prebuilt" / NAME  # <variant>/model.onnx, config.json, source.json
+REGENERATE = "python -m sloserve.build.cnn --out sloserve/build/prebuilt/cnn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,8 +367,121 @@ def build_cnn(
 
 
 def _save(model: onnx.ModelProto, out: Path) -> Path:
+    return _save_bytes(model.SerializeToString(), out)
+
+
+def _save_bytes(data: bytes, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(model.SerializeToString())
+    tmp.write_bytes(data)
     tmp.replace(out)
     return out
+
+
+# --- the prebuilt variants ---------------------------------------------------------------------------
+
+
+def prebuilt_source(src: Path = PREBUILT_DIR) -> dict[str, Any]:
+    """``source.json`` of the prebuilt variants: ``seed`` (of the digits split they were trained and
+    scored on), ``torch`` and ``onnx`` (the versions that made them), ``sha256`` (variant: the digest of
+    its ``model.onnx``) and ``command`` (the one that regenerates them)."""
+    return dict(json.loads((src / "source.json").read_text()))
+
+
+def prebuilt_config(src: Path = PREBUILT_DIR) -> ModelConfig:
+    """The ``config.json`` the prebuilt variants come with (accuracies on their seed's held-out split)."""
+    return ModelConfig.model_validate_json((src / "config.json").read_text())
+
+
+def copy_prebuilt(
+    repo: Path,
+    x_te: np.ndarray,
+    y_te: np.ndarray,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+    src: Path = PREBUILT_DIR,
+) -> ModelConfig:
+    """Copy the prebuilt variants into ``repo/cnn/<variant>/model.onnx``; returns their config (variants
+    most accurate first), not yet written. Needs no PyTorch.
+
+    Where ``seed`` is the one they were trained with, ``x_te``/``y_te`` is their held-out split: each
+    variant is scored on it again with ONNX Runtime and the measured accuracy goes into the config,
+    as for the models trained here. With another seed that split may hold rows they were trained on,
+    so the accuracies stay those of ``config.json``, and the log says so."""
+    from sloserve.build.variants_build import predict
+
+    cfg, source = prebuilt_config(src), prebuilt_source(src)
+    rescore = seed == source["seed"]
+    label = next(t for t in cfg.outputs if t.name == "label")
+    variants: list[VariantConfig] = []
+    for v in cfg.variants:
+        out = _save_bytes((src / v.name / "model.onnx").read_bytes(), repo / NAME / v.name / "model.onnx")
+        acc = float((predict(out, x_te, "input", label) == y_te).mean()) if rescore else v.accuracy
+        variants.append(v.model_copy(update={"accuracy": round(acc, 4)}))
+        log(
+            f"  {NAME}/{v.name}: accuracy={acc:.4f} flops/row={v.cost_flops:,.0f} nodes={optimized_node_count(out)} "
+            f"(prebuilt: trained in PyTorch {source['torch']} on seed {source['seed']}'s split)"
+        )
+    if not rescore:
+        log(
+            f"  {NAME}: accuracies as measured on seed {source['seed']}'s held-out split, not seed {seed}'s "
+            f"(it may hold their training rows); to train them on seed {seed}'s split: {TRAIN_HINT}"
+        )
+    return cfg.model_copy(update={"variants": tuple(sorted(variants, key=lambda v: (-v.accuracy, v.cost_flops)))})
+
+
+def write_prebuilt(
+    out: Path, seed: int = 0, log: Callable[[str], None] = print, archs: Sequence[tuple[str, Arch]] = ARCHS
+) -> ModelConfig:
+    """Train and export ``archs`` (:func:`build_cnn`, on the digits split of ``sloserve models build
+    --seed``) into ``out``: ``<variant>/model.onnx``, ``config.json`` and ``source.json``
+    (:func:`prebuilt_source`). Needs PyTorch."""
+    import torch
+
+    from sloserve.build.demo import digits_split
+
+    x_tr, x_te, y_tr, y_te = digits_split(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = build_cnn(Path(tmp), x_tr, y_tr, x_te, y_te, seed=seed, log=log, archs=archs)
+        names = {v.name for v in cfg.variants}
+        for stale in out.glob("*/model.onnx"):  # a variant no longer built
+            if stale.parent.name not in names:
+                stale.unlink()
+                stale.parent.rmdir()
+        digests = {}
+        for v in cfg.variants:
+            data = (Path(tmp) / NAME / v.name / "model.onnx").read_bytes()
+            _save_bytes(data, out / v.name / "model.onnx")
+            digests[v.name] = hashlib.sha256(data).hexdigest()
+        _save_bytes(write_config(Path(tmp), cfg).read_bytes(), out / "config.json")  # as the repository gets it
+    source = {
+        "seed": seed,
+        "torch": torch.__version__.split("+")[0],
+        "onnx": onnx.__version__,
+        "sha256": digests,
+        "command": REGENERATE,
+    }
+    (out / "source.json").write_text(json.dumps(source, indent=2) + "\n")
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m sloserve.build.cnn",
+        description="Train the cnn demo variants in PyTorch and write them where `sloserve models build` "
+        "takes them from (its prebuilt files).",
+    )
+    p.add_argument("--out", type=Path, default=PREBUILT_DIR, help=f"the folder to write (default: {PREBUILT_DIR})")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the digits split and of the training")
+    a = p.parse_args(argv)
+    if not torch_available():
+        print(f"python -m sloserve.build.cnn: trains in PyTorch, which is not installed: {TRAIN_HINT}", file=sys.stderr)
+        return 2
+    print(f"training {NAME} into {a.out} ...", flush=True)
+    write_prebuilt(a.out, seed=a.seed)
+    print("done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

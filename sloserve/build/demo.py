@@ -7,9 +7,11 @@
   hidden ReLU layers of 2,048 (random features, ridge read-out) (batch-1 CPU latency ~1-2 ms, per-row cost falling ~8x by batch 64),
   ``medium`` a linear classifier on the 4x4-pooled (8x8) image, ``small`` one on the 8x8-pooled
   (4x4) image: cheap variants that are really less accurate (~0.93 and ~0.83 against ~0.98).
-* ``cnn``: the digits (``[-1, 64]``, as ``digits``) through convolutional nets trained in PyTorch at
-  build time, whose variants differ in depth, so in cost on a GPU as well as on a CPU
-  (:mod:`sloserve.build.cnn`); built where PyTorch is installed (``sloserve[train]``).
+* ``cnn``: the digits (``[-1, 64]``, as ``digits``) through convolutional nets, whose variants differ
+  in depth, so in cost on a GPU as well as on a CPU (:mod:`sloserve.build.cnn`). They are trained in
+  PyTorch ahead of time and ship in the package (``sloserve/build/prebuilt/cnn/``), so the build
+  copies them, with or without PyTorch, and scores them again; only with another ``seed`` than theirs
+  does it train them, where PyTorch is installed (``sloserve[train]``).
 
 Held-out accuracy (stratified 25% split, fixed seed) is measured and written into each
 model's ``config.json``; so is each variant's cost in FLOPs per row.
@@ -199,17 +201,24 @@ def copy_measured_profiles(
     return copied
 
 
-def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = print) -> list[ModelConfig]:
-    """Train, export, measure and write the ``digits``, ``heavy`` and (with PyTorch) ``cnn`` models into
-    ``repo``."""
+def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits (FP32, 0..16) as ``x_tr, x_te, y_tr, y_te``: a stratified 25% held out, by ``seed``."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    repo = Path(repo)
     data = load_digits()
     x_tr, x_te, y_tr, y_te = train_test_split(
         data.data.astype(np.float32), data.target, test_size=0.25, random_state=seed, stratify=data.target
     )
+    return x_tr, x_te, y_tr, y_te
+
+
+def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = print) -> list[ModelConfig]:
+    """Train, export, measure and write the ``digits`` and ``heavy`` models into ``repo``, and the ``cnn``
+    model from its prebuilt files (trained here instead with another ``seed`` than theirs, where PyTorch
+    is installed)."""
+    repo = Path(repo)
+    x_tr, x_te, y_tr, y_te = digits_split(seed)
     built = []
     specs = [
         (
@@ -266,12 +275,15 @@ def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = pri
         )
         write_config(repo, cfg)
         built.append(cfg)
-    if cnn.torch_available():
+    # The prebuilt cnn, with or without PyTorch: every host serves the same nets (training them again
+    # here would give other weights wherever PyTorch's version or kernels differ) and the build needs
+    # no PyTorch. Another seed's split may hold their training rows, so with one, train them anew.
+    if seed != cnn.prebuilt_source()["seed"] and cnn.torch_available():
         cfg = cnn.build_cnn(repo, x_tr, y_tr, x_te, y_te, seed=seed, log=log)
-        write_config(repo, cfg)
-        built.append(cfg)
     else:
-        log(f"  {cnn.NAME}: skipped, its variants are trained in PyTorch: {cnn.TRAIN_HINT}")
+        cfg = cnn.copy_prebuilt(repo, x_te, y_te, seed=seed, log=log)
+    write_config(repo, cfg)
+    built.append(cfg)
     copy_measured_profiles(repo, [c.name for c in built], log)
     (repo / ".built").write_text(json.dumps({"models": [c.name for c in built], "seed": seed}) + "\n")
     return built
