@@ -43,7 +43,7 @@ for name, m in sorted(r.models.items()):
             print(f"{name}/{v.name} {o}: rel err cuda vs cpu {rel:.2e}", "OK" if rel < tol else f"MISMATCH (> {tol:g})")
 PYEOF
 # The cnn model's variants differ in depth, so in kernels launched: its p50 per variant and the ratio
-# of the most to the least accurate at batch 1 and 8 (needs PyTorch at build time: sloserve[train]).
+# of the most to the least accurate at batch 1 and 8 (shipped prebuilt: sloserve/build/prebuilt/cnn).
 if [ -d "$REPO/cnn" ]; then "$PY" deploy/gpu/variant_ratio.py "$REPO" --model cnn | tee "$OUT/cnn-ratio.txt"; fi
 "$PY" -m sloserve.cli profile --repo "$REPO" --device cuda --iters 300 --warmup 30
 "$PY" -m sloserve.cli profile --repo "$REPO" --device cpu --iters 100 --warmup 10

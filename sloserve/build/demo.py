@@ -213,10 +213,18 @@ def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return x_tr, x_te, y_tr, y_te
 
 
-def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = print) -> list[ModelConfig]:
+DEMO_MODELS = ("digits", "heavy", "cnn")
+
+
+def build_demo(
+    repo: str | Path, seed: int = 0, log: Callable[[str], None] = print, models: tuple[str, ...] = DEMO_MODELS
+) -> list[ModelConfig]:
     """Train, export, measure and write the ``digits`` and ``heavy`` models into ``repo``, and the ``cnn``
     model from its prebuilt files (trained here instead with another ``seed`` than theirs, where PyTorch
-    is installed)."""
+    is installed); only those of ``models``."""
+    unknown = sorted(set(models) - set(DEMO_MODELS))
+    if unknown:
+        raise ValueError(f"unknown demo model(s) {unknown}: choose from {', '.join(DEMO_MODELS)}")
     repo = Path(repo)
     x_tr, x_te, y_tr, y_te = digits_split(seed)
     built = []
@@ -241,6 +249,8 @@ def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = pri
         ),
     ]
     for name, n_in, prep, variants, max_batch, slo_ms, desc in specs:
+        if name not in models:
+            continue
         xtr, xte = prep(x_tr), prep(x_te)
         vcfgs = []
         for vname, hidden, pool, iters in variants:
@@ -278,12 +288,13 @@ def build_demo(repo: str | Path, seed: int = 0, log: Callable[[str], None] = pri
     # The prebuilt cnn, with or without PyTorch: every host serves the same nets (training them again
     # here would give other weights wherever PyTorch's version or kernels differ) and the build needs
     # no PyTorch. Another seed's split may hold their training rows, so with one, train them anew.
-    if seed != cnn.prebuilt_source()["seed"] and cnn.torch_available():
-        cfg = cnn.build_cnn(repo, x_tr, y_tr, x_te, y_te, seed=seed, log=log)
-    else:
-        cfg = cnn.copy_prebuilt(repo, x_te, y_te, seed=seed, log=log)
-    write_config(repo, cfg)
-    built.append(cfg)
+    if "cnn" in models:
+        if seed != cnn.prebuilt_source()["seed"] and cnn.torch_available():
+            cfg = cnn.build_cnn(repo, x_tr, y_tr, x_te, y_te, seed=seed, log=log)
+        else:
+            cfg = cnn.copy_prebuilt(repo, x_te, y_te, seed=seed, log=log)
+        write_config(repo, cfg)
+        built.append(cfg)
     copy_measured_profiles(repo, [c.name for c in built], log)
     (repo / ".built").write_text(json.dumps({"models": [c.name for c in built], "seed": seed}) + "\n")
     return built

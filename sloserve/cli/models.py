@@ -4,6 +4,7 @@ of a repository without serving it, measured accuracy variants of a user's model
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,6 +13,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     b = msub.add_parser("build", help="build the demo models (digits, heavy, cnn) locally, no downloads")
     b.add_argument("--repo", default="model_repository")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument(
+        "--models",
+        default="digits,heavy,cnn",
+        help="which demo models to build, comma-separated (default: all three)",
+    )
     b.add_argument(
         "--profile-iters",
         type=int,
@@ -79,7 +85,11 @@ def _models_build(args: argparse.Namespace) -> int:
     from sloserve.build.demo import build_demo
 
     print(f"building demo models into {args.repo} ...", flush=True)
-    build_demo(args.repo, seed=args.seed)
+    try:
+        build_demo(args.repo, seed=args.seed, models=tuple(m for m in args.models.split(",") if m))
+    except ValueError as e:
+        print(f"sloserve models build: {e}", file=sys.stderr)
+        return 2
     if args.profile_iters > 0:
         from sloserve.build.profiler import profile_repo
         from sloserve.replica.runtime import RuntimeOptions
@@ -124,7 +134,6 @@ def _models_check(args: argparse.Namespace) -> int:
 
 
 def _models_variants(args: argparse.Namespace) -> int:
-    import sys
 
     from sloserve.build.variants import VariantsError, generate_variants
 

@@ -39,8 +39,8 @@ RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "
 
 @pytest.fixture(scope="module")
 def serve_repo(model_repo, tmp_path_factory):
-    """The models the Serve config deploys (digits and heavy: the image's build, deploy/kuberay/Dockerfile,
-    has no PyTorch, so no cnn), copied from the demo repository: a gateway attaching with
+    """The models the Serve config deploys (digits and heavy: the RayService's build job builds just those,
+    ``sloserve models build --models digits,heavy``), copied from the demo repository: a gateway attaching with
     ``ray_deploy: false`` expects an application for every model of its repository."""
     import shutil
 

@@ -204,3 +204,9 @@ def test_where_a_gpu_runs_it_the_large_variant_gets_an_fp16_twin(tmp_path, monke
     half = onnx.load(str(tmp_path / "cnn/large-fp16/model.onnx"))
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in half.graph.initializer)
     assert devices[-1] == "cuda"  # its accuracy is measured where it runs
+
+
+def test_the_build_names_an_unknown_demo_model(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown demo model\(s\) \['resnet'\]: choose from digits, heavy, cnn"):
+        demo.build_demo(tmp_path, models=("digits", "resnet"))
+    assert not any(tmp_path.iterdir())  # refused before anything is written
