@@ -9,12 +9,9 @@ clock; policies never read a clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sloserve.batching.profile import Curve
-
-if TYPE_CHECKING:
-    from sloserve.autoscaler.typesplit import DemandSplit
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +53,12 @@ class ServiceModel:
     fallback: ServiceModel | None = None
 
 
+class DemandPart(Protocol):
+    """One deployment's part of its variant's demand (``sloserve.autoscaler.typesplit.DemandSplit``)."""
+
+    def part(self, demand_rps: float) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ScalingSnapshot:
     """One model's load and replicas at one instant.
@@ -79,7 +82,7 @@ class ScalingSnapshot:
     min_replicas: int = 0
     max_replicas: int = 1_000_000
     future_peak_rps: float | None = None
-    split: DemandSplit | None = None
+    split: DemandPart | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ Policies never read the wall clock: the driver (the live :class:`~sloserve.batch
 the simulator) passes ``now`` explicitly.
 """
 
+from sloserve.batching import builtin  # noqa: F401 - registers the built-in policies
 from sloserve.batching.policy import POLICIES, BatchPolicy, make_policy, register_policy
 from sloserve.batching.types import (
     BatchResult,

@@ -1,5 +1,9 @@
 """The policy interface and its registry: one signature for every batching policy.
 
+The built-in policies (sloserve/batching/policies/) register themselves with :func:`register_policy`
+when ``sloserve.batching`` is imported (sloserve/batching/builtin.py), so :func:`make_policy` sees them
+whichever module a caller imports it from.
+
 A policy is built from keywords of two kinds, told apart by name:
 
 * the **context**, what its driver knows about the model (:class:`PolicyContext`: the batch size cap,
@@ -8,7 +12,7 @@ A policy is built from keywords of two kinds, told apart by name:
 * its **settings**, its own tuning knobs, declared as a pydantic model (``Settings``) and validated
   once: a bad value or an unknown knob is a ``ValueError`` that names the key.
 
->>> from batching import make_policy
+>>> from sloserve.batching import make_policy
 >>> p = make_policy("timeout", max_batch_size=8, max_wait_ms=2.0)
 >>> p.context.max_batch_size, p.settings.max_wait_ms
 (8, 2.0)
@@ -129,11 +133,3 @@ def make_policy(name: str, **kwargs: Any) -> BatchPolicy:
     except KeyError:
         raise ValueError(f"unknown batching policy {name!r}; known: {sorted(POLICIES)}") from None
     return cls(**kwargs)
-
-
-def _register_builtins() -> None:
-    # Import for the side effect of registration, kept here so `make_policy` always sees them.
-    from sloserve.batching.policies import aimd, fixed, nexus, slo, timeout  # noqa: F401
-
-
-_register_builtins()

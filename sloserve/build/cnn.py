@@ -438,7 +438,7 @@ def write_prebuilt(
     (:func:`prebuilt_source`). Needs PyTorch."""
     import torch
 
-    from sloserve.build.demo import digits_split
+    from sloserve.build.data import digits_split
 
     x_tr, x_te, y_tr, y_te = digits_split(seed)
     with tempfile.TemporaryDirectory() as tmp:

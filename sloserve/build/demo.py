@@ -30,6 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from sloserve.build import cnn
+from sloserve.build.data import digits_split
 from sloserve.models.onnx_graph import classifier_model
 from sloserve.models.repository import ModelConfig, TensorSpec, VariantConfig, write_config
 
@@ -199,18 +200,6 @@ def copy_measured_profiles(
     if copied:
         log(f"  measured profiles from other hardware: {len(copied)} ({', '.join(sorted({p.stem for p in copied}))})")
     return copied
-
-
-def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """scikit-learn's digits (FP32, 0..16) as ``x_tr, x_te, y_tr, y_te``: a stratified 25% held out, by ``seed``."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    data = load_digits()
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        data.data.astype(np.float32), data.target, test_size=0.25, random_state=seed, stratify=data.target
-    )
-    return x_tr, x_te, y_tr, y_te
 
 
 DEMO_MODELS = ("digits", "heavy", "cnn")

@@ -25,7 +25,6 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +39,9 @@ from sloserve.build.variants_build import (
     predict,
     quantize_int8,
 )
-from sloserve.models.repository import ModelConfig, ModelProblem, TensorSpec, VariantConfig, check_name, load_model_dir
+from sloserve.build.variants_types import Plan, Variant
+from sloserve.models.repository import ModelConfig, ModelProblem, VariantConfig, check_name, load_model_dir
 from sloserve.models.variants_check import (
-    Signature,
     VariantsError,
     graph_signature,
     load_onnx,
@@ -73,39 +72,7 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)
-class Variant:
-    """One built variant and what was measured on it."""
-
-    name: str
-    path: Path
-    kind: str  # fp32 | fp16 | int8 | extra
-    accuracy: float = 0.0
-    agreement: float = 0.0
-    size_bytes: int = 0
-    params: int = 0
-    cost_flops: float = 0.0
-    p50_ms: dict[str, dict[int, float]] = field(default_factory=dict)  # device type -> batch -> ms
-
-
 # --- the command ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What ``generate_variants`` will build, every input checked; nothing written yet."""
-
-    name: str
-    source: Path
-    sig: Signature
-    output: TensorSpec
-    kinds: tuple[str, ...]
-    extras: dict[str, Path]
-    x: np.ndarray
-    y: np.ndarray
-    calib: np.ndarray  # row indices
-    held: np.ndarray
-    reference: np.ndarray  # the original's classes on the held-out rows
 
 
 def plan_variants(

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from sloserve.build.variants import Plan, Variant
+from sloserve.build.variants_types import Plan, Variant
 
 
 def _size(n: int) -> str:

@@ -16,7 +16,7 @@ loop's thread itself spent on the CPU (``time.thread_time``): the loop's **own**
 (``own_estimate_s``, ``own_last_s``). A loop that is late because it is working through its own
 backlog counts in full; one that is late because it waited for a core counts for what it ran. The own
 lag, while the latest probe's own lag is late too, drives the door (``loop_lag_shed_ms``,
-sloserve/gateway/dataplane.py).
+sloserve/gateway/admission.py).
 
 The probe runs only while requests come (it stops ``idle_s`` after the last one and the next
 arrival restarts it): an idle gateway pays nothing, a busy one ~200 timer callbacks a second.

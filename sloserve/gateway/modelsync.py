@@ -28,16 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sloserve.gateway.backends.base import ModelLoadError
 from sloserve.gateway.backends.ray_book import POLL_S, call, model_book
 from sloserve.gateway.errors import InvalidArgument, NotFound, ServingError, Unavailable
-from sloserve.gateway.repository import LOADING, READY, UNAVAILABLE, UNLOADING, fingerprint
+from sloserve.gateway.loadstate import LOADING, READY, UNAVAILABLE, UNLOADING, fingerprint
+from sloserve.gateway.repository import ModelManager
 from sloserve.models.repository import LoadedModel, ModelProblem, load_model_dir
-
-if TYPE_CHECKING:
-    from sloserve.gateway.repository import ModelManager
 
 log = logging.getLogger("sloserve.repository")
 

@@ -14,47 +14,35 @@ changed) drains the old one, then starts the new one. One load or unload of a mo
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from sloserve.batching.policy import CONTEXT_FIELDS, POLICIES, policy_settings
-from sloserve.gateway.backends.base import ModelLoadError
+from sloserve.gateway.backends.base import Backend, ModelLoadError
+from sloserve.gateway.config import Settings
 from sloserve.gateway.errors import InvalidArgument, NotFound, ServingError, Unavailable
-from sloserve.gateway.limits import size_limits
+from sloserve.gateway.limits import SizeLimits, size_limits
+from sloserve.gateway.loadstate import LOADING, READY, UNAVAILABLE, UNLOADING, fingerprint
+from sloserve.gateway.modelstate import ModelState
 from sloserve.models.repository import (
     LoadedModel,
     ModelProblem,
+    ModelRepository,
     TensorSpec,
     VariantConfig,
     check_name,
+    is_model_folder,
     load_model_dir,
     relative_to_repository,
 )
 
-if TYPE_CHECKING:
-    from sloserve.gateway.dataplane import DataPlane, ModelState
-    from sloserve.gateway.modelsync import SharedModels
-
 log = logging.getLogger("sloserve.repository")
-READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
-
-
-def fingerprint(model: LoadedModel) -> tuple:
-    """What a reload compares: every file of the model folder (path, size, modification time; its
-    latency profiles aside) and the config override."""
-    files = []
-    for p in sorted(model.root.rglob("*")):
-        if p.is_file() and "profiles" not in p.relative_to(model.root).parts:
-            st = p.stat()
-            files.append((str(p.relative_to(model.root)), st.st_size, st.st_mtime_ns))
-    return tuple(files), json.dumps(model.override, sort_keys=True)
 
 
 MAX_CONFIG_BYTES = 64 * 1024  # a config override's JSON text (a demo model's config.json is under 2 KiB)
@@ -238,16 +226,49 @@ def parse_load_parameters(name: str, params: Any) -> dict | None:
     return override
 
 
+class ModelHost(Protocol):
+    """The data plane as the repository API drives it (sloserve/gateway/dataplane.py, ``DataPlane``):
+    the models it serves, and how one is built, put in service and taken out."""
+
+    repo: ModelRepository
+    models: dict[str, ModelState]
+    settings: Settings
+    backend: Backend
+    size_limits: SizeLimits
+
+    @property
+    def serving(self) -> bool: ...
+
+    def new_state(self, loaded: LoadedModel) -> ModelState: ...
+
+    def install(self, m: ModelState) -> None: ...
+
+    def uninstall(self, name: str) -> ModelState | None: ...
+
+
+class SharedSet(Protocol):
+    """One model set for several gateways (sloserve/gateway/modelsync.py, ``SharedModels``): set on the
+    manager, it takes every load and unload."""
+
+    async def load(self, name: str, override: dict | None) -> str: ...
+
+    async def unload(self, name: str) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class ModelManager:
     """The models of one data plane as the repository API sees them (see the module docstring)."""
 
-    def __init__(self, dp: DataPlane):
+    def __init__(self, dp: ModelHost):
         self.dp = dp
         self._state: dict[str, tuple[str, str]] = {}  # the models not READY: (state, reason)
         self._locks: dict[str, asyncio.Lock] = {}
         self.fingerprints = {name: fingerprint(lm) for name, lm in dp.repo.models.items()}
         self._stopping = False
-        self.shared: SharedModels | None = None  # one model set for several gateways (sloserve/gateway/modelsync.py)
+        self.shared: SharedSet | None = None  # one model set for several gateways (sloserve/gateway/modelsync.py)
 
     @property
     def root(self) -> Path:
@@ -258,7 +279,7 @@ class ModelManager:
             check_name("model", name)
         except ValueError:
             return False
-        return (self.root / name / "config.json").is_file()
+        return is_model_folder(self.root / name)
 
     def known(self, name: str) -> bool:
         """Served, being loaded or unloaded, once loaded, or a folder of the repository."""

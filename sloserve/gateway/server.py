@@ -128,8 +128,9 @@ class Gateway:
             self.backend.prepare()
             if shared_models(self.settings):  # one model set with the other gateways (sloserve/gateway/modelsync.py)
                 manager = self.dataplane.repository
-                manager.shared = SharedModels(manager, gateway_id())
-                dropped = manager.shared.drop_unserved()
+                shared = SharedModels(manager, gateway_id())
+                manager.shared = shared
+                dropped = shared.drop_unserved()
                 if dropped:
                     log.info("not serving %s: the model book says other gateways unloaded them", dropped)
 

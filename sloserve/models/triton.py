@@ -75,7 +75,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sloserve.models.repository import (
+from sloserve.models.onnxcheck import check_variants, parse_onnx
+from sloserve.models.schema import (
     DynamicBatching,
     InstanceGroup,
     LoadedModel,
@@ -84,8 +85,6 @@ from sloserve.models.repository import (
     QueuePolicy,
     TritonSettings,
     check_name,
-    check_variants,
-    parse_onnx,
 )
 from sloserve.models.triton_tensors import GraphTensor, Where, batch_size, check_graph, graph_tensors, reshapes, tensors
 

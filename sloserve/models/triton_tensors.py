@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from sloserve.models.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
-from sloserve.models.repository import ModelProblem
+from sloserve.models.schema import ModelProblem
 
 AUTO_MAX_BATCH_SIZE = 4  # Triton's default-max-batch-size, what its auto-complete sets
 

@@ -110,10 +110,6 @@ def test_a_version_is_a_variant(served):
         assert answered(infer(client, "digits_triton"))[1] == "2"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the gateway does not yet map a request's model_version onto the Triton model's variant of that number",
-)
 def test_model_version_selects_the_version_that_runs(served):
     srv, _, _ = served
     h, g = clients(srv)
@@ -137,6 +133,10 @@ def test_metadata_and_config_in_tritons_shape(served):
     assert [t["name"] for t in md["inputs"]] == ["input"]
     cfg = g.get_model_config("digits_triton").config
     assert cfg.max_batch_size == 16 and [t.name for t in cfg.input] == ["input"]
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [4, 8] and cfg.instance_group[0].count == 1
+    hc = h.get_model_config("digits_triton")
+    assert hc["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+    assert hc["instance_group"][0]["kind"] == "KIND_CPU"
     assert h.get_model_config("digits_triton")["parameters"]["slo_ms"]["string_value"] == "40.0"
     assert h.is_model_ready("digits_triton") and g.is_model_ready("digits_triton", "1")
 

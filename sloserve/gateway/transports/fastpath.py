@@ -3,7 +3,7 @@
 Profiled under load on a small model, FastAPI/Starlette's middleware stack, routing, Request and
 Response objects cost about half of the gateway's CPU per request.
 The infer call needs none of it: this path reads the body, runs the very same
-:func:`sloserve.gateway.transports.rest.infer_body` as the FastAPI route, and writes the response itself. Every other
+:func:`sloserve.gateway.transports.restinfer.infer_body` as the FastAPI route, and writes the response itself. Every other
 request (metadata, health, metrics, training, /docs) falls through to FastAPI unchanged. The
 front door (sloserve/gateway/transports/door.py: Host and Content-Type) and bearer auth run before this path.
 
@@ -24,6 +24,7 @@ import orjson
 from sloserve.gateway.dataplane import DataPlane
 from sloserve.gateway.errors import InvalidArgument, ServingError
 from sloserve.gateway.transports.codec import InputLimits, body_too_large  # noqa: F401 - InputLimits: the type the caller passes
+from sloserve.gateway.transports.restinfer import body_timeout, infer_body
 from sloserve.gateway.transports.status import http_status, retry_after_header
 
 log = logging.getLogger("sloserve.rest")
@@ -96,8 +97,6 @@ class InferFastPath:
         self.max_bytes = dp.size_limits.body
         self.body_timeout_s = dp.settings.body_timeout_s
         self.bodies = _BodyWatch(self.body_timeout_s)
-        from sloserve.gateway.transports.rest import infer_body  # (rest builds this app: imported here, not at the top)
-
         self.infer_body = infer_body
 
     async def __call__(self, scope, receive, send):
@@ -129,8 +128,6 @@ class InferFastPath:
             except asyncio.CancelledError:
                 if not self.bodies.expired(task):
                     raise
-                from sloserve.gateway.transports.rest import body_timeout
-
                 raise body_timeout(self.body_timeout_s) from None
             finally:
                 self.bodies.done(task)

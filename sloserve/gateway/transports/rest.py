@@ -23,16 +23,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloserve.gateway.dataplane import DataPlane, Ticket
-from sloserve.gateway.errors import InvalidArgument, RequestTimeout, ServingError
+from sloserve.gateway.errors import InvalidArgument, ServingError
 from sloserve.gateway.transports.auth import BearerAuthMiddleware, TokenTable, may_see
-from sloserve.gateway.transports.codec import InputLimits, body_too_large, encode_rest
+from sloserve.gateway.transports.codec import InputLimits, body_too_large
 from sloserve.gateway.transports.door import FrontDoor
+from sloserve.gateway.transports.fastpath import InferFastPath
 from sloserve.gateway.transports.restdecode import RestDecoder
+from sloserve.gateway.transports.restinfer import body_timeout, infer_body
 from sloserve.gateway.transports.status import http_status, retry_after_header
 
 log = logging.getLogger("sloserve.rest")
-HEADER_LEN = "inference-header-content-length"
-
 INFER_BODY_DOC = {
     "requestBody": {
         "required": True,
@@ -121,46 +121,9 @@ async def read_body(request: Request, limit: int, ticket: Ticket | None = None) 
         if size > limit:
             raise body_too_large(limit)
         if ticket is not None:
-            ticket.grow(size)  # counted as it streams (sloserve/gateway/dataplane.py's Ticket)
+            ticket.grow(size)  # counted as it streams (sloserve/gateway/admission.py's Ticket)
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-SLO_HEADERS = ("x-slo-ms", "x-min-accuracy", "x-priority", "x-variant", "x-device-type")
-
-
-def body_timeout(timeout_s: float) -> RequestTimeout:
-    return RequestTimeout(
-        f"the request body did not arrive within {timeout_s:g} s (body_timeout_s); send it faster, or smaller"
-    )
-
-
-async def infer_body(
-    dp: DataPlane,
-    decoder: RestDecoder,
-    model: str,
-    version: str | None,
-    arrival: float,
-    body: bytes,
-    headers,
-    on_shed=None,
-) -> tuple[bytes, int | None]:
-    """One infer call from its body and (lower-case) headers to the encoded response: shared by the
-    FastAPI route and the raw-ASGI fast path (sloserve/gateway/transports/fastpath.py), which passes ``on_shed``."""
-    hl = headers.get(HEADER_LEN)
-    try:
-        header_len = int(hl) if hl is not None else None
-    except ValueError:
-        raise InvalidArgument(f"{HEADER_LEN} {hl!r:.40} is not an integer") from None
-    slo_headers = {k: headers[k] for k in SLO_HEADERS if k in headers} or None
-    # a model that is not served is refused before the body is decoded; its inputs bound the decoding
-    names = dp.input_names(model, version)
-    req = decoder.decode_inline(body, header_len, model, version, slo_headers, names)  # (no coroutine: common case)
-    if req is None:
-        req = await decoder.decode(body, header_len, model, version, slo_headers, names)
-    req.arrival_s = arrival
-    resp = await dp.infer(req, on_shed)
-    return encode_rest(resp)
 
 
 def rest_decoder(dp: DataPlane) -> RestDecoder:
@@ -172,8 +135,6 @@ def create_asgi(dp: DataPlane, routers=(), decoder: RestDecoder | None = None):
     """The served ASGI app: the infer fast path in front of FastAPI, bearer auth around both, and the
     front door's Host and Content-Type checks around all of it (sloserve/gateway/transports/door.py).
     Whoever passes ``decoder`` starts and closes it; without one, large JSON decodes inline."""
-    from sloserve.gateway.transports.fastpath import InferFastPath
-
     if decoder is None:
         decoder = RestDecoder(InputLimits.from_settings(dp.settings, dp.size_limits), None)
     api = create_app(dp, decoder)
@@ -327,7 +288,7 @@ def _infer_routes(app: FastAPI, dp: DataPlane, decoder: RestDecoder) -> None:
                     body = await read_body(request, limit, ticket)
             except TimeoutError:
                 raise body_timeout(dp.settings.body_timeout_s) from None
-            ticket.read(len(body))  # a lagging event loop refuses it here, undecoded (sloserve/gateway/dataplane.py)
+            ticket.read(len(body))  # a lagging event loop refuses it here, undecoded (sloserve/gateway/admission.py)
             payload, json_len = await infer_body(dp, decoder, model, version, ticket.arrival_s, body, request.headers)
         if json_len is None:
             return Response(payload, media_type="application/json")

@@ -13,6 +13,7 @@ from sloserve.gateway.backends.threads import InProcessBackend
 from sloserve.gateway.config import Settings
 from sloserve.gateway.dataplane import DataPlane
 from sloserve.gateway.errors import InvalidArgument
+from sloserve.gateway.requestcheck import allowed_variants
 from sloserve.gateway.types import InferRequest, RequestParams
 from sloserve.loadtests.emulated import emulated_type_repo
 from sloserve.models.repository import ModelRepository
@@ -70,34 +71,32 @@ def test_options_rank_variants_by_accuracy_and_types_fastest_first(plane):
     assert [split_key(k, "")[1] for k in m.keys[:2]] == [cpu, EMUL]  # the CPU is 3x faster than the emulated type
     assert m.policy.context.variants == m.keys
     assert m.metadata()["parameters"]["device_types"] == [cpu, EMUL]
-    assert plane.allowed_variants(m, req()) == tuple(m.keys)
+    assert allowed_variants(m, req()) == tuple(m.keys)
 
 
 def test_a_pinned_variant_runs_on_any_type_and_a_pinned_type_on_that_type_only(plane):
     m = plane.models["heavy"]
     cpu = device_type("cpu")
-    assert plane.allowed_variants(m, req(variant="medium")) == (f"medium@{cpu}", f"medium@{EMUL}")
-    assert plane.allowed_variants(m, req(device_type="CPU")) == tuple(k for k in m.keys if k.endswith(cpu))
-    assert plane.allowed_variants(m, req(variant="large", device_type=EMUL)) == (f"large@{EMUL}",)
-    assert plane.allowed_variants(m, req(min_accuracy=0.9, device_type=EMUL)) == (f"large@{EMUL}", f"medium@{EMUL}")
+    assert allowed_variants(m, req(variant="medium")) == (f"medium@{cpu}", f"medium@{EMUL}")
+    assert allowed_variants(m, req(device_type="CPU")) == tuple(k for k in m.keys if k.endswith(cpu))
+    assert allowed_variants(m, req(variant="large", device_type=EMUL)) == (f"large@{EMUL}",)
+    assert allowed_variants(m, req(min_accuracy=0.9, device_type=EMUL)) == (f"large@{EMUL}", f"medium@{EMUL}")
 
 
 def test_an_unknown_device_type_is_refused_with_the_models_types(plane):
     m = plane.models["heavy"]
     with pytest.raises(InvalidArgument) as e:
-        plane.allowed_variants(m, req(device_type="tpu"))
+        allowed_variants(m, req(device_type="tpu"))
     assert "tpu" in str(e.value) and EMUL in str(e.value) and device_type("cpu") in str(e.value)
 
 
 def test_a_one_type_model_keeps_plain_variant_keys(plane):
     m = plane.models["digits"]
     assert m.plan is None and m.keys == m.by_accuracy
-    assert plane.allowed_variants(m, req("digits")) == m.default_variants
-    assert (
-        plane.allowed_variants(m, req("digits", device_type="cpu")) == m.default_variants
-    )  # its one type may be pinned
+    assert allowed_variants(m, req("digits")) == m.default_variants
+    assert allowed_variants(m, req("digits", device_type="cpu")) == m.default_variants  # its one type may be pinned
     with pytest.raises(InvalidArgument, match="unknown device_type"):
-        plane.allowed_variants(m, req("digits", device_type=EMUL))
+        allowed_variants(m, req("digits", device_type=EMUL))
 
 
 def test_a_dominated_option_leaves_the_fallback_chain_but_a_pinned_variant_is_served(model_repo, tmp_path):
@@ -109,10 +108,10 @@ def test_a_dominated_option_leaves_the_fallback_chain_but_a_pinned_variant_is_se
     assert m.plan is not None and {d for d, _ in m.plan.dropped} >= {f"large@{cpu}", f"large@{EMUL}"}
     assert "large" not in {variant_of(k) for k in m.plan.keys}
     assert m.keys[-2:] == [f"large@{cpu}", f"large@{EMUL}"]  # served, ranked after every fallback
-    assert "large" not in {variant_of(k) for k in p.allowed_variants(m, req("digits"))}
-    assert "large" not in {variant_of(k) for k in p.allowed_variants(m, req("digits", min_accuracy=0.0))}
-    assert p.allowed_variants(m, req("digits", variant="large")) == (f"large@{cpu}", f"large@{EMUL}")
-    assert p.allowed_variants(m, req("digits", variant="large", device_type=EMUL)) == (f"large@{EMUL}",)
+    assert "large" not in {variant_of(k) for k in allowed_variants(m, req("digits"))}
+    assert "large" not in {variant_of(k) for k in allowed_variants(m, req("digits", min_accuracy=0.0))}
+    assert allowed_variants(m, req("digits", variant="large")) == (f"large@{cpu}", f"large@{EMUL}")
+    assert allowed_variants(m, req("digits", variant="large", device_type=EMUL)) == (f"large@{EMUL}",)
     assert m.policy.context.variants == m.keys
 
 

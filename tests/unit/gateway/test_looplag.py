@@ -132,8 +132,8 @@ def test_the_door_refuses_for_the_loops_own_lag_only(model_repo, tmp_path):
     for _ in range(50):
         plane.loop_lag.observe(0.012, busy=0.1)
     assert plane.loop_lag.estimate_s > 0.011
-    plane.door("digits")  # not refused
+    plane.admission.door("digits")  # not refused
     for _ in range(50):
         plane.loop_lag.observe(0.012, busy=1.0)
     with pytest.raises(DeadlineUnreachable, match="event loop runs 12.0 ms behind"):
-        plane.door("digits")
+        plane.admission.door("digits")

@@ -46,12 +46,14 @@ def test_a_gateway_whose_lease_ran_out_is_not_ready():
 
     from sloserve.gateway.backends.ray import RayServeBackend
     from sloserve.gateway.backends.ray_capacity import LeaseClient
+    from sloserve.gateway.backends.ray_watch import ReplicaWatch
 
     backend = RayServeBackend.__new__(RayServeBackend)
-    backend._ready, backend._connected, backend.leases = True, True, None
+    backend.watch = watch = ReplicaWatch.__new__(ReplicaWatch)
+    backend._ready, watch.connected, watch.leases = True, True, None
     assert backend.ready()
     lease = LeaseClient("g", None, set, lambda a: 0.0, lambda a: [], lambda a: {}, lambda a: None)
-    backend.leases = lease
+    watch.leases = lease
     lease._valid_until = time.monotonic() + 1.0
     assert backend.ready()
     lease._valid_until = time.monotonic() - 0.01

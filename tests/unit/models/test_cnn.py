@@ -18,6 +18,7 @@ import onnx
 import pytest
 
 from sloserve.build import cnn, demo
+from sloserve.build.data import digits_split
 from sloserve.models.repository import ModelConfig, ModelRepository, load_model_dir, write_config
 
 TINY = (
@@ -106,7 +107,7 @@ def test_the_prebuilt_variants_are_what_their_config_says_and_load_in_onnx_runti
         assert hashlib.sha256((src / name / "model.onnx").read_bytes()).hexdigest() == digest, name
     # the server's own check of a model folder: config.json against each graph (names, datatypes, shapes)
     assert load_model_dir(src.parent, cnn.NAME).config == cfg
-    _, x_te, _, y_te = demo.digits_split(source["seed"])
+    _, x_te, _, y_te = digits_split(source["seed"])
     for v in cfg.variants:
         sess = ort.InferenceSession(str(src / v.name / "model.onnx"), providers=["CPUExecutionProvider"])
         assert [(i.name, i.shape[1:]) for i in sess.get_inputs()] == [("input", [64])]
@@ -179,7 +180,7 @@ def test_the_prebuilt_files_regenerate_from_the_training(tmp_path):
     source = cnn.prebuilt_source(out)
     assert source["seed"] == 0 and source["command"] == cnn.REGENERATE
     assert load_model_dir(out.parent, "cnn").config == cfg
-    _, x_te, _, y_te = demo.digits_split(0)
+    _, x_te, _, y_te = digits_split(0)
     assert cnn.copy_prebuilt(tmp_path / "repo", x_te, y_te, seed=0, log=lambda _: None, src=out) == cfg
 
 
