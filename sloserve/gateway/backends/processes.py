@@ -3,8 +3,8 @@
 Why: an in-process replica computes in a pool thread of the gateway's process. ONNX Runtime releases
 the GIL while it computes, but takes it back to read its inputs and to hand back its outputs, and then
 waits for the event loop's thread to let go of it (up to ``sys.getswitchinterval()``, 5 ms). Under
-load that wait is paid on every batch (``python -m sloserve.loadtests.bench.gil_probe`` measures it: a batch
-next to a thread that holds the GIL takes several times as long). A worker process has its own interpreter,
+load that wait is paid on every batch (a batch next to a thread that holds the GIL takes several times
+as long). A worker process has its own interpreter,
 so ORT never waits for the gateway's GIL; the gateway only pickles a batch onto a socket.
 
 The worker speaks the batch channel (``sloserve/replica/channel.py``) over one ``socketpair``: it reads the
