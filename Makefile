@@ -11,7 +11,7 @@ REPO   ?= model_repository
 .PHONY: run test lint install install-test models unit integration bench clean dashboards
 
 # Serving: sloserve and ONNX Runtime for the CPU, no PyTorch (the demo cnn model ships prebuilt,
-# sloserve/build/cnn.py).
+# sloserve/modeltools/cnn.py).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -7,7 +7,7 @@ The one import package; its sub-packages, from the top floor down (imports run o
 * ``sloserve.loadtests``  -- Locust, ``sloserve bench``, the peers, the dashboards;
 * ``sloserve.sim``        -- the trace-driven simulator;  ``sloserve.gateway`` -- the serving process;
 * ``sloserve.training``   -- preemptible training jobs on Ray Train and their controller;
-  ``sloserve.build``      -- the demo models, accuracy variants and latency profiling;
+  ``sloserve.modeltools``      -- the demo models, accuracy variants and latency profiling;
 * ``sloserve.replica``    -- what runs in a replica: ONNX Runtime sessions, the Ray Serve replica, the
   batch channel's replica end;
 * ``sloserve.autoscaler``, ``sloserve.models``, ``sloserve.batching`` -- pure policies and formats:

@@ -4,7 +4,7 @@
 # BERT-base; needs torch, torchvision and transformers: pip install 'sloserve[gpu,measure]'). Usage:
 #   deploy/gpu/profile-gpu.sh OUT_DIR ALIAS      e.g. deploy/gpu/profile-gpu.sh /tmp/prof h100
 # Writes OUT_DIR/repo-profiles.tgz (the model repository's profiles/ files, to copy into
-# sloserve/build/measured/), OUT_DIR/ALIAS.json (for sloserve/sim/measured/), OUT_DIR/check.txt and, where PyTorch
+# sloserve/modeltools/measured/), OUT_DIR/ALIAS.json (for sloserve/sim/measured/), OUT_DIR/check.txt and, where PyTorch
 # built the cnn model, OUT_DIR/cnn-ratio.txt (deploy/gpu/variant_ratio.py).
 set -euo pipefail
 OUT=${1:?usage: profile-gpu.sh OUT_DIR ALIAS}
@@ -43,7 +43,7 @@ for name, m in sorted(r.models.items()):
             print(f"{name}/{v.name} {o}: rel err cuda vs cpu {rel:.2e}", "OK" if rel < tol else f"MISMATCH (> {tol:g})")
 PYEOF
 # The cnn model's variants differ in depth, so in kernels launched: its p50 per variant and the ratio
-# of the most to the least accurate at batch 1 and 8 (shipped prebuilt: sloserve/build/prebuilt/cnn).
+# of the most to the least accurate at batch 1 and 8 (shipped prebuilt: sloserve/modeltools/prebuilt/cnn).
 if [ -d "$REPO/cnn" ]; then "$PY" deploy/gpu/variant_ratio.py "$REPO" --model cnn | tee "$OUT/cnn-ratio.txt"; fi
 "$PY" -m sloserve.cli profile --repo "$REPO" --device cuda --iters 300 --warmup 30
 "$PY" -m sloserve.cli profile --repo "$REPO" --device cpu --iters 100 --warmup 10

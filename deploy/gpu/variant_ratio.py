@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's packages, not an older install
 
-from sloserve.build.profiler import profile_inputs
 from sloserve.models.repository import ModelRepository
+from sloserve.modeltools.profiler import profile_inputs
 from sloserve.replica.runtime import Replica, RuntimeOptions, ort, session_device
 
 

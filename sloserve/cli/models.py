@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _models_build(args: argparse.Namespace) -> int:
-    from sloserve.build.demo import build_demo
+    from sloserve.modeltools.demo import build_demo
 
     print(f"building demo models into {args.repo} ...", flush=True)
     try:
@@ -91,7 +91,7 @@ def _models_build(args: argparse.Namespace) -> int:
         print(f"sloserve models build: {e}", file=sys.stderr)
         return 2
     if args.profile_iters > 0:
-        from sloserve.build.profiler import profile_repo
+        from sloserve.modeltools.profiler import profile_repo
         from sloserve.replica.runtime import RuntimeOptions
 
         print("profiling them on this machine (a prior; the SLO policy calibrates online) ...", flush=True)
@@ -135,7 +135,7 @@ def _models_check(args: argparse.Namespace) -> int:
 
 def _models_variants(args: argparse.Namespace) -> int:
 
-    from sloserve.build.variants import VariantsError, generate_variants
+    from sloserve.modeltools.variants import VariantsError, generate_variants
 
     try:
         generate_variants(
@@ -160,7 +160,7 @@ def _models_variants(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from sloserve.build.profiler import profile_repo
+    from sloserve.modeltools.profiler import profile_repo
     from sloserve.replica.runtime import RuntimeOptions
 
     opts = RuntimeOptions(intra_op_threads=args.intra_op_threads, device=args.device)

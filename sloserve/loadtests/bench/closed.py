@@ -120,8 +120,8 @@ class RoundBound:
     def __init__(self, repo: Path, model: str, variant: str, batch: int, warm_s: float = 2.0, measure_s: float = 2.0):
         import numpy as np
 
-        from sloserve.build.profiler import profile_inputs
         from sloserve.models.repository import ModelRepository
+        from sloserve.modeltools.profiler import profile_inputs
         from sloserve.replica.runtime import Replica, RuntimeOptions
 
         m = ModelRepository(repo).load().models[model]

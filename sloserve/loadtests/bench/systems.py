@@ -446,7 +446,7 @@ def request_body(repo: Path, model: str, index: int = 0, rows: int = 1) -> bytes
     feats = int(np.prod(inp["shape"]))
     x = load_digits().data[index : index + rows].astype(np.float32)
     if feats == 1024:
-        from sloserve.build.demo import _upsample
+        from sloserve.modeltools.demo import _upsample
 
         x = _upsample(x)
     elif feats != 64:

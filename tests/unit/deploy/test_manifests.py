@@ -69,7 +69,7 @@ def _containers(pod_spec: dict) -> list[dict]:
 
 
 def _demo_models() -> dict[str, list[str]]:
-    from sloserve.build.demo import DIGITS_VARIANTS, HEAVY_VARIANTS
+    from sloserve.modeltools.demo import DIGITS_VARIANTS, HEAVY_VARIANTS
 
     return {"digits": [v[0] for v in DIGITS_VARIANTS], "heavy": [v[0] for v in HEAVY_VARIANTS]}
 

@@ -17,9 +17,9 @@ import numpy as np
 import onnx
 import pytest
 
-from sloserve.build import cnn, demo
-from sloserve.build.data import digits_split
 from sloserve.models.repository import ModelConfig, ModelRepository, load_model_dir, write_config
+from sloserve.modeltools import cnn, demo
+from sloserve.modeltools.data import digits_split
 
 TINY = (
     ("small", cnn.Arch(pool=2, convs=((2, 1),), epochs=2)),
@@ -118,11 +118,13 @@ def test_the_prebuilt_variants_are_what_their_config_says_and_load_in_onnx_runti
 
 def test_the_package_data_ships_the_prebuilt_files():
     root = Path(__file__).resolve().parents[3]
-    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sloserve.build"]
-    build = root / "sloserve" / "build"
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "sloserve.modeltools"
+    ]
+    package = root / "sloserve" / "modeltools"
     for f in cnn.PREBUILT_DIR.rglob("*"):
         if f.is_file() and "__pycache__" not in f.parts:
-            rel = PurePosixPath(f.relative_to(build).as_posix())
+            rel = PurePosixPath(f.relative_to(package).as_posix())
             assert any(len(rel.parts) == len(PurePosixPath(g).parts) and rel.match(g) for g in globs), rel
 
 
@@ -186,7 +188,7 @@ def test_the_prebuilt_files_regenerate_from_the_training(tmp_path):
 
 def test_where_a_gpu_runs_it_the_large_variant_gets_an_fp16_twin(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from sloserve.build import variants_build
+    from sloserve.modeltools import variants_build
 
     devices: list[str] = []
     real_predict = variants_build.predict

@@ -1,4 +1,4 @@
-"""Profiles measured on other hardware (sloserve/build/measured, sloserve/sim/measured) reach the tables that use them."""
+"""Profiles measured on other hardware (sloserve/modeltools/measured, sloserve/sim/measured) reach the tables that use them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sloserve.batching.profile import ProfileTable, write_profile
-from sloserve.build.demo import MEASURED_DIR, copy_measured_profiles
+from sloserve.modeltools.demo import MEASURED_DIR, copy_measured_profiles
 from sloserve.sim.profiles import default_profiles, measured_curves, service_for
 
 

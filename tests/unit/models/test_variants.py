@@ -11,8 +11,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from sloserve.build.demo import _train, mlp_to_onnx
-from sloserve.build.variants import (
+from sloserve.cli.main import main
+from sloserve.models.repository import ModelRepository, load_model_dir
+from sloserve.modeltools.demo import _train, mlp_to_onnx
+from sloserve.modeltools.variants import (
     convert_fp16,
     cuda_available,
     flops_per_row,
@@ -20,8 +22,6 @@ from sloserve.build.variants import (
     same_signature,
     split,
 )
-from sloserve.cli.main import main
-from sloserve.models.repository import ModelRepository, load_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_variants_are_written_measured_and_load(user_model, tmp_path, capsys):
     by = {v["name"]: v for v in report["variants"]}
     assert by["fp32"]["agreement"] == 1.0 and 0.9 < by["int8"]["agreement"] <= 1.0
     assert report["held_out_rows"] == 210 and report["calibration_rows"] == 90
-    for v in names:  # a CPU profile per variant, from sloserve.build.profiler, with batch sizes 1..8
+    for v in names:  # a CPU profile per variant, from sloserve.modeltools.profiler, with batch sizes 1..8
         prof = json.loads(next((repo / "m" / v / "profiles").glob("cpu-*.json")).read_text())
         assert prof["batch_sizes"] == [1, 2, 4, 8] and prof["accuracy"] == cfg.variant(v).accuracy
     assert (repo / "m/variants.png").stat().st_size > 1000
@@ -227,8 +227,8 @@ def test_flops_count_matmuls_at_batch_one(user_model):
 
 
 def test_the_demo_validation_sets_fit_the_demo_models(tmp_path, model_repo):
-    from sloserve.build.variants import export_demo_validation, load_validation
     from sloserve.models.repository import ModelRepository
+    from sloserve.modeltools.variants import export_demo_validation, load_validation
 
     paths = export_demo_validation(tmp_path)
     for path in paths:

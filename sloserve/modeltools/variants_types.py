@@ -1,6 +1,6 @@
 """What ``sloserve models variants`` plans and builds: the checked inputs (:class:`Plan`) and each
-built variant with what was measured on it (:class:`Variant`). The command (sloserve/build/variants.py)
-fills them in; the report (sloserve/build/variants_report.py) reads them."""
+built variant with what was measured on it (:class:`Variant`). The command (sloserve/modeltools/variants.py)
+fills them in; the report (sloserve/modeltools/variants_report.py) reads them."""
 
 from __future__ import annotations
 

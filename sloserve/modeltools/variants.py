@@ -10,12 +10,12 @@ split takes a calibration part and a held-out part. The variants:
 * any ``NAME=PATH`` model the user supplies, with the original's inputs and outputs.
 
 Each is scored on the held-out part (accuracy against ``y``, agreement with the original's argmax),
-profiled per batch size on every device type present (:func:`sloserve.build.profiler.profile_repo`, the
+profiled per batch size on every device type present (:func:`sloserve.modeltools.profiler.profile_repo`, the
 profiler of ``sloserve models build``), and written as ``<repo>/<name>/config.json`` (variants most
 accurate first) and ``<repo>/<name>/<variant>/model.onnx``, all in a temporary folder first: bad input
 writes nothing, and the model folder appears whole or not at all.
 
->>> from sloserve.build.variants import generate_variants  # doctest: +SKIP
+>>> from sloserve.modeltools.variants import generate_variants  # doctest: +SKIP
 >>> generate_variants("model.onnx", "val.npz", "mymodel", "model_repository")  # doctest: +SKIP
 """
 
@@ -31,15 +31,6 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
-from sloserve.build.variants_build import (
-    convert_fp16,
-    cuda_available,
-    flops_per_row,
-    param_count,
-    predict,
-    quantize_int8,
-)
-from sloserve.build.variants_types import Plan, Variant
 from sloserve.models.repository import ModelConfig, ModelProblem, VariantConfig, check_name, load_model_dir
 from sloserve.models.variants_check import (
     VariantsError,
@@ -51,6 +42,15 @@ from sloserve.models.variants_check import (
     scored_output,
     split,
 )
+from sloserve.modeltools.variants_build import (
+    convert_fp16,
+    cuda_available,
+    flops_per_row,
+    param_count,
+    predict,
+    quantize_int8,
+)
+from sloserve.modeltools.variants_types import Plan, Variant
 from sloserve.replica.runtime import CPU, RuntimeOptions, ort
 
 KINDS = ("fp32", "fp16", "int8")
@@ -184,9 +184,9 @@ def model_config(plan: Plan, variants: Sequence[Variant], max_batch: int, slo_ms
 def profile_variants(
     root: Path, name: str, variants: Sequence[Variant], iters: int, devices: Sequence[str]
 ) -> list[Path]:
-    """Profile every variant on each device (``sloserve.build.profiler.profile_repo``, the build's profiler)
+    """Profile every variant on each device (``sloserve.modeltools.profiler.profile_repo``, the build's profiler)
     and keep the p50 per batch size on each :class:`Variant`."""
-    from sloserve.build.profiler import profile_repo
+    from sloserve.modeltools.profiler import profile_repo
 
     by_name = {v.name: v for v in variants}
     written: list[Path] = []
@@ -219,7 +219,7 @@ def generate_variants(
 ) -> list[Variant]:
     """Build, measure and write ``<repo>/<name>`` (see the module's doc); returns the variants, most
     accurate first. Raises :class:`VariantsError` on bad input, having written nothing."""
-    from sloserve.build.variants_report import plot, report, table
+    from sloserve.modeltools.variants_report import plot, report, table
 
     repo = Path(repo)
     target = repo / name
@@ -276,7 +276,7 @@ def export_demo_validation(out_dir: str | Path, seed: int = 0) -> list[Path]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    from sloserve.build.demo import _upsample
+    from sloserve.modeltools.demo import _upsample
 
     data = load_digits()
     _, x, _, y = train_test_split(

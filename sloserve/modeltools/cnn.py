@@ -9,13 +9,13 @@ FLOPs, so the variants differ in depth (the node count of ONNX Runtime's optimiz
 * ``medium``: two 3x3 convs and a linear read-out;
 * ``small``: the image average-pooled to 4x4, one 3x3 conv of 4 channels and a linear read-out;
 
-``fp16=True`` adds ``large-fp16``: ``large`` in FP16 (:func:`sloserve.build.variants_build.convert_fp16`, as
+``fp16=True`` adds ``large-fp16``: ``large`` in FP16 (:func:`sloserve.modeltools.variants_build.convert_fp16`, as
 ``sloserve models variants`` makes it), where a GPU runs it. The default build leaves it out too: on
 an H100 it is as accurate as ``large`` and 1.3-1.7x slower at batch sizes 1 to 64 (the graph is
 launch-bound at these sizes, and its casts add kernels), so it trades nothing either.
 
 ``int8=True`` adds ``large-int8``: ``large`` statically quantized by ONNX Runtime (QDQ, the
-calibration of ``sloserve models variants``, :func:`sloserve.build.variants_build.quantize_int8`, on rows of
+calibration of ``sloserve models variants``, :func:`sloserve.modeltools.variants_build.quantize_int8`, on rows of
 the training split). The default build leaves it out: it is as accurate as ``large`` but slower on a
 CPU (2.4x at batch 1, 1.9x at batch 8: ONNX Runtime fuses about half of the convs into QLinearConv
 and runs the rest in float between Quantize/Dequantize nodes, 211 nodes against 40), so it trades
@@ -26,7 +26,7 @@ The nets are trained in PyTorch (seeded, deterministic, one thread) on the train
 as ``digits``'s (values 0..16), so a client sends the same rows to both.
 
 ``sloserve models build`` does not train them: the package ships the three default variants, trained
-and exported by this module, in ``sloserve/build/prebuilt/cnn/`` (``<variant>/model.onnx``, the
+and exported by this module, in ``sloserve/modeltools/prebuilt/cnn/`` (``<variant>/model.onnx``, the
 ``config.json`` the repository gets, and ``source.json``: the seed of the split, the PyTorch and ONNX
 versions, each file's SHA-256). :func:`copy_prebuilt` copies them into the repository and scores them
 again on the held-out split with ONNX Runtime; the build then profiles them on this machine as it
@@ -37,7 +37,7 @@ prebuilt files' trains the nets here, where PyTorch is installed (``pip install 
 To regenerate the prebuilt files (after changing :data:`ARCHS`, the training or the export), with
 PyTorch installed, from the checkout's root::
 
-    python -m sloserve.build.cnn --out sloserve/build/prebuilt/cnn
+    python -m sloserve.modeltools.cnn --out sloserve/modeltools/prebuilt/cnn
 
 The build imports PyTorch here only, and only to train.
 """
@@ -66,7 +66,7 @@ NAME = "cnn"
 OPSET = 17
 TRAIN_HINT = "pip install 'sloserve[train]'"
 PREBUILT_DIR = Path(__file__).parent / "prebuilt" / NAME  # <variant>/model.onnx, config.json, source.json
-REGENERATE = "python -m sloserve.build.cnn --out sloserve/build/prebuilt/cnn"
+REGENERATE = "python -m sloserve.modeltools.cnn --out sloserve/modeltools/prebuilt/cnn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +295,8 @@ def build_cnn(
     config (variants most accurate first), not yet written. Needs PyTorch (:func:`torch_available`)."""
     import torch
 
-    from sloserve.build.variants_build import (
+    from sloserve.models.variants_check import split
+    from sloserve.modeltools.variants_build import (
         convert_fp16,
         cuda_available,
         flops_per_row,
@@ -303,7 +304,6 @@ def build_cnn(
         predict,
         quantize_int8,
     )
-    from sloserve.models.variants_check import split
 
     label = TensorSpec(name="label", datatype="INT64", shape=())
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
@@ -408,7 +408,7 @@ def copy_prebuilt(
     variant is scored on it again with ONNX Runtime and the measured accuracy goes into the config,
     as for the models trained here. With another seed that split may hold rows they were trained on,
     so the accuracies stay those of ``config.json``, and the log says so."""
-    from sloserve.build.variants_build import predict
+    from sloserve.modeltools.variants_build import predict
 
     cfg, source = prebuilt_config(src), prebuilt_source(src)
     rescore = seed == source["seed"]
@@ -438,7 +438,7 @@ def write_prebuilt(
     (:func:`prebuilt_source`). Needs PyTorch."""
     import torch
 
-    from sloserve.build.data import digits_split
+    from sloserve.modeltools.data import digits_split
 
     x_tr, x_te, y_tr, y_te = digits_split(seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -467,7 +467,7 @@ def write_prebuilt(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m sloserve.build.cnn",
+        prog="python -m sloserve.modeltools.cnn",
         description="Train the cnn demo variants in PyTorch and write them where `sloserve models build` "
         "takes them from (its prebuilt files).",
     )
@@ -475,7 +475,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="the seed of the digits split and of the training")
     a = p.parse_args(argv)
     if not torch_available():
-        print(f"python -m sloserve.build.cnn: trains in PyTorch, which is not installed: {TRAIN_HINT}", file=sys.stderr)
+        print(
+            f"python -m sloserve.modeltools.cnn: trains in PyTorch, which is not installed: {TRAIN_HINT}",
+            file=sys.stderr,
+        )
         return 2
     print(f"training {NAME} into {a.out} ...", flush=True)
     write_prebuilt(a.out, seed=a.seed)

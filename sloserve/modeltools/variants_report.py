@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from sloserve.build.variants_types import Plan, Variant
+from sloserve.modeltools.variants_types import Plan, Variant
 
 
 def _size(n: int) -> str:

@@ -8,8 +8,8 @@
   ``medium`` a linear classifier on the 4x4-pooled (8x8) image, ``small`` one on the 8x8-pooled
   (4x4) image: cheap variants that are really less accurate (~0.93 and ~0.83 against ~0.98).
 * ``cnn``: the digits (``[-1, 64]``, as ``digits``) through convolutional nets, whose variants differ
-  in depth, so in cost on a GPU as well as on a CPU (:mod:`sloserve.build.cnn`). They are trained in
-  PyTorch ahead of time and ship in the package (``sloserve/build/prebuilt/cnn/``), so the build
+  in depth, so in cost on a GPU as well as on a CPU (:mod:`sloserve.modeltools.cnn`). They are trained in
+  PyTorch ahead of time and ship in the package (``sloserve/modeltools/prebuilt/cnn/``), so the build
   copies them, with or without PyTorch, and scores them again; only with another ``seed`` than theirs
   does it train them, where PyTorch is installed (``sloserve[train]``).
 
@@ -29,10 +29,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from sloserve.build import cnn
-from sloserve.build.data import digits_split
 from sloserve.models.onnx_graph import classifier_model
 from sloserve.models.repository import ModelConfig, TensorSpec, VariantConfig, write_config
+from sloserve.modeltools import cnn
+from sloserve.modeltools.data import digits_split
 
 OPSET = 17
 
@@ -182,7 +182,7 @@ MEASURED_DIR = Path(__file__).parent / "measured"
 def copy_measured_profiles(
     repo: Path, models: list[str], log: Callable[[str], None] = print, measured: Path = MEASURED_DIR
 ) -> list[Path]:
-    """Put the profiles measured on other hardware (``sloserve/build/measured/<model>/<variant>/<device>.json``,
+    """Put the profiles measured on other hardware (``sloserve/modeltools/measured/<model>/<variant>/<device>.json``,
     e.g. an H100 through ONNX Runtime's CUDA provider) into the repository beside this host's own.
 
     Each is keyed by its device type, so a host uses the one of its own hardware; a GPU host that
