@@ -1,7 +1,7 @@
 """Rate predictors over a short history of (time_s, rate_rps) points; pure functions.
 
 Each takes ``history`` (oldest first) and ``horizon_s`` (how far past the last point to
-predict) and returns a rate. We tried four (numbers in docs/simulator.md, "Rate prediction"):
+predict) and returns a rate. Four are offered:
 
 * ``last``   -- the latest measured rate: no lag, but no look-ahead and noisy;
 * ``ewma``   -- exponentially weighted mean: smooth, lags every ramp;

@@ -18,8 +18,8 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from sloserve.batching.errors import (
     Unavailable,
 )
 from sloserve.batching.policy import BatchPolicy
+from sloserve.batching.queuelimit import DELAYED_LEVEL, QueueLimit, level_full, timeout_error
 from sloserve.batching.types import BatchResult, Dispatch, QueuedItem, QueueView, Shed, Wait
 
 log = logging.getLogger("sloserve.batching")
@@ -94,6 +95,7 @@ class _Entry:
     future: asyncio.Future
     enqueued_s: float
     on_shed: ShedHook | None = None
+    trace: Any = None  # the request's trace when it is sampled (sloserve/gateway/tracing.py)
 
 
 EventHook = Callable[[str, object], None]
@@ -158,6 +160,9 @@ class Batcher:
         self._batches: set[asyncio.Task] = set()
         self._closed = False
         self._closing_why = _SHUTTING_DOWN  # what a request refused on the way out is told
+        # tracing (sloserve/gateway/tracing.py's BatchTracer): start(model, key, rows, requests, traces,
+        # reason) -> handle, end(handle, device_type, compute_s, error); None: tracing is off
+        self.tracer: Any = None
 
     # ---- public surface -------------------------------------------------------------------
     def start(self) -> None:
@@ -202,6 +207,10 @@ class Batcher:
     def queued_rows(self) -> int:
         return self._rows
 
+    @property
+    def queued_requests(self) -> int:
+        return len(self._items)
+
     def in_flight(self) -> Mapping[str, int]:
         return dict(self._busy)
 
@@ -215,6 +224,8 @@ class Batcher:
         arrival_s: float | None = None,
         on_shed: ShedHook | None = None,
         best_effort: bool = False,
+        limit: QueueLimit | None = None,
+        trace: Any = None,
     ) -> Outcome:
         """Queue one request and wait for its outcome (raises :class:`ServingError`).
 
@@ -223,7 +234,10 @@ class Batcher:
 
         ``on_shed``, when given, is called with the error the moment the policy sheds this request,
         so the caller can answer it before the event loop gets back to the waiting coroutine (on a
-        saturated loop that wait is milliseconds). The future still gets the error."""
+        saturated loop that wait is milliseconds). The future still gets the error.
+
+        ``limit``: Triton's queue policy for it (``sloserve/batching/queuelimit.py``); ``priority`` is
+        then its level, lower served first."""
         if self._closed or self._closing_why != _SHUTTING_DOWN:
             raise Unavailable(self._closing_why, retry_after_s=1.0)
         if self._rows + rows > self.max_queue_rows:
@@ -232,6 +246,8 @@ class Batcher:
                 f"{self.max_queue_rows}); retry later",
                 retry_after_s=1.0,
             )
+        if limit is not None and (full := level_full(self._items, priority, limit, self.model)) is not None:
+            raise full
         now = self.clock.now()
         allowed = variants or self.variants
         slots = self.runner.slots  # (one call in the common case: the first allowed variant has a slot)
@@ -242,6 +258,8 @@ class Batcher:
         arrival = now if arrival_s is None else arrival_s
         item = QueuedItem(next(self._ids), arrival, deadline_s, rows, priority, variants, best_effort)
         refused = None if best_effort else self.policy.admit(self._view(), item, now)
+        if trace is not None:  # a sampled request: its admission span
+            trace.admitted(now, arrival, deadline_s, refused, getattr(self.policy, "predicted_finish_s", None))
         if refused is not None:
             late = refused.late_by_s[0] if refused.late_by_s else 0.0
             self.on_event("shed", (refused, 1))
@@ -253,11 +271,33 @@ class Batcher:
                 reason="admission",
             )
         fut = asyncio.get_running_loop().create_future()
-        self._entries[item.id] = _Entry(item, inputs, fut, now, on_shed)
+        self._entries[item.id] = _Entry(item, inputs, fut, now, on_shed, trace)
         self._items.append(item)
         self._rows += rows
         self._wake.set()
-        return await fut
+        if limit is None or limit.timeout_s is None:
+            return await fut
+        expiry = asyncio.get_running_loop().call_later(limit.timeout_s, self._expire, item.id, limit)
+        try:
+            return await fut
+        finally:
+            expiry.cancel()
+
+    def _expire(self, item_id: int, limit: QueueLimit) -> None:
+        """A request's queue timeout passed: if it is still queued, fail it (Triton's REJECT) or move
+        it behind every other request (DELAY); a dispatched one is left to finish."""
+        e = self._entries.get(item_id)
+        if e is None or e.future.done() or limit.timeout_s is None:
+            return
+        self._pop((item_id,))
+        if limit.delay:
+            item = replace(e.item, id=next(self._ids), priority=DELAYED_LEVEL)
+            self._entries[item.id] = replace(e, item=item)
+            self._items.append(item)
+            self._rows += item.size
+        else:
+            e.future.set_exception(timeout_error(self.model, limit.timeout_s))
+        self._wake.set()
 
     # ---- the loop -------------------------------------------------------------------------
     def _slots(self) -> dict[str, int]:
@@ -440,6 +480,8 @@ class Batcher:
 
     async def _run_group(self, entries: list[_Entry], d: Dispatch, started: float) -> None:
         variant = d.variant
+        traced: Any = None
+        traced_out: tuple = (None, None, None)  # (device type, compute_s, error) for the batch's span
         try:
             if len(entries) == 1:
                 inputs = entries[0].inputs
@@ -447,6 +489,10 @@ class Batcher:
                 names = entries[0].inputs.keys()
                 inputs = {n: np.concatenate([e.inputs[n] for e in entries]) for n in names}
             rows = sum(e.item.size for e in entries)
+            if self.tracer is not None:  # one span per batch with a sampled member, linked to each
+                sampled = [e.trace for e in entries if e.trace is not None]
+                if sampled:
+                    traced = self.tracer.start(self.model, variant, rows, len(entries), sampled, d.reason)
             attempt = 0
             err: ServingError  # what every request of the batch gets when it failed (ok is False)
             while True:
@@ -476,6 +522,7 @@ class Batcher:
                 break
             finished = self.clock.now()
             if not ok:
+                traced_out = (None, None, err)
                 for ent in entries:
                     if not ent.future.done():
                         ent.future.set_exception(err)
@@ -492,6 +539,7 @@ class Batcher:
                 BatchResult(self.model, variant, rows, observed, finished, device_type=res.device_type, late_rows=late)
             )
             self.on_event("batch", (variant, rows, res.compute_s, d.reason))
+            traced_out = (res.device_type, res.compute_s, None)
             off = 0
             for ent in entries:
                 n = ent.item.size
@@ -503,9 +551,13 @@ class Batcher:
                 off += n
         except Exception as e:  # a bug: every request of the batch gets an explicit error, none hangs
             log.exception("batch on %s/%s failed before reaching a replica", self.model, variant)
+            traced_out = (None, None, e)
             for ent in entries:
                 if not ent.future.done():
                     ent.future.set_exception(InternalError(f"batch assembly failed: {e}"))
+        finally:
+            if traced is not None:
+                self.tracer.end(traced, *traced_out)
 
 
 def _shape_key(e: _Entry) -> tuple:

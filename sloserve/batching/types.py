@@ -27,6 +27,8 @@ class QueuedItem:
     ``best_effort``: the client named no deadline. Its ``deadline_s`` is then only how long it may
     wait (``best_effort_wait_s``), far behind every deadline: it is never refused at admission and
     sorts behind deadline traffic, which it must not hold up.
+    ``priority``: its priority level, the lower served first (Triton's level, 1 the highest; 0 for a
+    model without levels, so one level for all).
     """
 
     id: int

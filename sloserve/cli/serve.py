@@ -59,10 +59,12 @@ def settings_from_args(args: argparse.Namespace, config: str | Path | None) -> S
 
 def _serve(args: argparse.Namespace) -> int:
     from sloserve.gateway.config import ConfigError
+    from sloserve.gateway.config_tracing import TracingConfigError, resolve
 
     try:
         settings = settings_from_args(args, args.config)
-    except ConfigError as e:
+        resolve(settings.tracing, os.environ)  # an OTEL_* variable it cannot use stops start-up here, named
+    except (ConfigError, TracingConfigError) as e:
         print(f"sloserve: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

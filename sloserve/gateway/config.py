@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
 from sloserve.autoscaler.swayam import SwayamConfig
+from sloserve.gateway.config_tracing import TracingSettings
 from sloserve.gateway.config_training import TrainingSettings
 
 
@@ -117,6 +118,14 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address both servers bind.")
     http_port: int = Field(default=8000, ge=0, le=65535, description="KServe V2 REST port (0 = any free).")
     grpc_port: int = Field(default=8001, ge=0, le=65535, description="KServe V2 gRPC port (0 = any free).")
+    triton_metrics: bool = Field(
+        default=False,
+        description="Also serve Triton's nv_inference_* metrics at /metrics on triton_metrics_port, derived from "
+        "sloserve's own at each scrape (docs/operations.md, 'Coming from Triton'); same host, auth and TLS as REST.",
+    )
+    triton_metrics_port: int = Field(
+        default=8002, ge=0, le=65535, description="Port of Triton's metrics (Triton's convention: 8002; 0 = any free)."
+    )
     repo: Path = Field(default=Path("model_repository"), description="Model repository directory.")
     backend: Literal["ray", "inprocess"] = Field(
         default="ray", description="Where replicas run: Ray Serve (default) or in the gateway process."
@@ -333,9 +342,10 @@ class Settings(BaseSettings):
         "null leaves each model's max_batch_size as the only bound.",
     )
     allow_nonfinite: bool = Field(
-        default=False,
-        description="Accept NaN and +-Inf in FP16/FP32/FP64 inputs (REST JSON, REST binary, gRPC); "
-        "by default they are refused with a 400 naming the input and the element.",
+        default=True,
+        description="Accept NaN and +-Inf in FP16/FP32/FP64 inputs (REST JSON, REST binary, gRPC), as Triton "
+        "does (perf_analyzer's default random data holds them); false refuses them with a 400 naming the input "
+        "and the element.",
     )
     auth_tokens_file: Path | None = Field(
         default=None,
@@ -386,6 +396,11 @@ class Settings(BaseSettings):
     models: dict[str, ModelOverride] = Field(default_factory=dict, description="Per-model overrides.")
     training: TrainingSettings = Field(
         default_factory=TrainingSettings, description="Preemptible training jobs on idle GPUs (harvest)."
+    )
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings,
+        description="OpenTelemetry traces over OTLP; off unless configured, and each OTEL_* variable that is set "
+        "wins over its key (docs/operations.md, 'Tracing').",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -10,6 +10,7 @@ import sys
 from pydantic import BaseModel
 
 from sloserve.gateway.config import ModelOverride, Settings, TrainingSettings
+from sloserve.gateway.config_tracing import TracingSettings
 from sloserve.models.repository import ModelConfig, TensorSpec, VariantConfig
 
 HEADER = """# Configuration reference
@@ -22,14 +23,17 @@ environment variables `SLOSERVE_<NAME>` (nested with `__`, e.g. `SLOSERVE_MODELS
 the `--config` file (`.yaml`, `.toml` or `.json`), defaults. A bad value stops start-up with a
 message naming the key and the value, e.g. `http_port='eighty': Input should be a valid integer`.
 
-Per-request SLO parameters (V2 `parameters`, or headers `x-slo-ms`, `x-min-accuracy`,
-`x-priority`, `x-variant`, `x-device-type` for clients that cannot set parameters; the body wins):
+Per-request parameters (V2 `parameters`, or headers `x-slo-ms`, `x-min-accuracy`,
+`x-priority`, `x-variant`, `x-device-type` for clients that cannot set parameters; the body wins).
+`timeout` and `priority` are Triton's, as tritonclient and perf_analyzer send them; the others are
+sloserve's own:
 
 | parameter | type | meaning |
 |---|---|---|
 | `slo_ms` | number > 0 | this request's latency budget from arrival at the gateway. Without it the request is best-effort: never refused for a deadline, served behind requests that name one, counted against the model's `slo_ms` in the SLO metrics |
 | `min_accuracy` | 0..1 | lowest acceptable variant accuracy; the batcher may degrade down to it under load |
-| `priority` | integer | higher first among equal deadlines |
+| `priority` | integer | Triton's priority level: 1 the highest, served first; 0 or a level outside 1..`priority_levels` takes the model's `default_priority_level`. Ignored by a model without priority levels (every sloserve config.json model; a config.pbtxt sets `dynamic_batching.priority_levels`). Within a level, requests go in deadline order. The `x-priority` header reads the same way: Triton's numbering replaces sloserve's earlier one, where a higher number went first among equal deadlines |
+| `timeout` | integer, microseconds | Triton's queue timeout: a request still queued (not dispatched in a batch) this long after it was queued fails with 503 / `UNAVAILABLE` `Request timeout expired` (or, under a config.pbtxt's `timeout_action: DELAY`, waits behind every other). Applies when the model allows overrides (sloserve's own models do; a config.pbtxt needs `allow_timeout_override: true`) and it is shorter than the model's `default_timeout_microseconds`; 0 = none. It bounds the wait only: `slo_ms` stays the deadline the batcher plans for, and a request with a `timeout` and no `slo_ms` stays best-effort |
 | `variant` | string | pin a variant; the batcher will not switch it (on a model with several `device_types` it may still pick the type) |
 | `device_type` | string | pin the device type of a model served on several (`cpu` names the host's CPU type); an unknown type is a 400 listing the model's types |
 
@@ -53,11 +57,14 @@ the loop's **own** lag: a loop working through its own backlog runs the whole in
 full; a loop waiting for a core counts for the little it ran. `sloserve_event_loop_lag_seconds`
 still reports the plain lag.
 
-Why the signal changed rather than the threshold: beside busy-looping programs at light load the
-plain 5 ms door refused rarely and the own-lag door never (docs/benchmarks.md, "The front end past
-its capacity"); a higher threshold would only let the loop fall further behind before the door
-acts when the front end really is past its capacity, where the own-lag door refuses as the plain one
-did.
+Why the signal and not a higher threshold: a higher threshold would only let the loop fall further
+behind before the door acts when the front end really is past its capacity, where the own lag and
+the plain lag agree; beside busy programs at light load only the own lag stays quiet.
+"""
+
+TRACING = """Each key mirrors an OpenTelemetry SDK variable (named first in its description), and a variable
+that is set wins over the key. Tracing is off until an exporter or an OTLP endpoint is named;
+`OTEL_SDK_DISABLED=true` turns it off whatever else is set (docs/operations.md, "Tracing").
 """
 
 
@@ -81,6 +88,9 @@ def render() -> str:
         table(ModelOverride, "models.<name>."),
         "\n## Training harvest (`training: {...}`)\n",
         table(TrainingSettings, "training."),
+        "\n## Tracing (`tracing: {...}`)\n",
+        TRACING,
+        table(TracingSettings, "tracing."),
         "\n## Model repository: `<repo>/<model>/config.json`\n",
         table(ModelConfig),
         "\n### `variants[]`\n",

@@ -19,6 +19,7 @@ from sloserve.batching.batcher import ShedHook
 from sloserve.batching.clock import Clock, MonotonicClock
 from sloserve.batching.options import variant_of
 from sloserve.batching.profile import ProfileTable
+from sloserve.gateway import tracing
 from sloserve.gateway.admission import Admission, InflightBytes, Ticket
 from sloserve.gateway.backends.base import Backend
 from sloserve.gateway.config import Settings
@@ -202,6 +203,10 @@ class DataPlane:
         arrival = req.arrival_s or self.admission.arrival_now()
         variant_label = "none"
         m = None
+        # a sampled request's trace (sloserve/gateway/tracing.py)
+        trace = tracing.current() if tracing.TRACER is not None else None
+        if trace is not None:
+            trace.decoded()
         try:
             m = self.model(req.model, req.version)
             if not self._started or self._draining:
@@ -210,16 +215,32 @@ class DataPlane:
             arrays, rows = validate(m, req)
             variants = allowed_variants(m, req)
             slo_ms = req.params.slo_ms
+            # Triton's priority level and queue timeout (sloserve/gateway/queuepolicy.py)
+            level = m.queue.level(req.params.priority)
+            limit = m.queue.limit(level, req.params.timeout_us)
             best_effort = slo_ms is None
             # the SLO the request is counted against: its own, or the model's (the service objective)
             target = arrival + (m.config.slo_ms if slo_ms is None else slo_ms) / 1000.0
-            # no deadline asked for: served behind deadline traffic, never refused for the model's
-            deadline = arrival + self.settings.best_effort_wait_s if best_effort else target
+            # no deadline asked for: served behind deadline traffic, never refused for the model's; a
+            # queue timeout is no deadline (it bounds the wait, the error it meets is the timeout's)
+            wait_s = max(self.settings.best_effort_wait_s, (limit.timeout_s or 0.0) if limit else 0.0)
+            deadline = arrival + wait_s if best_effort else target
             self.backend.note_arrival(m.config.name, rows)
             out = await m.batcher.submit(
-                arrays, rows, deadline, variants, req.params.priority, arrival, on_shed, best_effort=best_effort
+                arrays,
+                rows,
+                deadline,
+                variants,
+                level,
+                arrival,
+                on_shed,
+                best_effort=best_effort,
+                limit=limit,
+                trace=trace,
             )
         except ServingError as e:
+            if trace is not None:
+                trace.error(e)
             if m is not None:
                 m.stats.fail(self.clock.now() - arrival)
             self.metrics.observe_request(
@@ -233,7 +254,12 @@ class DataPlane:
         done = self.clock.now()
         latency = done - arrival
         variant = variant_of(out.variant)  # (a key of a model on several device types: its variant)
-        self.metrics.observe_request(m.config.name, variant, "ok", latency, done <= target)
+        if trace is not None:  # the latency carries the trace as its exemplar
+            trace.answered()
+            self.metrics.observe_request(m.config.name, variant, "ok", latency, done <= target, trace.exemplar)
+        else:
+            self.metrics.observe_request(m.config.name, variant, "ok", latency, done <= target)
+        self.metrics.phases.observe(m.config.name, variant, out.queue_s, out.compute_s)
         m.stats.success(latency, out.queue_s, out.compute_s, rows, time.time())
         outputs = out.outputs
         if req.outputs is not None:

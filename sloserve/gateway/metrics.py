@@ -9,6 +9,9 @@ import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from sloserve.gateway.metrics_phases import RequestPhases
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -78,6 +81,7 @@ class Metrics:
             registry=r,
         )
         self.shed = Counter("sloserve_shed", "Requests refused or shed, by reason.", ["model", "reason"], registry=r)
+        self.phases = RequestPhases(r, LATENCY_BUCKETS)  # queue and compute time per request; requests queued
         self.shed_answer = Histogram(
             "sloserve_shed_answer_seconds",
             "Time from a shed or admission refusal decision to its 503 / UNAVAILABLE answer being written.",
@@ -91,7 +95,7 @@ class Metrics:
             ["model", "variant", "action"],
             registry=r,
         )
-        # Metrics of the later parts (sloserve/autoscaler/, placement, training harvest, online profiles). They are
+        # Metrics of the autoscaler, placement, training harvest and online profiles. They are
         # defined here so every exporter uses one name and one label set; a series appears once the part
         # that owns it sets it (see docs/operations.md, "who exports what").
         self.replicas = Gauge(
@@ -202,10 +206,13 @@ class Metrics:
         self._lat: dict[tuple[str, str], Histogram] = {}
         self._slo: dict[tuple[str, bool], Counter] = {}
 
-    async def exposition(self) -> bytes:
-        """What ``/metrics`` answers: this process's samples, or every worker's with ``workers`` > 1."""
+    async def exposition(self, openmetrics: bool = False) -> bytes:
+        """What ``/metrics`` answers: this process's samples, or every worker's with ``workers`` > 1.
+        ``openmetrics``: in the OpenMetrics format, which carries the latency histograms' exemplars."""
         if self.fanin is not None:
-            return await self.fanin.exposition()
+            return await self.fanin.exposition(openmetrics)
+        if openmetrics:
+            return generate_openmetrics(self.registry)
         return generate_latest(self.registry)
 
     def shed_answered(self, model: str, e) -> None:
@@ -222,7 +229,16 @@ class Metrics:
         """``model`` was unloaded: its drift is no longer exported."""
         self._policies.pop(model, None)
 
-    def observe_request(self, model: str, variant: str, outcome: str, latency_s: float, met: bool | None) -> None:
+    def observe_request(
+        self,
+        model: str,
+        variant: str,
+        outcome: str,
+        latency_s: float,
+        met: bool | None,
+        exemplar: dict[str, str] | None = None,
+    ) -> None:
+        """``exemplar``: a sampled request's ``{"trace_id": ...}``, kept on its latency bucket (OpenMetrics)."""
         key = (model, variant, outcome)
         c = self._req.get(key)
         if c is None:
@@ -232,7 +248,7 @@ class Metrics:
             h = self._lat.get((model, variant))
             if h is None:
                 h = self._lat[(model, variant)] = self.latency.labels(model, variant)
-            h.observe(latency_s)
+            h.observe(latency_s, exemplar)
         if met is not None:
             k = (model, met)
             m = self._slo.get(k)

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import parser as openmetrics_parser
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from sloserve.gateway.config import WorkerRole
@@ -26,11 +28,13 @@ log = logging.getLogger("sloserve")
 SIBLING_TIMEOUT_S = 1.0
 
 
-def merge(expositions: dict[int, str], missing: int = 0) -> bytes:
-    """The text expositions of several workers as one, each sample labelled with its worker."""
+def merge(expositions: dict[int, str], missing: int = 0, openmetrics: bool = False) -> bytes:
+    """The text expositions of several workers as one, each sample labelled with its worker.
+    ``openmetrics``: the expositions and the answer are OpenMetrics (exemplars kept)."""
     families: dict[str, Metric] = {}
+    parse = openmetrics_parser.text_string_to_metric_families if openmetrics else text_string_to_metric_families
     for index, text in sorted(expositions.items()):
-        for fam in text_string_to_metric_families(text):
+        for fam in parse(text):
             into = families.get(fam.name)
             if into is None:
                 into = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
@@ -44,7 +48,7 @@ def merge(expositions: dict[int, str], missing: int = 0) -> bytes:
         def collect(self) -> Iterable[Metric]:
             return families.values()
 
-    return generate_latest(_Merged())
+    return generate_openmetrics(_Merged()) if openmetrics else generate_latest(_Merged())
 
 
 class MetricsFanIn:
@@ -62,28 +66,38 @@ class MetricsFanIn:
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            writer.write(generate_latest(self.registry))
+            try:  # the asker names the format first: b"o" OpenMetrics, else the text format
+                async with asyncio.timeout(SIBLING_TIMEOUT_S):
+                    mode = await reader.read(1)
+            except TimeoutError:
+                mode = b""
+            writer.write(generate_openmetrics(self.registry) if mode == b"o" else generate_latest(self.registry))
             await writer.drain()
         finally:
             writer.close()
 
-    async def _sibling(self, index: int) -> str | None:
+    async def _sibling(self, index: int, openmetrics: bool = False) -> str | None:
         try:
             async with asyncio.timeout(SIBLING_TIMEOUT_S):
                 reader, writer = await asyncio.open_unix_connection(str(self.role.metrics_socket(index)))
                 try:
+                    writer.write(b"o" if openmetrics else b"t")
+                    await writer.drain()
                     return (await reader.read()).decode()
                 finally:
                     writer.close()
         except (OSError, TimeoutError):
             return None
 
-    async def exposition(self) -> bytes:
+    async def exposition(self, openmetrics: bool = False) -> bytes:
         others = [i for i in range(self.role.count) if i != self.role.index]
-        texts = await asyncio.gather(*(self._sibling(i) for i in others))
+        texts = await asyncio.gather(*(self._sibling(i, openmetrics) for i in others))
         got = {i: t for i, t in zip(others, texts, strict=True) if t is not None}
-        got[self.role.index] = generate_latest(self.registry).decode()
-        return await asyncio.get_running_loop().run_in_executor(None, merge, got, len(others) + 1 - len(got))
+        own = generate_openmetrics(self.registry) if openmetrics else generate_latest(self.registry)
+        got[self.role.index] = own.decode()
+        return await asyncio.get_running_loop().run_in_executor(
+            None, merge, got, len(others) + 1 - len(got), openmetrics
+        )
 
     async def stop(self) -> None:
         if self._server is not None:

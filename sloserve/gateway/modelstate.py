@@ -12,10 +12,12 @@ from sloserve.batching.options import variant_of
 from sloserve.batching.policies.slo_settings import SLOSettings
 from sloserve.batching.policy import POLICIES, make_policy, policy_settings
 from sloserve.batching.profile import ProfileTable
+from sloserve.gateway import tracing
 from sloserve.gateway.backends.base import Backend, ModelLoadError
 from sloserve.gateway.config import Settings
 from sloserve.gateway.metrics import Metrics
 from sloserve.gateway.modelinfo import ModelStats, triton_config
+from sloserve.gateway.queuepolicy import QueueRules
 from sloserve.models.repository import LoadedModel, ModelConfig
 
 
@@ -41,6 +43,7 @@ class ModelState:
             cfg = cfg.model_copy(update={"slo_ms": over.slo_ms})
         self.config: ModelConfig = cfg
         self.triton = loaded.triton  # a Triton model's config.pbtxt settings (its versions are its variants)
+        self.queue = QueueRules.of(loaded.triton)  # priority levels and queue timeouts (Triton's)
         self.inputs = {t.name: t for t in cfg.inputs}
         self.input_names = tuple(self.inputs)  # what a transport checks before it decodes a request
         self.outputs = {t.name: t for t in cfg.outputs}
@@ -97,6 +100,8 @@ class ModelState:
             uniform_inputs=all(-1 not in t.shape for t in cfg.inputs),
         )
         depth.set_function(lambda: self.batcher.queued_rows)
+        self.batcher.tracer = tracing.batch_tracer()  # None while tracing is off (sloserve/gateway/tracing.py)
+        metrics.phases.watch_queue(cfg.name, lambda: self.batcher.queued_requests)
         for v in self.keys:  # read at scrape time only
             metrics.batch_slots.labels(cfg.name, v).set_function(functools.partial(backend.slots, cfg.name, v))
 

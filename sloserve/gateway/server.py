@@ -18,6 +18,7 @@ import sys
 import grpc
 import uvicorn
 
+from sloserve.gateway import tracing
 from sloserve.gateway.backends.base import Backend, ModelLoadError
 from sloserve.gateway.backends.ray_book import shared_models
 from sloserve.gateway.backends.threads import InProcessBackend
@@ -30,6 +31,7 @@ from sloserve.gateway.rates import gateway_id
 from sloserve.gateway.transports.auth import uvicorn_tls_kwargs
 from sloserve.gateway.transports.connguard import ConnectionGuard, guarded_protocol
 from sloserve.gateway.transports.grpc import create_server
+from sloserve.gateway.transports.nvmetrics import TritonMetricsServer
 from sloserve.gateway.transports.rest import create_asgi, rest_decoder
 from sloserve.gateway.transports.restdecode import RestDecoder
 from sloserve.models.repository import ModelProblem, ModelRepository
@@ -94,9 +96,12 @@ class Gateway:
     def __init__(self, settings: Settings, backend: Backend | None = None, role: WorkerRole | None = None):
         self.settings = settings
         self.role = role
+        tracing.setup(settings)  # this process's tracer, before the batchers that use it (sloserve/gateway/tracing.py)
         self.repo = load_repository(settings)
         self.backend = backend or make_backend(settings, self.repo, role)
         self.dataplane = DataPlane(self.repo, self.backend, settings, Metrics())
+        if tracing.TRACER is not None:
+            tracing.register_metrics(self.dataplane.metrics.registry)
         self.fanin: MetricsFanIn | None = None
         if role is not None and role.count > 1:
             self.fanin = self.dataplane.metrics.fanin = MetricsFanIn(self.dataplane.metrics.registry, role)
@@ -104,6 +109,7 @@ class Gateway:
         self.grpc_port: int | None = None
         self._uvicorn: _Uvicorn | None = None
         self._uv_task: asyncio.Task | None = None
+        self.triton_metrics: TritonMetricsServer | None = None  # Triton's metrics port (triton_metrics)
         self._grpc: grpc.aio.Server | None = None
         self._decoder: RestDecoder | None = None
         self._conn_guard = ConnectionGuard.from_settings(settings)
@@ -178,6 +184,10 @@ class Gateway:
                 raise RuntimeError(f"HTTP server failed to start on {s.host}:{s.http_port}")
             await asyncio.sleep(0.01)
         self.http_port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
+        if s.triton_metrics:
+            nv_sock = reuse_port_socket(s.host, s.triton_metrics_port) if shared else None
+            self.triton_metrics = TritonMetricsServer(self.dataplane, nv_sock)
+            await self.triton_metrics.start()
         if self.fanin is not None:
             await self.fanin.start()
         if not shared:  # models load while the servers already answer liveness (readiness says not ready)
@@ -220,6 +230,8 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._uv_task, timeout=grace + 3)
         idle.cancel()
+        if self.triton_metrics is not None:
+            await self.triton_metrics.stop()
         self._conn_guard.stop()
         if self.harvest is not None:  # checkpoint running jobs before Ray goes away
             await asyncio.get_running_loop().run_in_executor(None, self.harvest.stop)
@@ -230,6 +242,8 @@ class Gateway:
         await self.dataplane.stop()
         if self.fanin is not None:
             await self.fanin.stop()
+        if tracing.TRACER is not None:  # the spans still queued go out (bounded by the export timeout)
+            await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)
 
     async def _close_idle_connections(self, grace: float) -> None:
         """Once every request in flight is answered, stop waiting for idle keep-alive connections:

@@ -22,9 +22,10 @@ class RequestParams:
 
     slo_ms: float | None = None
     min_accuracy: float | None = None
-    priority: int = 0
+    priority: int = 0  # Triton's numbering: 1 the highest level; 0 the model's default level
     variant: str | None = None
     device_type: str | None = None  # pins the device type (a model served on several)
+    timeout_us: int | None = None  # Triton's `timeout`: a bound on the time queued (microseconds)
 
 
 @dataclass(slots=True)

@@ -197,6 +197,7 @@ def prometheus_command(prom_bin: str, config: Path, data_dir: Path, port: int) -
         f"--storage.tsdb.path={data_dir}",
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",
+        "--enable-feature=exemplar-storage",  # the latency histograms' exemplars link to their traces
     ]
 
 

@@ -10,10 +10,11 @@ Frames are ``multiprocessing.connection``'s: a 4-byte big-endian length, then a 
 
 - replica -> gateway, once when the connection opens: ``("ready", info)`` (``info``: a dict with
   ``device_type``, ``variants``, ``pid``) or ``("error", message)`` when the model did not load;
-- gateway -> replica: ``("batch", batch_id, inputs, budget_s, variant)``: ``budget_s`` is how long
+- gateway -> replica: ``("batch", batch_id, inputs, budget_s, variant[, traceparent])``: ``budget_s`` is how long
   the gateway still waits for it (None: no limit), counted by the replica from when it reads the
   frame, so no clock is shared between hosts; a batch still queued past it is skipped, never run
-  late; ``variant`` None means the replica's default;
+  late; ``variant`` None means the replica's default; ``traceparent`` (W3C), only on a batch the
+  gateway traces: the replica records its compute as a child span (``sloserve/replica/tracing.py``);
 - gateway -> replica: ``("stamp", stamp)``: the gateway's demand for the autoscaler (see
   ``sloserve.replica.ray_replica``);
 - replica -> gateway: ``(batch_id, outputs, compute_s, held)``, ``(batch_id, None, 0.0, held)`` for a
@@ -56,6 +57,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from sloserve.replica import tracing
+
 log = logging.getLogger("sloserve.channel")
 
 Compute = Callable[[dict[str, Any], "str | None"], dict[str, Any]]
@@ -75,8 +78,15 @@ class BatchServer:
     ``on_stamp`` takes the autoscaling stamps; ``delay_s`` (chaos drills) holds every batch this long
     before computing, as a slow replica would."""
 
-    def __init__(self, compute: Compute, on_stamp: Callable[[tuple], None] | None = None, delay_s: float = 0.0):
+    def __init__(
+        self,
+        compute: Compute,
+        on_stamp: Callable[[tuple], None] | None = None,
+        delay_s: float = 0.0,
+        model: str = "",
+    ):
         self.compute = compute
+        self.model = model  # (a traced batch's compute span names it)
         self.on_stamp = on_stamp or (lambda stamp: None)
         self.delay_s = delay_s
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -124,10 +134,17 @@ class BatchServer:
 
     def _compute_loop(self) -> None:
         while (item := self._inbox.get()) is not None:
-            conn, (_, bid, inputs, budget_s, variant), read_at, held = item
+            conn, msg, read_at, held = item
+            _, bid, inputs, budget_s, variant = msg[:5]
             if budget_s is not None and time.monotonic() > read_at + budget_s:
                 reply: tuple = (bid, None, 0.0)  # its gateway no longer waits: not run late
             else:
+                # a traced batch (its gateway's batch span as a 6th field): the compute's span, here
+                span = (
+                    tracing.start_compute(msg[5], self.model, variant, tracing.rows_of(inputs))
+                    if len(msg) > 5
+                    else None
+                )
                 t0 = time.perf_counter()
                 try:
                     if self.delay_s:
@@ -135,6 +152,8 @@ class BatchServer:
                     reply = (bid, self.compute(inputs, variant), time.perf_counter() - t0)
                 except Exception as e:
                     reply = (bid, "error", f"{type(e).__name__}: {e}")
+                if span is not None:
+                    tracing.end_compute(span, reply[2] if reply[1] == "error" else None)
             with self._lock:
                 self._held -= 1
             try:

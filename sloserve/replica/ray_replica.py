@@ -28,6 +28,7 @@ from ray import serve
 
 from sloserve.batching.profile import Curve
 from sloserve.models.repository import check_name, load_model_dir
+from sloserve.replica import tracing as process_tracing
 from sloserve.replica.runtime import Replica, RuntimeOptions, device_type, wait_out_profile
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class OnnxReplica:
         channel_host: str | None = "",
         config_override: dict[str, Any] | None = None,
         emulate: dict[str, Any] | None = None,
+        tracing: dict[str, Any] | None = None,
     ):
         """``config_override``: the config keys a load through the repository API replaced.
         ``variants``: a shared replica (``models.<name>.shared_replicas``) loads each of them and
@@ -67,7 +69,13 @@ class OnnxReplica:
         one gateway passes 127.0.0.1); None opens no channel (batches come through Serve's handle).
         ``emulate`` (``{batch_sizes, p50_ms}``: a device type of a model on several, on a node whose
         session runs on the CPU): each batch runs for real, then the replica waits until that profile's
-        median for the batch has passed, and says its provider is ``emulated``."""
+        median for the batch has passed, and says its provider is ``emulated``. ``tracing``: the
+        gateway's trace config (sloserve/replica/tracing.py); this process then exports the compute
+        spans of the batches the gateway traces."""
+        if tracing:
+            process_tracing.setup(
+                process_tracing.TraceConfig.from_dict(tracing), "replica", {"sloserve.replica": f"{model}/{variant}"}
+            )
         check_name("model", model)
         for v in variants or [variant]:
             check_name("variant", v)
@@ -103,7 +111,7 @@ class OnnxReplica:
 
         from sloserve.replica.channel import BatchServer, ChannelListener
 
-        self._server = BatchServer(self._compute, on_stamp=self._keep, delay_s=self.fault_delay_s)
+        self._server = BatchServer(self._compute, on_stamp=self._keep, delay_s=self.fault_delay_s, model=self.model)
         info = {
             "device_type": self.device_type,
             "variants": sorted(self.replicas),
@@ -155,12 +163,16 @@ class OnnxReplica:
         self._server.drain(DRAIN_S)
 
     async def run_batch(
-        self, inputs: dict[str, np.ndarray], stamp: tuple | None = None, variant: str | None = None
+        self,
+        inputs: dict[str, np.ndarray],
+        stamp: tuple | None = None,
+        variant: str | None = None,
+        traceparent: str | None = None,
     ) -> tuple[dict[str, np.ndarray], float, str]:
         """``stamp`` = (gateway id, that gateway's arrival rate for this model in rows/s, its share of
         the traffic, how clumped its arrivals are): kept for :meth:`record_autoscaling_stats`, the
         autoscaler's input. ``variant``: which of a shared replica's variants runs the batch (None:
-        its default)."""
+        its default). ``traceparent``: the gateway's batch span, on a traced batch only."""
         if stamp is not None:
             self._keep(stamp)
         rep = self.replica if variant is None else self.replicas.get(variant)
@@ -168,8 +180,14 @@ class OnnxReplica:
             raise ValueError(f"this replica of '{self.model}' holds variants {sorted(self.replicas)}, not '{variant}'")
         if self.fault_delay_s:
             await asyncio.sleep(self.fault_delay_s)  # chaos drill: a batch that takes long
+        span = process_tracing.start_compute(traceparent, self.model, variant, process_tracing.rows_of(inputs))
         t0 = time.perf_counter()
-        outputs = await asyncio.get_running_loop().run_in_executor(self.pool, self._run, rep, inputs)
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(self.pool, self._run, rep, inputs)
+        except Exception as e:
+            process_tracing.end_compute(span, f"{type(e).__name__}: {e!s:.200}")
+            raise
+        process_tracing.end_compute(span)
         self.batches += 1
         return outputs, time.perf_counter() - t0, self.device_type
 
@@ -283,4 +301,5 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         args.get("channel_host", ""),
         args.get("config_override") or None,
         args.get("emulate") or None,
+        args.get("tracing") or None,
     )

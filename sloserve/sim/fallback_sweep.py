@@ -1,4 +1,4 @@
-"""How cheap must the fallback variant be? (docs/benchmarks.md, "How cheap the fallback must be")
+"""How cheap must the fallback variant be? A sweep of its cost ratio over the day-long trace runs.
 
     python -m sloserve.sim.fallback_sweep --ratios 0.5,0.6,0.66,0.7,0.75,0.8
     python -m sloserve.sim.fallback_sweep --ratios 0.66 --seeds 1,2

@@ -1,4 +1,4 @@
-"""Fluid against request-level mode on a slice of a trace (docs/simulator.md, "Validation").
+"""Fluid against request-level mode on a slice of a trace (docs/simulator.md, "Request level and fluid").
 
     python -m sloserve.sim.validate COLUMN START_MIN END_MIN BATCHING[,BATCHING...] PEAK_REPLICAS
     python -m sloserve.sim.validate diurnal_strong 600 620 slo 4

@@ -49,6 +49,7 @@ from sloserve.autoscaler.placement.types import (
     ReplicaTarget,
     TrainingJob,
 )
+from sloserve.replica import tracing
 from sloserve.training.harvest_jobs import HarvestJobs
 from sloserve.training.job import TrainingSpec
 from sloserve.training.leader import Leadership
@@ -484,14 +485,26 @@ class HarvestController:
             free_gpus -= n
             job.gpu_ids, job.started_s = st.gpu_ids, now
             self._starting.add(st.job_id)
-            self._pool.submit(self._start, st.job_id, n)
+            self._pool.submit(self._start, st.job_id, n, st.reason)
 
-    def _start(self, job_id: str, workers: int | None = None) -> None:
+    def _start(self, job_id: str, workers: int | None = None, reason: str = "idle-gpus") -> None:
+        span = tracing.start_operation(  # (None while tracing is off: sloserve/replica/tracing.py)
+            "sloserve.training",
+            "sloserve.training.resume" if reason == "resume" else "sloserve.training.place",
+            {
+                "sloserve.training.job": job_id,
+                "sloserve.training.reason": reason,
+                "sloserve.training.gpus": self._gpus(job_id),
+            },
+        )
         try:
             self.manager.start(job_id, workers)
-        except Exception:
+        except Exception as e:
+            tracing.end_span(span, f"{type(e).__name__}: {e!s:.200}")
+            span = None
             log.warning("could not start training job %s", job_id, exc_info=True)
         finally:
+            tracing.end_span(span)
             self._starting.discard(job_id)
             self._wake.set()
 
@@ -500,6 +513,15 @@ class HarvestController:
 
         h = self.manager.handle(rec.job_id)
         actor_id = h.actor._actor_id.hex() if h is not None and hasattr(h, "actor") else None
+        span = tracing.start_operation(
+            "sloserve.training",
+            "sloserve.training.preempt",
+            {
+                "sloserve.training.job": rec.job_id,
+                "sloserve.training.gpus": self._gpus(rec.job_id),
+                "sloserve.training.for": f"{rec.model}/{rec.variant}" if rec.model else "",
+            },
+        )
         try:
             info = self.manager.preempt(rec.job_id, grace_s)
             rec.stopped_s = self.clock() - rec.decided_at
@@ -530,12 +552,19 @@ class HarvestController:
                 rec.outcome,
                 rec.freed_s,
             )
-        except Exception:
+        except Exception as e:
+            tracing.end_span(span, f"{type(e).__name__}: {e!s:.200}")
+            span = None
             log.warning("preempting %s failed", rec.job_id, exc_info=True)
         finally:
+            tracing.end_span(span, attributes={"sloserve.training.outcome": rec.outcome or ""})
             with self._lock:
                 self._preempting.pop(rec.job_id, None)
             self._wake.set()
+
+    def _gpus(self, job_id: str) -> list[str]:
+        job = self._jobs.get(job_id)
+        return [str(g) for g in job.gpu_ids] if job is not None else []
 
     def _track_ready(self, serve_view, holders) -> None:
         now = self.clock()

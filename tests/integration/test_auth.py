@@ -86,6 +86,7 @@ def secure(model_repo, tmp_path_factory):
             "SLOSERVE_TLS_KEY_FILE": str(key),
             "SLOSERVE_MAX_BATCH_ROWS": "8",
             "SLOSERVE_MAX_TENSOR_ELEMENTS": "4096",
+            "SLOSERVE_ALLOW_NONFINITE": "false",  # on by default, as in Triton
         },
     )
     ctx = ssl.create_default_context(cafile=str(cert))

@@ -7,7 +7,9 @@ and drops the ids the policy itself dispatched or shed. Anything else (a driver 
 requests on its own, ids not appended in order) shows up as a size mismatch and triggers a full
 rebuild, so the mirror is always right and usually cheap.
 
-Order: earliest deadline first, then higher priority, then earlier arrival, then id.
+Order: the lowest priority level first (``QueuedItem.priority``: Triton's level, 1 the highest; 0 when
+the model has no levels, so the order is by deadline alone), then earliest deadline, then earlier
+arrival, then id.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from collections.abc import Iterable, Sequence
 
 from sloserve.batching.types import QueuedItem
 
-Entry = tuple  # (deadline_s, -priority, arrival_s, id, item)
+Entry = tuple  # (priority, deadline_s, arrival_s, id, item)
 
 
 def entry(item: QueuedItem) -> Entry:
-    return (item.deadline_s, -item.priority, item.arrival_s, item.id, item)
+    return (item.priority, item.deadline_s, item.arrival_s, item.id, item)
 
 
 class DeadlineOrder:

@@ -2,7 +2,8 @@
 
 Decision rules, in the order ``plan`` applies them (docs/batching.md has the long form):
 
-1. **Order.** Requests are kept in deadline order (arrival + SLO), higher priority first on ties.
+1. **Order.** Requests are kept by priority level (Triton's: 1 first; one level when the model has
+   none), then in deadline order (arrival + SLO).
 2. **Shed.** A request that cannot meet its deadline even if dispatched alone, right now, on the
    earliest free replica of any variant it allows (``busy_until_s`` when the driver gives it,
    else a busy variant counts as free now: shedding is never speculative) is shed with
@@ -269,10 +270,12 @@ class SLOPolicy(PolicyBase):
         need = 0
         memo: dict = {}
         for e in ents:
-            d = e[0]
+            d = e[1]
             if d >= horizon:
                 wake = min(wake, d - l_max)
-                break
+                if e[0] == ents[-1][0]:  # the rest share its priority level: later deadlines only
+                    break
+                continue
             it = e[4]
             key = (it.variants, it.size)
             opts = memo.get(key)
@@ -325,7 +328,7 @@ class SLOPolicy(PolicyBase):
             if cum < check_at and i != last:
                 continue
             check_at = cum + B
-            d = e[0]
+            d = e[1]
             cap = 0
             for f, v in reps:
                 if d > f:
@@ -425,7 +428,7 @@ class SLOPolicy(PolicyBase):
             if not self._eligible(it, v, rank, spill, reserved):
                 continue
             if head is None:
-                c = min(B, lat.max_rows_within(v, e[0] - begin - self.safety_s + EPS_S))
+                c = min(B, lat.max_rows_within(v, e[1] - begin - self.safety_s + EPS_S))
                 if it.size <= c < B and passed < _MAX_PASS:
                     if not keep_up:
                         keep_up = self._keep_up_rows(v, pool.replicas, now, B)
@@ -436,7 +439,7 @@ class SLOPolicy(PolicyBase):
                     # Past the safety margin but not the deadline: go now rather than wait and shed
                     # a request that can still make it, with as many rows as the median says still
                     # fit (not alone: under overload a batch of one wastes the replica's capacity).
-                    fit = min(B, self.lat_shed.max_rows_within(v, e[0] - begin + EPS_S))
+                    fit = min(B, self.lat_shed.max_rows_within(v, e[1] - begin + EPS_S))
                     if fit >= it.size:
                         return self._late_start(v, rank, spill, ents, reserved, fit)
                     continue  # v cannot make this one; a faster variant may
@@ -524,6 +527,7 @@ class SLOPolicy(PolicyBase):
         and ``item`` rides in the batch after them with the leftover rows. A fluid estimate
         (rows / throughput, start = now) admits up to a batch and a half too many at a small
         ``B``: those requests were late by a batch under overload (docs/reliability.md)."""
+        self.predicted_finish_s: float | None = None  # the last admitted request's predicted finish, for its trace
         q = self._sync(view)
         self._learn_variants(view.idle)
         pools = self._pools(view, now)
@@ -548,6 +552,7 @@ class SLOPolicy(PolicyBase):
         finish = predict_finish(self.lat_shed, free, ahead, item.size, B, self.safety_s)
         if finish > item.deadline_s + EPS_S:
             return Shed((item.id,), "admission", (finish - item.deadline_s,))
+        self.predicted_finish_s = finish
         return None
 
     def observe(self, result: BatchResult) -> None:

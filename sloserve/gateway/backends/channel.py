@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from sloserve.gateway import tracing
 from sloserve.gateway.errors import ReplicaFailed
 
 _IDS = itertools.count(1)
@@ -79,11 +80,14 @@ class BatchChannel:
         if not self.available:
             raise ReplicaGone(f"replica {self.label} is not connected; retry shortly", retry_after_s=1.0)
         bid = next(_IDS)
+        msg: tuple = ("batch", bid, inputs, budget_s, variant)
+        if tracing.TRACER is not None and (parent := tracing.batch_traceparent()) is not None:
+            msg += (parent,)  # a traced batch: the replica records its compute under it
         fut = self._loop.create_future()
         self._pending[bid] = fut
         try:
             try:
-                await self._send(pickle.dumps(("batch", bid, inputs, budget_s, variant), protocol=5))
+                await self._send(pickle.dumps(msg, protocol=5))
             except OSError:  # the replica went away (its EOF not read yet), or the channel is closing
                 self._gone()
                 if fut.done() and not fut.cancelled():

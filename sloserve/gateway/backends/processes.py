@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sloserve.gateway import tracing
 from sloserve.gateway.backends.channel import BatchChannel, ReplicaGone
 from sloserve.replica.runtime import RuntimeOptions
 
@@ -97,6 +98,8 @@ class ProcessReplica:
             repr(asdict(self.opts)),
             repr(self.output_names),
             repr(self.delay_s),
+            repr(tracing.replica_config()),  # None: the worker traces nothing
+            self.label,
         ]
         try:
             self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
@@ -179,9 +182,21 @@ class ProcessReplica:
 
 
 # ---- the worker process ---------------------------------------------------------------------
-def _worker(fd: int, path: str, opts: dict, output_names: list[str], delay_s: float) -> None:
+def _worker(
+    fd: int,
+    path: str,
+    opts: dict,
+    output_names: list[str],
+    delay_s: float,
+    trace: dict | None = None,
+    label: str = "",
+) -> None:
+    from sloserve.replica import tracing as process_tracing
     from sloserve.replica.channel import BatchServer
     from sloserve.replica.runtime import Replica
+
+    if trace is not None:  # the gateway traces: this process exports its own compute spans
+        process_tracing.setup(process_tracing.TraceConfig.from_dict(trace), "replica", {"sloserve.replica": label})
 
     conn = Connection(fd)
     try:
@@ -189,9 +204,12 @@ def _worker(fd: int, path: str, opts: dict, output_names: list[str], delay_s: fl
     except Exception as e:
         conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}"), protocol=5))
         return
-    server = BatchServer(lambda inputs, variant: rep.run(inputs), delay_s=delay_s)
+    server = BatchServer(lambda inputs, variant: rep.run(inputs), delay_s=delay_s, model=label.split("/")[0])
     info = {"pid": os.getpid(), "input_names": rep.input_names, "device": rep.device, "provider": rep.provider}
-    server.serve(conn, info)  # until the gateway closes it
+    try:
+        server.serve(conn, info)  # until the gateway closes it
+    finally:
+        process_tracing.shutdown()  # the spans still queued go out
 
 
 if __name__ == "__main__":
@@ -203,4 +221,6 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _fd, _path, _opts, _outs, _delay = sys.argv[1:6]
-    _worker(int(_fd), _path, ast.literal_eval(_opts), ast.literal_eval(_outs), float(_delay))
+    _trace = ast.literal_eval(sys.argv[6]) if len(sys.argv) > 6 else None
+    _label = sys.argv[7] if len(sys.argv) > 7 else ""
+    _worker(int(_fd), _path, ast.literal_eval(_opts), ast.literal_eval(_outs), float(_delay), _trace, _label)

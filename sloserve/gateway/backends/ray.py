@@ -27,6 +27,7 @@ import numpy as np
 
 from sloserve.batching.batcher import RunResult
 from sloserve.batching.options import OptionPlan, variant_of
+from sloserve.gateway import tracing
 from sloserve.gateway.backends.base import BackendBase, ModelLoadError
 from sloserve.gateway.backends.ray_deploy import APP_PREFIX, Deployed, ServeDeployer
 from sloserve.gateway.backends.ray_layout import ModelLayout
@@ -268,8 +269,11 @@ class RayServeBackend(BackendBase):
                 self.watch.direct_channels(), app, model, variant, inputs, limit, on_late, held, shared
             )
         handle = self._handles[(model, variant)]
+        extra = {}
+        if tracing.TRACER is not None and (parent := tracing.batch_traceparent()) is not None:
+            extra["traceparent"] = parent  # a traced batch: the replica records its compute under it
         if shared:
-            call = handle.run_batch.remote(inputs, self._stamp(model, variant), variant)
+            call = handle.run_batch.remote(inputs, self._stamp(model, variant), variant, **extra)
         else:
-            call = handle.run_batch.remote(inputs, self._stamp(model, variant))
+            call = handle.run_batch.remote(inputs, self._stamp(model, variant), **extra)
         return await run_on_handle(call, model, variant, limit, on_late)

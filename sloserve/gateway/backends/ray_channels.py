@@ -2,7 +2,7 @@
 
 Ray Serve places, scales, health-checks and restarts the replicas; the gateway routes each batch to
 one of them itself, over a TCP connection it keeps open to every running replica (the batch channel,
-``sloserve/replica/channel.py``). Why not through a ``DeploymentHandle``: measured on this project's 2-core box,
+``sloserve/replica/channel.py``). Why not through a ``DeploymentHandle``: on 2 cores,
 the handle's path (its router's event loop in a thread of its own, Serve's gRPC client and server, the
 replica's user-code thread) cost 1.9 ms per batch at the median and put 1-2% of requests past a
 20 ms SLO at any load, where the channel costs what a worker process of the in-process backend does

@@ -14,6 +14,7 @@ from typing import Any
 
 from sloserve.batching.options import split_key, variant_of
 from sloserve.batching.profile import ProfileTable
+from sloserve.gateway import tracing
 from sloserve.gateway.backends.ray_layout import ModelLayout
 from sloserve.gateway.backends.ray_local import init_ray, shutdown_ray
 from sloserve.gateway.backends.ray_serve import deployment_handle
@@ -91,6 +92,8 @@ class ServeDeployer:
                             "channel_host": self.channel_host(),
                             **({"variants": ranked} if shared else {}),
                             **({"config_override": model.override} if model.override else {}),
+                            # the replica exports its own compute spans (sloserve/gateway/tracing.py)
+                            **({"tracing": trace} if (trace := tracing.replica_config()) else {}),
                         }
                     ),
                     name=app,

@@ -17,6 +17,7 @@ import numpy as np
 from sloserve.batching.batcher import RunResult
 from sloserve.batching.options import OptionPlan, split_key
 from sloserve.batching.profile import Curve, ProfileTable
+from sloserve.gateway import tracing
 from sloserve.gateway.backends.base import BackendBase, ModelLoadError
 from sloserve.gateway.backends.options import model_plan
 from sloserve.gateway.errors import DeadlineExceeded
@@ -422,7 +423,10 @@ class InProcessBackend(BackendBase):
         dev = spec.name if spec is not None else self.device_type
         if self._fast[key] and not delay:  # tiny: on the loop (ORT sessions may run concurrently)
             out = self._replicas[key][0].run(inputs)
-            return RunResult(out, time.perf_counter() - t0, dev)
+            compute_s = time.perf_counter() - t0
+            if tracing.TRACER is not None:  # a traced batch's compute span, in this process
+                tracing.local_compute(model, variant, next(iter(inputs.values())).shape[0], compute_s, dev)
+            return RunResult(out, compute_s, dev)
         limits = [t for t in (timeout_s, self.batch_timeout_s) if t is not None]
         limit = min(limits) if limits else None
         abandoned = threading.Event()
@@ -447,6 +451,8 @@ class InProcessBackend(BackendBase):
         except asyncio.CancelledError:
             abandoned.set()
             raise
+        if tracing.TRACER is not None and not self.processes:  # (a worker process records its own)
+            tracing.local_compute(model, variant, next(iter(inputs.values())).shape[0], compute_s, dev)
         return RunResult(outputs, compute_s, dev)
 
     def _on_free_replica(

@@ -62,7 +62,8 @@ def shape_of(raw: Any, where: str) -> tuple[int, ...]:
 
 
 def parse_params(raw: Any, where: str = "parameters") -> RequestParams:
-    """Read the SLO parameters (``slo_ms``, ``min_accuracy``, ``priority``, ``variant``, ``device_type``)."""
+    """Read the SLO parameters (``slo_ms``, ``min_accuracy``, ``priority``, ``timeout``, ``variant``,
+    ``device_type``)."""
     p = RequestParams()
     if raw is None:
         return p
@@ -74,9 +75,14 @@ def parse_params(raw: Any, where: str = "parameters") -> RequestParams:
         p.min_accuracy = _number(raw["min_accuracy"], "min_accuracy", lo=0.0, hi=1.0)
     if "priority" in raw:
         v = raw["priority"]
-        if isinstance(v, bool) or not isinstance(v, int) or not -(2**31) <= v < 2**63:
+        if isinstance(v, bool) or not isinstance(v, int) or not -(2**31) <= v < 2**64:  # Triton: uint64
             raise InvalidArgument(f"parameter 'priority' must be an integer, got {v!r:.40}")
         p.priority = int(v)
+    if "timeout" in raw:
+        v = raw["timeout"]
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
+            raise InvalidArgument(f"parameter 'timeout' must be a non-negative integer (microseconds), got {v!r:.40}")
+        p.timeout_us = int(v) or None
     if "variant" in raw:
         v = raw["variant"]
         if not isinstance(v, str) or not v:
@@ -403,7 +409,7 @@ class InputLimits:
         self,
         max_elements: int = MAX_ELEMENTS,
         max_rows: int | None = None,
-        allow_nonfinite: bool = False,
+        allow_nonfinite: bool = True,
         max_json_bytes: int | None = None,
     ):
         self.max_elements = max_elements
@@ -458,6 +464,6 @@ class InputLimits:
                     v = arr.ravel()[i]
                     raise InvalidArgument(
                         f"{where} ({datatype}) holds a non-finite value ({v}) at flat index {i} "
-                        f"(NaN, Inf, or a number too large for {datatype}); the server refuses them "
-                        f"unless allow_nonfinite is set"
+                        f"(NaN, Inf, or a number too large for {datatype}); this server refuses them "
+                        f"(allow_nonfinite is false)"
                     )

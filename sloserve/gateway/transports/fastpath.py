@@ -21,6 +21,7 @@ import time
 
 import orjson
 
+from sloserve.gateway import tracing
 from sloserve.gateway.dataplane import DataPlane
 from sloserve.gateway.errors import InvalidArgument, ServingError
 from sloserve.gateway.transports.codec import InputLimits, body_too_large  # noqa: F401 - InputLimits: the type the caller passes
@@ -105,7 +106,11 @@ class InferFastPath:
         target = route(scope["path"])
         if target is None:
             return await self.app(scope, receive, send)
-        model, version = target
+        if tracing.TRACER is not None:  # the request in its trace, when sampled (sloserve/gateway/tracing.py)
+            return await tracing.serve_rest(self._serve, scope, receive, send, *target)
+        return await self._serve(scope, receive, send, *target)
+
+    async def _serve(self, scope, receive, send, model: str, version: str | None) -> None:
         dp = self.dp
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         ticket = None
@@ -139,6 +144,8 @@ class InferFastPath:
         except _Disconnected:
             return
         except ServingError as e:
+            if tracing.TRACER is not None:
+                tracing.failed(e)
             if early is not None and early.wrote:  # answered from inside the shed decision
                 if early.pending is not None:  # the transport paused after the status line
                     await send(early.pending)
@@ -151,6 +158,8 @@ class InferFastPath:
             return
         except Exception as e:  # a bug: answer 500, log it, keep serving
             log.exception("internal error on %s", scope["path"])
+            if tracing.TRACER is not None:
+                tracing.failed(e)
             await _send(
                 send,
                 *_messages(

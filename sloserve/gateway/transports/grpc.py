@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from sloserve.gateway import tracing
 from sloserve.gateway.dataplane import DataPlane
 from sloserve.gateway.errors import InvalidArgument, ServingError
 from sloserve.gateway.transports.auth import GrpcGuard, TokenTable, grpc_server_credentials, may_see
@@ -306,6 +307,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request, context):
+        if tracing.TRACER is not None:  # the request in its trace, when sampled (sloserve/gateway/tracing.py)
+            return await tracing.serve_grpc(self._model_infer, request, context)
+        return await self._model_infer(request, context)
+
+    async def _model_infer(self, request, context):
         ticket = failure = None
         model = request.model_name
         try:
@@ -327,6 +333,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if ticket is not None:
                 ticket.release()
         if failure is not None:
+            if tracing.TRACER is not None:
+                tracing.failed(failure)
             set_grpc_error(context, failure)
             self.dp.metrics.shed_answered(model, failure)
             return None

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloserve.gateway.dataplane import DataPlane, Ticket
@@ -49,6 +50,7 @@ INFER_BODY_DOC = {
                                 "slo_ms": {"type": "number"},
                                 "min_accuracy": {"type": "number"},
                                 "priority": {"type": "integer"},
+                                "timeout": {"type": "integer"},
                                 "variant": {"type": "string"},
                                 "device_type": {"type": "string"},
                                 "binary_data_output": {"type": "boolean"},
@@ -273,7 +275,11 @@ def _metadata_routes(app: FastAPI, dp: DataPlane) -> None:
         return Response(status_code=200 if dp.model_ready(model, version) else 503)
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics(request: Request):
+        # OpenMetrics when the scraper asks for it (Prometheus does): the latency histograms' exemplars
+        # (a sampled request's trace id) exist only in that format
+        if "application/openmetrics-text" in request.headers.get("accept", ""):
+            return Response(await dp.metrics.exposition(openmetrics=True), media_type=OPENMETRICS_CONTENT_TYPE)
         return Response(await dp.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -28,7 +28,8 @@ once, and the best goes into the rounds.
         --out results/slo-heavy.json --plot docs/img/bench_slo_heavy.png
 
 Systems: ``sloserve-default`` (exactly what ``make run`` starts: ``sloserve serve --repo REPO``, no
-config; ``sloserve-default-inprocess`` adds ``--backend inprocess``; a ``-wN`` suffix adds ``--workers N``,
+config; ``sloserve-default-inprocess`` adds ``--backend inprocess``; a ``-wN`` suffix adds ``--workers N``, a ``-traceP`` suffix traces P% of the requests (the standard
+``OTEL_*`` variables, exporting to a stand-in OTLP/HTTP collector in the benchmark's process),
 N gateway processes sharing the ports), ``sloserve-<policy>`` (policy
 slo|timeout|fixed|aimd|nexus, in-process, the model's batching set by the bench), each pinned to
 ``--variant`` by the ``x-variant`` header, or ``sloserve-<policy>@<variant>|@any`` (``@any``: no pin,

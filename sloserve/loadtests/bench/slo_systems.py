@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sloserve.loadtests.bench.otlp_sink import tracing_env
 from sloserve.loadtests.bench.systems import (
     BatchingKnobs,
     Launch,
@@ -56,10 +57,12 @@ def _launch_for(system: str, args: argparse.Namespace, repo: Path, tmp: Path) ->
         name, _, pin = system.partition("@")
         hdrs = {"x-slo-ms": f"{args.slo_ms:g}"}
         pin = pin or args.variant
-        default = re.fullmatch(r"sloserve-default(-inprocess)?(?:-w(\d+))?", name)
-        if default:  # `make run`: no config, every default (-wN: with --workers N)
+        default = re.fullmatch(r"sloserve-default(-inprocess)?(?:-w(\d+))?(?:-trace(\d+(?:\.\d+)?))?", name)
+        if default:  # `make run`: no config, every default (-wN: with --workers N; -traceP: tracing P% of requests)
             workers = int(default.group(2)) if default.group(2) else None
             launch = default_launch(repo, args.model, tmp, inprocess=bool(default.group(1)), workers=workers)
+            if default.group(3):
+                launch.env.update(tracing_env(float(default.group(3))))
         else:
             parts = name.split("-")
             backend = "ray" if "ray" in parts[1:] else "inprocess"

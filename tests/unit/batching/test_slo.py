@@ -30,12 +30,24 @@ def test_dispatches_largest_batch_meeting_earliest_deadline():
     assert isinstance(d, Dispatch) and len(d.ids) == 8 and d.reason == "deadline"
 
 
-def test_deadline_order_and_priority_break_ties():
+def test_deadline_order_within_a_priority_level():
     p = policy()
     its = [
         QueuedItem(0, 0.0, 0.050, variants=("v",)),
         QueuedItem(1, 0.001, 0.004, variants=("v",)),
-        QueuedItem(2, 0.002, 0.004, priority=5, variants=("v",)),
+        QueuedItem(2, 0.002, 0.005, variants=("v",)),
+    ]
+    d = p.plan(view(its, max_batch_size=1), 0.0)
+    assert d.ids == (1,)
+
+
+def test_a_higher_priority_level_goes_first_whatever_its_deadline():
+    # Triton's numbering: level 1 is served before level 2, even with a later deadline
+    p = policy()
+    its = [
+        QueuedItem(0, 0.0, 0.004, priority=2, variants=("v",)),
+        QueuedItem(1, 0.001, 0.050, priority=1, variants=("v",)),
+        QueuedItem(2, 0.002, 0.030, priority=1, variants=("v",)),
     ]
     d = p.plan(view(its, max_batch_size=1), 0.0)
     assert d.ids == (2,)
