@@ -104,7 +104,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--training-queue",
         default="las",
-        help="NAME[,NAME...]: las (2D-LAS, Tiresias), fifo, srtf; each runs every placement",
+        help="NAME[,NAME...]: las (2D-LAS, Tiresias), fifo, srtf (knows each length: the oracle), predictive "
+        "(performance models); each runs every placement",
+    )
+    t.add_argument(
+        "--job-models",
+        default="",
+        help="JSON overrides of JobModelConfig (sloserve/sim/harvest_models.py): every queue runs on modeled jobs "
+        "(model classes, loss curves, deadlines, elastic widths); on whenever --training-queue has predictive",
     )
     t.add_argument(
         "--tenant-shares",
@@ -362,7 +369,14 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
     t = time.perf_counter()
     mode = a.mode if a.mode != "auto" else "fluid"
     try:
-        runs = run_harvest(specs, policies, placements, cfg, jobs, hcfg, pcfg, mode, not a.no_progress, queues=queues)
+        models = None
+        if a.job_models or "predictive" in queues:
+            from sloserve.sim.harvest_models import JobModelConfig
+
+            models = JobModelConfig.model_validate_json(a.job_models or "{}")
+        runs = run_harvest(
+            specs, policies, placements, cfg, jobs, hcfg, pcfg, mode, not a.no_progress, queues=queues, models=models
+        )
     except ValueError as e:
         raise SystemExit(f"sloserve sim: {e}") from None
     title = f"{a.trace or a.synthetic} + {a.training_trace}"
@@ -388,6 +402,14 @@ def _harvest_main(a: argparse.Namespace, specs: list, cfg, policies: list[str]) 
             f"jct_all_mean={_s(r['jct_all_mean_s'])} priority_preempt={r['priority_preemptions']} "
             f"wall={r['wall_s']:.1f}s"
         )
+        if "fairness_max" in r:
+            print(
+                f"{'':22s} jct_all_p99={_s(r['jct_all_p99_s'])} makespan={_s(r['makespan_s'])} "
+                f"last_finish={_s(r['last_finish_s'])} open={r['jobs_open_at_end']} "
+                f"deadlines met {r['deadline_met_admitted']}/{r['deadline_admitted']} admitted, "
+                f"{r['deadline_met_all']}/{r['deadline_jobs']} all; fairness_max={r['fairness_max']} "
+                f"pred_err_median={r['prediction_error_median']} predictable={r['predictable_share']}"
+            )
     print(f"wrote {path}")
     return 0
 

@@ -43,6 +43,8 @@ def _print(infos, as_json: bool) -> None:
         if i.queue_position is not None or i.attained_gpu_s is not None:
             place = f"#{i.queue_position} ({i.queue_reason})" if i.queue_position is not None else "-"
             print(f"{'':<20} queue: {place}, attained {i.attained_gpu_s or 0:.1f} GPU-s, preempted {i.preemptions}x")
+        if i.prediction:
+            print(f"{'':<20} model: {_prediction(i.prediction)}")
         if i.checkpoint:
             print(f"{'':<20} last checkpoint: {i.checkpoint}")
         for bad in i.corrupt_checkpoints:
@@ -51,6 +53,24 @@ def _print(infos, as_json: bool) -> None:
             print(f"{'':<20} failed:")
             for line in i.error.splitlines()[-10:]:
                 print(f"{'':<22}{line}")
+
+
+def _prediction(p: dict) -> str:
+    """One line of a job's prediction (docs/placement.md, "Reading a prediction")."""
+    if p.get("predictable"):
+        text = (
+            f"predictable, {p.get('remaining_s') or 0:.0f} s left ({p.get('remaining_iterations') or 0:.0f} iterations)"
+        )
+    else:
+        text = f"unpredictable ({p.get('reason')})"
+    errs = [f"{k} {100 * p[k + '_error']:.1f}%" for k in ("iteration", "loss") if p.get(k + "_error") is not None]
+    if errs:
+        text += ", held-out error " + ", ".join(errs)
+    if p.get("order"):
+        text += f"; ordered as {p['order']}"
+    if p.get("slo") is not None:
+        text += "; deadline: SLO-bound" if p["slo"] else f"; deadline: best-effort ({p.get('admission')})"
+    return text
 
 
 class _Remote:
@@ -129,6 +149,11 @@ def _submit(args) -> int:
             total_iterations=args.iterations,
             checkpoint_every=args.checkpoint_every,
             tenant=args.tenant,
+            model_class=args.model_class,
+            target_loss=args.target_loss,
+            max_workers=args.max_workers,
+            deadline_s=args.deadline_s,
+            iteration_time_s=args.iteration_time_s,
         )
         info = _jobs(args).submit(spec)
     except ValidationError as e:
@@ -204,6 +229,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--memory-mib", type=int, default=2048, help="device memory per GPU (placement)")
     s.add_argument("--iterations", type=int, default=None, help="the job's length, if known (placement hint)")
     s.add_argument("--checkpoint-every", type=int, default=50, help="iterations between checkpoints (placement hint)")
+    s.add_argument("--model-class", default=None, help="model class for the predictive queue's prior (e.g. resnet50)")
+    s.add_argument("--target-loss", type=float, default=None, help="loss at which the job is done (predictive queue)")
+    s.add_argument("--max-workers", type=int, default=None, help="elastic: the most workers the queue may give it")
+    s.add_argument(
+        "--deadline-s", type=float, default=None, help="finish within this many seconds (needs --iterations)"
+    )
+    s.add_argument(
+        "--iteration-time-s", type=float, default=None, help="profiled seconds per iteration (deadline jobs)"
+    )
     s.add_argument(
         "--tenant",
         default=None,

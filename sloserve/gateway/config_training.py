@@ -39,10 +39,11 @@ class TrainingSettings(BaseModel):
         default="cost-aware", description="Placement policy (sloserve/autoscaler/placement/policy.py)."
     )
     gpu_memory_mib: int = Field(default=16384, ge=1, description="Memory of one (emulated) GPU, for placement.")
-    queue: Literal["las", "fifo", "srtf"] = Field(
+    queue: Literal["las", "fifo", "srtf", "predictive"] = Field(
         default=PlacementConfig.model_fields["training_queue"].default,  # one default, the policy's
         description="Order of the jobs on harvested GPUs: las (Tiresias' 2D-LAS, with a starvation guard), "
-        "fifo, srtf (least remaining GPU-seconds first, for jobs that declare their length).",
+        "fifo, srtf (least remaining GPU-seconds first, for jobs that declare their length), predictive "
+        "(performance models: docs/placement.md, 'The predictive queue').",
     )
     tenant_shares: dict[str, float] = Field(
         default_factory=dict,

@@ -18,6 +18,7 @@ from sloserve.autoscaler.placement.types import PlacementConfig
 from sloserve.sim.control import ModelSpec
 from sloserve.sim.engine import SimConfig
 from sloserve.sim.harvest import PLACEMENTS, HarvestConfig, HarvestPlacement, static_config
+from sloserve.sim.harvest_models import MODEL_KEYS, JobModelConfig, ModeledHarvest
 from sloserve.sim.run import run_experiment
 from sloserve.sim.training_trace import JobSpec
 
@@ -70,8 +71,10 @@ def run_harvest(
     show_progress: bool = True,
     static_margin: float = 0.0,
     queues: list[str] | None = None,
+    models: JobModelConfig | None = None,
 ) -> dict[str, Any]:
-    """``queues``: training queues to run each placement with (default: ``pcfg``'s own)."""
+    """``queues``: training queues to run each placement with (default: ``pcfg``'s own). ``models``:
+    run every queue on modeled jobs (sloserve/sim/harvest_models.py; the predictive queue needs them)."""
     pcfg = pcfg or PlacementConfig(pack_small_replicas=False, substitute_types=False)
     queues = list(dict.fromkeys(queues or [pcfg.training_queue]))
     bad = [q for q in queues if q not in QUEUES]
@@ -86,9 +89,13 @@ def run_harvest(
                 pc = pcfg.model_copy(update={"training_queue": q})
                 if p == "static":
                     pc = static_config(pc, peak, static_margin) if peak else pc
-                runs = run_experiment(
-                    specs, [a], cfg, mode, lambda p=p, pc=pc: HarvestPlacement(p, jobs, types, hcfg, pc), show_progress
-                )
+
+                def hook(p: str = p, pc: PlacementConfig = pc) -> HarvestPlacement:
+                    if models is not None:
+                        return ModeledHarvest(p, jobs, types, hcfg, pc, models)
+                    return HarvestPlacement(p, jobs, types, hcfg, pc)
+
+                runs = run_experiment(specs, [a], cfg, mode, hook, show_progress)
                 res = runs[a]
                 if p == "none":
                     peak = res["placement"]["peak_inference_gpus_by_type"]
@@ -111,7 +118,7 @@ def summary_rows(runs: dict[str, Any]) -> list[dict]:
                 "training_queue": rep.get("training_queue"),
                 "slo_attainment": s["slo_attainment"],
                 "delta_points": None if b is None else 100 * (s["slo_attainment"] - b),
-                **{k: rep.get(k) for k in HARVEST_KEYS},
+                **{k: rep.get(k) for k in HARVEST_KEYS + MODEL_KEYS if k in rep},
                 "wall_s": res["wall_s"],
             }
         )

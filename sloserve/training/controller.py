@@ -54,6 +54,7 @@ from sloserve.training.harvest_jobs import HarvestJobs
 from sloserve.training.job import TrainingSpec
 from sloserve.training.leader import Leadership
 from sloserve.training.manager import JobInfo, TrainingManager
+from sloserve.training.perftrack import LivePredictions
 
 log = logging.getLogger("sloserve.harvest")
 TARGET_STATES = ("STARTING", "RUNNING", "UPDATING", "RECOVERING")
@@ -129,7 +130,8 @@ class HarvestController:
         )
         self.lead, self.last_to_stop = Leadership(self.manager.dir), last_to_stop
         self._wake, self._stop = threading.Event(), threading.Event()
-        self.jobs_api = HarvestJobs(self.manager, on_change=lambda: self._wake.set(), annotate=self._annotate)
+        self.predictions = LivePredictions(metrics, clock)  # the predictive queue's measurements and answers
+        self.jobs_api = HarvestJobs(self.manager, lambda: self._wake.set(), self._annotate, self.predictions.admit)
         self.policy_name = t.policy
         self._policy = get_policy(t.policy)
         frac = settings.replica_gpu_fraction
@@ -196,7 +198,7 @@ class HarvestController:
 
     def _annotations(self) -> dict[str, dict]:
         """Per job what only the placing controller knows: attained service and queue place."""
-        out: dict[str, dict] = {j: {"attained_gpu_s": round(m.attained_gpu_s, 3)} for j, m in self._jobs.items()}
+        out = self.predictions.annotations({j: m.attained_gpu_s for j, m in self._jobs.items()})  # (+ predictions)
         d = self.last_decision
         for e in d.training_queue if d is not None else ():
             out.setdefault(e.job_id, {}).update(queue_position=e.position, queue_reason=e.reason)
@@ -256,6 +258,7 @@ class HarvestController:
         snap = self._snapshot(serve_view, holders, infos, now)
         decision, self.state = self._policy(snap, self.config, self.state, now)
         self.last_decision = decision
+        self.predictions.after_decision(snap, decision, self.config)
         self._export(snap, infos, now)
         for key, (_dev, target, _running) in serve_view.items():
             if target > holders.get(key, 0):
@@ -347,6 +350,7 @@ class HarvestController:
                 new_ck = int(p["checkpoint_iteration"]) // every - mem.checkpoint_iteration // every
                 if new_ck > 0:
                     self.metrics.checkpoints.labels("periodic").inc(new_ck)
+            self.predictions.observe_round(job_id, info, p, mem, now)  # (before mem moves on)
             mem.iteration, mem.checkpoint_iteration = it, int(p["checkpoint_iteration"])
             if info.state == "finished" and not mem.completed:
                 mem.completed = True
@@ -381,7 +385,7 @@ class HarvestController:
                 mem.started_s = now
                 taken.update(mem.gpu_ids)
             s = mem.spec
-            it_s = mem.iteration_time_s or 0.01
+            it_s = mem.iteration_time_s or s.iteration_time_s or 0.01
             if info.state == "running" and self._last_tick is not None:
                 mem.attained_gpu_s += (now - self._last_tick) * max(len(mem.gpu_ids), 1)
             jobs.append(
@@ -403,6 +407,7 @@ class HarvestController:
                     preempting=job_id in self._preempting,
                     tenant=s.tenant or "default",
                     min_gpus=s.min_workers,
+                    perf=self.predictions.perf_for(s),
                 )
             )
         replicas, targets = [], []

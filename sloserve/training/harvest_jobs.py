@@ -12,14 +12,16 @@ class HarvestJobs:
     """The job API the REST router serves in harvest mode: a submitted job is queued and the
     controller places it; a job preempted by hand stays held (in its record) until resumed by hand."""
 
-    def __init__(self, manager: TrainingManager, on_change=None, annotate=None):
+    def __init__(self, manager: TrainingManager, on_change=None, annotate=None, admit=None):
         self.m, self._on_change = manager, on_change or (lambda: None)
         self._annotate = annotate or (lambda info: info)
+        self._admit = admit or (lambda spec: None)  # a deadline job: admitted, best-effort, or JobRejected
 
     def is_held(self, job_id: str) -> bool:
         return self.m.held(job_id)
 
     def submit(self, spec: TrainingSpec) -> JobInfo:
+        self._admit(spec)
         info = self.m.submit(spec, start=False)
         self._on_change()
         return self._annotate(info)

@@ -19,7 +19,9 @@ import traceback
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sloserve.autoscaler.placement.perfmodel import GPU_GENERATION, MODEL_CLASSES, known_gpu_type
 
 Status = Literal["queued", "running", "preempted", "finished", "cancelled", "failed"]  # a job's state
 PreemptOutcome = Literal["checkpointed", "killed"]
@@ -59,11 +61,48 @@ class TrainingSpec(BaseModel):
     tenant: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Team the job belongs to."
     )
+    # the predictive queue's inputs (docs/placement.md, "The predictive queue")
+    model_class: str | None = Field(
+        default=None,
+        description="Class of the model, the performance model's prior (resnet50, resnet18, transformer, lm, "
+        "recommendation, a3c, cyclegan); None: no model, the predictive queue orders it by 2D-LAS.",
+    )
+    target_loss: float | None = Field(
+        default=None, gt=0, description="Loss at which the job is done; its fitted loss curve predicts when."
+    )
+    max_workers: int | None = Field(
+        default=None, ge=1, le=64, description="Elastic: the predictive queue may size the gang up to this."
+    )
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=10**8,
+        description="Finish within this many seconds of submission: admitted as SLO-bound only if the model "
+        "says it can (else it runs best-effort, and the answer says so); needs total_iterations.",
+    )
+    iteration_time_s: float | None = Field(
+        default=None, gt=0, le=3600, description="Seconds per iteration on its gang, as profiled (first estimate)."
+    )
+
+    @field_validator("model_class")
+    @classmethod
+    def _known_class(cls, v: str | None) -> str | None:
+        if v is not None and v not in MODEL_CLASSES:
+            raise ValueError(f"unknown model class {v!r}; known: {sorted(MODEL_CLASSES)}")
+        return v
 
     @model_validator(mode="after")
     def _min_le_workers(self) -> TrainingSpec:
         if self.min_workers is not None and self.min_workers > self.workers:
             raise ValueError(f"min_workers ({self.min_workers}) is more than workers ({self.workers})")
+        if self.max_workers is not None and self.max_workers < self.workers:
+            raise ValueError(f"max_workers ({self.max_workers}) is less than workers ({self.workers})")
+        if self.model_class is not None and not known_gpu_type(self.gpu_type):
+            raise ValueError(
+                f"gpu_type {self.gpu_type!r} has no speed in the performance model; known: {sorted(GPU_GENERATION)}"
+            )
+        if self.deadline_s is not None and (self.total_iterations is None or self.model_class is None):
+            raise ValueError("deadline_s needs total_iterations and model_class (to check that it can make it)")
         return self
 
     @property

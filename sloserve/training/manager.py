@@ -96,6 +96,8 @@ class JobInfo:
     attained_gpu_s: float | None = None
     queue_position: int | None = None
     queue_reason: str | None = None
+    # the predictive queue's view: predictable, why, predicted remaining time, held-out errors, order, SLO
+    prediction: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

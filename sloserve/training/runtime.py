@@ -149,6 +149,8 @@ class TrainingDriver:
             self.st["checkpoint"] = f"run-{self.st['run']}/checkpoint_{iteration:010d}"
             if "loss" in metrics:
                 self.st["loss"] = metrics["loss"]
+            if "eval_loss" in metrics:  # the loss curve the performance model fits
+                self.st["eval_loss"] = metrics["eval_loss"]
             self._write()
 
     def progress(self) -> dict:

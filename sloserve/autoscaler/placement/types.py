@@ -23,6 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sloserve.autoscaler.placement.perfmodel import JobPerf, PredictiveConfig
+
 # ---------------------------------------------------------------- snapshot
 
 
@@ -85,6 +87,7 @@ class TrainingJob:
     preempting: bool = False  # asked to stop, still holding its GPUs (grace period)
     tenant: str = "default"  # whose job it is (``PlacementConfig.tenant_shares`` caps each tenant)
     min_gpus: int | None = None  # elastic: runs on any gang size from this to num_gpus (None: only num_gpus)
+    perf: JobPerf | None = None  # its model class, targets and measurements (the predictive queue's input)
 
     @property
     def gang(self) -> int:
@@ -192,11 +195,16 @@ class PlacementConfig(BaseModel):
         default="most-recent", description="cost-blind policy: which running job it preempts."
     )
     seed: int = Field(default=0, description="Seed of the cost-blind random choice (with the round number).")
-    training_queue: Literal["las", "fifo", "srtf"] = Field(
+    training_queue: Literal["las", "fifo", "srtf", "predictive"] = Field(
         default="las",
         description="Order of the training jobs on harvested GPUs (sloserve/autoscaler/placement/queue.py): las = "
         "Tiresias' discretized two-dimensional least attained service; fifo = submit order; srtf = least "
-        "remaining GPU-seconds first (jobs that declare their length; the others after, in submit order).",
+        "remaining GPU-seconds first (jobs that declare their length; the others after, in submit order); "
+        "predictive = predictable jobs by predicted remaining service, the others by 2D-LAS, one queue "
+        "(sloserve/autoscaler/placement/predictive.py).",
+    )
+    predictive: PredictiveConfig = Field(
+        default_factory=PredictiveConfig, description="predictive queue: performance-model knobs."
     )
     las_thresholds_gpu_s: tuple[float, ...] = Field(
         default=(3250.0,),
@@ -356,6 +364,8 @@ class QueueEntry:
     tenant: str
     gpu_type: str | None = None  # the type it runs on, or is started on
     gpus: int = 0  # the gang it runs on, starts on or is resized to (0 while it waits)
+    order_class: str = ""  # predictive: why it sits where it does (predictable, las, slo, starved, fairness)
+    predicted_remaining_s: float | None = None  # predictive: the model's remaining time (predictable jobs)
 
 
 @dataclass(frozen=True, slots=True)
