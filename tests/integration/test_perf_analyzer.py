@@ -1,7 +1,6 @@
 """Triton's perf_analyzer, with its defaults (only the model, the URL and the protocol), against the
-in-process gateway: over HTTP and gRPC, on digits and on heavy (whose random FP32 data holds NaN and
-Inf, which the gateway accepts by default as Triton does). One run per protocol per model: each is
-perf_analyzer's own 5 s windows until three agree within 10%; a run that never stabilises is run once more, and
+in-process gateway: heavy over HTTP (its random FP32 data holds NaN and Inf, which the gateway accepts by
+default as Triton does) and digits over gRPC. Each run is perf_analyzer's own 5 s windows until three agree within 10%; a run that never stabilises is run once more, and
 skipped, saying so, if it fails again while the host's load average is above its core count."""
 
 import os
@@ -30,8 +29,9 @@ def gateway(model_repo):
     srv.stop()
 
 
-@pytest.mark.parametrize("model", ["digits", "heavy"])
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+# heavy's 1,024 random FP32 values hold non-finite ones (its refusal was the failure to fix); digits over
+# gRPC is the stabilisation case. Each run takes perf_analyzer's own windows (5 s, three alike at least).
+@pytest.mark.parametrize(("protocol", "model"), [("http", "heavy"), ("grpc", "digits")])
 def test_perf_analyzer_with_its_defaults(tool, gateway, model, protocol):
     url = gateway.http_url if protocol == "http" else gateway.grpc_url
     for _ in range(2):
