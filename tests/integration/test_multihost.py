@@ -159,7 +159,9 @@ class Holder:
             if head == "ERROR":
                 raise AssertionError(f"the cluster holder: {rest}")
             if head == word:
-                return json.loads(rest)
+                # Ray's workers share the holder's stdout: a warning of theirs (a node killed) can land
+                # on the same line, after the answer; the answer is the JSON value that starts it
+                return json.JSONDecoder().raw_decode(rest)[0]
 
     def said(self) -> str:
         self.err.seek(0)
