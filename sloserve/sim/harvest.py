@@ -103,6 +103,7 @@ class _Job:
     release_s: float | None = None  # preempting: when its GPUs are released
     run: int = 0
     finished_s: float | None = None
+    rate: float = 1.0  # reference work seconds per wall second in the current run (a modelled job's speed)
 
     @property
     def interval_s(self) -> float:
@@ -118,13 +119,13 @@ class _Job:
             return self.base_s, self.base_s
         k = math.floor(e / c)
         rem = e - k * c
-        done = self.base_s + k * w + min(rem, w)
-        return min(done, self.spec.work_s), min(self.base_s + k * w, self.spec.work_s)
+        done = self.base_s + (k * w + min(rem, w)) * self.rate
+        return min(done, self.spec.work_s), min(self.base_s + k * w * self.rate, self.spec.work_s)
 
     def finish_time(self) -> float:
         if self.s0 is None:
             raise RuntimeError(f"job {self.spec.job_id} is not running: no finish time")
-        left = self.spec.work_s - self.base_s
+        left = (self.spec.work_s - self.base_s) / self.rate
         w = self.interval_s
         full = max(math.ceil(left / w - 1e-9) - 1, 0)
         return self.s0 + self.overhead_s + full * (w + self.write_s) + (left - full * w)

@@ -104,32 +104,11 @@ class _Truth:
 @dataclass
 class _MJob(_Job):
     truth: _Truth | None = None
-    rate: float = 1.0  # reference work seconds per wall second in the current run
     segments: list[tuple[float, str, int]] = field(default_factory=list)  # (iteration, type, width) of each run
     obs_n: int = -1
     obs: tuple[tuple, tuple] = ((), ())
     slo: bool | None = None
     admitted_finish_s: float | None = None
-
-    def progress(self, t: float) -> tuple[float, float]:
-        if self.s0 is None:
-            return self.base_s, self.base_s
-        w, c = self.interval_s, self.interval_s + self.write_s
-        e = t - self.s0 - self.overhead_s
-        if e <= 0:
-            return self.base_s, self.base_s
-        k = math.floor(e / c)
-        rem = e - k * c
-        done = self.base_s + (k * w + min(rem, w)) * self.rate
-        return min(done, self.spec.work_s), min(self.base_s + k * w * self.rate, self.spec.work_s)
-
-    def finish_time(self) -> float:
-        if self.s0 is None:
-            raise RuntimeError(f"job {self.spec.job_id} is not running: no finish time")
-        left = (self.spec.work_s - self.base_s) / self.rate
-        w = self.interval_s
-        full = max(math.ceil(left / w - 1e-9) - 1, 0)
-        return self.s0 + self.overhead_s + full * (w + self.write_s) + (left - full * w)
 
 
 def draw_truths(specs: list[JobSpec], hcfg: HarvestConfig, mcfg: JobModelConfig, max_gpus: int) -> list[_Truth]:
@@ -329,7 +308,7 @@ class ModeledHarvest(HarvestPlacement):
             lost = done - ckpt
             j.base_s = ckpt
             self.killed += 1
-        rate = j.rate if isinstance(j, _MJob) else 1.0
+        rate = j.rate
         self.preemptions += 1
         self.preempted_gpus += gang
         self.lost_gpu_s += lost / rate * gang
