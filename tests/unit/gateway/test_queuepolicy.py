@@ -1,6 +1,7 @@
 """Triton's queue policy: priority levels, a request's queue timeout (REJECT / DELAY), a level's queue size."""
 
 import asyncio
+import re
 
 import numpy as np
 import pytest
@@ -115,3 +116,24 @@ async def test_a_full_level_refuses_with_tritons_error():
     runner.gate.set()
     await asyncio.gather(first, second, other)
     await b.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ({"timeout": -1}, "parameter 'timeout' must be a non-negative integer (microseconds)"),
+        ({"timeout": 1.5}, "parameter 'timeout' must be a non-negative integer (microseconds)"),
+        ({"timeout": "100"}, "parameter 'timeout' must be a non-negative integer (microseconds)"),
+        ({"timeout": True}, "parameter 'timeout' must be a non-negative integer (microseconds)"),
+        ({"timeout": 2**63}, "parameter 'timeout' must be a non-negative integer (microseconds)"),
+        ({"priority": "high"}, "parameter 'priority' must be an integer"),
+        ({"priority": 1.0}, "parameter 'priority' must be an integer"),
+        ({"priority": 2**64}, "parameter 'priority' must be an integer"),
+    ],
+)
+def test_a_bad_timeout_or_priority_is_a_client_error_naming_the_parameter(raw, says):
+    from sloserve.gateway.errors import InvalidArgument
+    from sloserve.gateway.transports.codec import parse_params
+
+    with pytest.raises(InvalidArgument, match=re.escape(says)):
+        parse_params(raw)
