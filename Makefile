@@ -51,7 +51,7 @@ dashboards: $(TEST_STAMP) models
 # The whole suite: the standing checks, unit tests (no Ray, no sleeps) and integration tests
 # (real servers, real Ray). The full install first, so the models' build finds the serving one done.
 test: $(TEST_STAMP) models lint
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 tests
 
 # Lint and format (ruff), types (mypy), and the layers of docs/architecture.md (import-linter).
 lint: $(TEST_STAMP)

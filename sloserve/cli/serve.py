@@ -58,6 +58,9 @@ def settings_from_args(args: argparse.Namespace, config: str | Path | None) -> S
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from sloserve.gateway import earlystop
+
+    earlystop.hold()  # a stop asked for from here on is honoured, however long start-up takes
     from sloserve.gateway.config import ConfigError
     from sloserve.gateway.config_tracing import TracingConfigError, resolve
 

@@ -18,7 +18,7 @@ import sys
 import grpc
 import uvicorn
 
-from sloserve.gateway import tracing
+from sloserve.gateway import earlystop, tracing
 from sloserve.gateway.backends.base import Backend, ModelLoadError
 from sloserve.gateway.backends.ray_book import shared_models
 from sloserve.gateway.backends.threads import InProcessBackend
@@ -286,6 +286,9 @@ async def serve(settings: Settings, role: WorkerRole | None = None) -> None:
 
     take_signals()
     try:
+        if earlystop.requested():  # SIGTERM/SIGINT before this point: stop before Ray starts
+            print("sloserve: stop requested during start-up; shutting down", flush=True)
+            return
         try:
             gw.prepare()  # the embedded Ray starts here, before any server thread (see Gateway.prepare)
         except SystemExit:  # SIGTERM inside ray.init: Ray's handler raised it, and Ray has cleaned up

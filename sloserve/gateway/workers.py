@@ -48,6 +48,7 @@ from typing import Any
 
 import psutil
 
+from sloserve.gateway import earlystop
 from sloserve.gateway.backends.proctree import die_with_parent
 from sloserve.gateway.config import Settings, WorkerRole
 
@@ -259,7 +260,7 @@ def run_workers(settings: Settings, count: int) -> int:
         print(f"sloserve: {e}", file=sys.stderr, flush=True)
         return 2
     sup = Supervisor(settings, count)
-    stop = {"now": False}
+    stop = {"now": earlystop.requested()}  # a stop that came while the repository loaded
 
     def on_signal(signum, frame) -> None:
         stop["now"] = True
@@ -270,6 +271,8 @@ def run_workers(settings: Settings, count: int) -> int:
 
     take_signals()
     try:
+        if stop["now"]:
+            return 0
         sup.start_ray()
         take_signals()  # ray.init may have installed its own
         if stop["now"]:
