@@ -28,7 +28,7 @@ from sloserve.gateway.limits import size_limits
 from sloserve.gateway.metrics import Metrics
 from sloserve.gateway.modelstate import ModelState
 from sloserve.gateway.repository import ModelManager
-from sloserve.gateway.requestcheck import allowed_variants, validate
+from sloserve.gateway.requestcheck import allowed_variants, to_wire, validate
 from sloserve.gateway.types import InferRequest, InferResponse
 from sloserve.models.repository import LoadedModel, ModelRepository
 
@@ -261,7 +261,7 @@ class DataPlane:
             self.metrics.observe_request(m.config.name, variant, "ok", latency, done <= target)
         self.metrics.phases.observe(m.config.name, variant, out.queue_s, out.compute_s)
         m.stats.success(latency, out.queue_s, out.compute_s, rows, time.time())
-        outputs = out.outputs
+        outputs = to_wire(m, out.outputs)
         if req.outputs is not None:
             outputs = {o.name: outputs[o.name] for o in req.outputs}
         return InferResponse(

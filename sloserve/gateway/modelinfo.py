@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from sloserve.models.repository import ModelConfig, TritonSettings
+from sloserve.models.schema import DynamicBatching, QueuePolicy
 
 # V2 datatype -> Triton's model config DataType (model_config.proto)
 TRITON_TYPE = {
@@ -44,8 +45,9 @@ TRITON_TYPE = {
 
 def triton_config(cfg: ModelConfig, policy: str, triton: TritonSettings | None = None) -> dict[str, Any]:
     """``cfg`` as Triton's ``ModelConfig`` JSON. What Triton's schema has no field for (the SLO, the
-    accuracy variants, the batching policy) is in ``parameters``, each a ``string_value``. A model read
-    from a Triton config.pbtxt (``triton``) also shows its dynamic batching, instance groups and file name."""
+    accuracy variants, the batching policy) is in ``parameters``, each a ``string_value``. A model with a
+    ``dynamic_batching`` block shows it; one read from a Triton config.pbtxt (``triton``) also shows its
+    instance groups and file name."""
 
     def tensors(specs) -> list[dict[str, Any]]:
         return [{"name": t.name, "data_type": TRITON_TYPE[t.datatype], "dims": list(t.shape)} for t in specs]
@@ -70,34 +72,38 @@ def triton_config(cfg: ModelConfig, policy: str, triton: TritonSettings | None =
     }
     if versions:
         out["version_policy"] = {"specific": {"versions": versions}}
+    if cfg.dynamic_batching is not None:
+        out["dynamic_batching"] = dynamic_batching_config(cfg.dynamic_batching)
     if triton is not None:
         out.update(triton_settings_config(triton))
     return out
 
 
+def dynamic_batching_config(db: DynamicBatching) -> dict[str, Any]:
+    """``dynamic_batching`` in Triton's ``ModelConfig`` JSON."""
+
+    def queue(q: QueuePolicy) -> dict[str, Any]:
+        return {
+            "timeout_action": q.timeout_action,
+            "default_timeout_microseconds": q.default_timeout_us,
+            "allow_timeout_override": q.allow_timeout_override,
+            "max_queue_size": q.max_queue_size,
+        }
+
+    return {
+        "preferred_batch_size": list(db.preferred_batch_sizes),
+        "max_queue_delay_microseconds": db.max_queue_delay_us,
+        "preserve_ordering": db.preserve_ordering,
+        "priority_levels": db.priority_levels,
+        "default_priority_level": db.default_priority_level,
+        "default_queue_policy": queue(db.default_queue_policy),
+        "priority_queue_policy": {str(k): queue(v) for k, v in db.priority_queue_policy.items()},
+    }
+
+
 def triton_settings_config(t: TritonSettings) -> dict[str, Any]:
     """The config.pbtxt settings sloserve keeps, in Triton's ``ModelConfig`` JSON."""
     out: dict[str, Any] = {"default_model_filename": t.model_filename}
-    db = t.dynamic_batching
-    if db is not None:
-
-        def queue(q):
-            return {
-                "timeout_action": q.timeout_action,
-                "default_timeout_microseconds": q.default_timeout_us,
-                "allow_timeout_override": q.allow_timeout_override,
-                "max_queue_size": q.max_queue_size,
-            }
-
-        out["dynamic_batching"] = {
-            "preferred_batch_size": list(db.preferred_batch_sizes),
-            "max_queue_delay_microseconds": db.max_queue_delay_us,
-            "preserve_ordering": db.preserve_ordering,
-            "priority_levels": db.priority_levels,
-            "default_priority_level": db.default_priority_level,
-            "default_queue_policy": queue(db.default_queue_policy),
-            "priority_queue_policy": {str(k): queue(v) for k, v in db.priority_queue_policy.items()},
-        }
     if t.instance_groups:
         out["instance_group"] = [
             {"name": g.name, "kind": g.kind, "count": g.count, "gpus": list(g.gpus)} for g in t.instance_groups

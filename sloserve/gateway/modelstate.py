@@ -43,10 +43,15 @@ class ModelState:
             cfg = cfg.model_copy(update={"slo_ms": over.slo_ms})
         self.config: ModelConfig = cfg
         self.triton = loaded.triton  # a Triton model's config.pbtxt settings (its versions are its variants)
-        self.queue = QueueRules.of(loaded.triton)  # priority levels and queue timeouts (Triton's)
+        self.queue = QueueRules.of(loaded.config.dynamic_batching)  # priority levels and queue timeouts (Triton's)
         self.inputs = {t.name: t for t in cfg.inputs}
         self.input_names = tuple(self.inputs)  # what a transport checks before it decodes a request
         self.outputs = {t.name: t for t in cfg.outputs}
+        # A Triton tensor whose config 'reshape' differs from its 'dims': clients see the dims (metadata,
+        # requests, answers), the model takes the reshape (the tensor's shape in cfg).
+        reshape = loaded.triton.reshape if loaded.triton is not None else {}
+        self.wire_inputs = {n: tuple(d) for n, d in reshape.items() if n in self.inputs}
+        self.wire_outputs = {n: tuple(d) for n, d in reshape.items() if n in self.outputs}
         self.by_accuracy = [v.name for v in cfg.variants_by_accuracy]
         best = cfg.best_variant
         self.default_variants = tuple([best] + [v for v in self.by_accuracy if v != best])
@@ -115,8 +120,14 @@ class ModelState:
             "name": c.name,
             "versions": list(c.versions),
             "platform": c.platform,
-            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in c.inputs],
-            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in c.outputs],
+            "inputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": [-1, *self.wire_inputs.get(t.name, t.shape)]}
+                for t in c.inputs
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": [-1, *self.wire_outputs.get(t.name, t.shape)]}
+                for t in c.outputs
+            ],
             "parameters": {
                 "max_batch_size": c.max_batch_size,
                 "slo_ms": c.slo_ms,

@@ -1,11 +1,11 @@
 """A model's queue policy, Triton's way: priority levels and, per level, a request's queue timeout, what
-happens when it passes, and the level's queue size (``dynamic_batching`` of a config.pbtxt).
+happens when it passes, and the level's queue size (``dynamic_batching`` of a config.pbtxt, or the same
+key in a config.json).
 
-A model read from a Triton config.pbtxt with a ``dynamic_batching`` block follows it as written: its
-``default_queue_policy`` (and ``priority_queue_policy`` per level), ``priority_levels`` and
-``default_priority_level``. Every other model (sloserve's own config.json, or a config.pbtxt without
-``dynamic_batching``) gets :data:`SLOSERVE_QUEUE`: no default timeout, a request's own ``timeout``
-honoured, no queue size per level (``max_queue_rows`` still bounds the queue), no priority levels.
+A model with a ``dynamic_batching`` block follows it as written: its ``default_queue_policy`` (and
+``priority_queue_policy`` per level), ``priority_levels`` and ``default_priority_level``. A model without
+one gets :data:`SLOSERVE_QUEUE`: no default timeout, a request's own ``timeout`` honoured, no queue size
+per level (``max_queue_rows`` still bounds the queue), no priority levels.
 
 A request's ``priority`` takes Triton's numbering: 1 is the highest level, ``priority_levels`` the lowest;
 0, or anything outside 1..priority_levels, takes ``default_priority_level``. Its ``timeout``
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sloserve.batching.queuelimit import QueueLimit
-from sloserve.models.schema import QueuePolicy, TritonSettings
+from sloserve.models.schema import DynamicBatching, QueuePolicy
 
 SLOSERVE_QUEUE = QueuePolicy(allow_timeout_override=True)
 
@@ -31,8 +31,7 @@ class QueueRules:
     per_level: dict[int, QueuePolicy] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, triton: TritonSettings | None) -> QueueRules:
-        db = triton.dynamic_batching if triton is not None else None
+    def of(cls, db: DynamicBatching | None) -> QueueRules:
         if db is None:
             return cls()
         levels = db.priority_levels

@@ -41,6 +41,7 @@ from sloserve.models.repository import (
     load_model_dir,
     relative_to_repository,
 )
+from sloserve.models.schema import DynamicBatching
 
 log = logging.getLogger("sloserve.repository")
 
@@ -159,6 +160,7 @@ class ConfigOverride(BaseModel):
     variants: tuple[VariantConfig, ...] | None = Field(default=None, min_length=1)
     default_variant: str | None = None
     batching: BatchingOverride | None = None
+    dynamic_batching: DynamicBatching | None = None
     description: str | None = None
 
     def as_config(self) -> dict[str, Any]:

@@ -28,10 +28,13 @@ def validate(m: ModelState, req: InferRequest) -> tuple[dict[str, np.ndarray], i
         if datatype != spec.datatype:
             raise InvalidArgument(f"input '{name}' has datatype {datatype}; model '{cfg.name}' expects {spec.datatype}")
         want = [-1, *spec.shape]
-        if arr.ndim != len(want) or any(w != -1 and w != d for w, d in zip(want, arr.shape, strict=False)):
+        wire = m.wire_inputs.get(name)
+        if wire is not None and _fits(arr.shape, [-1, *wire]):
+            arr = _reshape(arr, spec.shape, name)  # Triton's reshape: the model takes the config's reshape
+        elif not _fits(arr.shape, want):
             raise InvalidArgument(
-                f"input '{name}' has shape {list(arr.shape)}; model '{cfg.name}' expects {want} "
-                f"(first dimension = batch rows, 1..{cfg.max_batch_size})"
+                f"input '{name}' has shape {list(arr.shape)}; model '{cfg.name}' expects "
+                f"{[-1, *wire] if wire is not None else want} (first dimension = batch rows, 1..{cfg.max_batch_size})"
             )
         n = arr.shape[0]
         if n < 1:
@@ -51,6 +54,36 @@ def validate(m: ModelState, req: InferRequest) -> tuple[dict[str, np.ndarray], i
             if o.name not in m.outputs:
                 raise InvalidArgument(f"model '{cfg.name}' has no output '{o.name:.64}'; outputs: {list(m.outputs)}")
     return arrays, rows or 0
+
+
+def _fits(shape: tuple[int, ...], want: list[int]) -> bool:
+    return len(shape) == len(want) and all(w == -1 or w == d for w, d in zip(want, shape, strict=True))
+
+
+def _reshape(arr: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """``arr``'s rows in ``shape`` (a view); a clear error when the elements do not fit it."""
+    try:
+        return arr.reshape(arr.shape[0], *shape)
+    except ValueError:
+        raise InvalidArgument(
+            f"input '{name}' has shape {list(arr.shape)}, whose rows do not reshape to {list(shape)}"
+        ) from None
+
+
+def to_wire(m: ModelState, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The answer's tensors in the shapes clients see: a Triton output whose config 'reshape' differs
+    from its 'dims' goes back in the dims, as Triton sends it."""
+    if not m.wire_outputs:
+        return outputs
+    out = dict(outputs)
+    for name, dims in m.wire_outputs.items():
+        arr = out.get(name)
+        if arr is not None and arr.ndim >= 1 and sum(d < 0 for d in dims) <= 1:
+            try:
+                out[name] = arr.reshape(arr.shape[0], *dims)
+            except ValueError:  # a model that answers another size than its config says: left as it is
+                pass
+    return out
 
 
 def allowed_variants(m: ModelState, req: InferRequest) -> tuple[str, ...]:

@@ -64,7 +64,8 @@ class QueuePolicy(BaseModel):
 
 
 class DynamicBatching(BaseModel):
-    """Triton's ``dynamic_batching`` of a config.pbtxt, as written (for the gateway to honour)."""
+    """Triton's ``dynamic_batching``: a config.pbtxt's block as written, or config.json's
+    ``dynamic_batching`` key in the same shape (the gateway honours both alike)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -101,7 +102,6 @@ class TritonSettings(BaseModel):
         description="A request naming no version may be served by another version than the default one "
         "(sloserve's accuracy variants); False: only by the default one, as Triton serves the latest.",
     )
-    dynamic_batching: DynamicBatching | None = None
     instance_groups: tuple[InstanceGroup, ...] = ()
     reshape: dict[str, tuple[int, ...]] = Field(
         default_factory=dict,
@@ -117,6 +117,15 @@ class TritonSettings(BaseModel):
     @classmethod
     def _safe(cls, v: str) -> str:
         return check_name("default_model_filename", v)
+
+    def replicas(self) -> int | None:
+        """Replicas per version from ``instance_group``: the groups' counts added up (None: no group)."""
+        return sum(g.count for g in self.instance_groups) or None
+
+    def on_cpu(self) -> bool:
+        """Every ``instance_group`` is ``KIND_CPU``: the model computes on the CPU even where a GPU is
+        visible. ``KIND_GPU`` and ``KIND_AUTO`` leave it to the server's ``device`` setting."""
+        return bool(self.instance_groups) and all(g.kind == "KIND_CPU" for g in self.instance_groups)
 
 
 class ModelConfig(BaseModel):
@@ -144,6 +153,13 @@ class ModelConfig(BaseModel):
         default_factory=dict,
         description="Batching policy name and its keyword arguments (default: the server's default_policy).",
     )
+    dynamic_batching: DynamicBatching | None = Field(
+        default=None,
+        description="Triton's queue policy (a config.pbtxt's dynamic_batching, or the same keys in config.json): "
+        "priority_levels, default_priority_level, default_queue_policy and priority_queue_policy (timeout_action "
+        "REJECT or DELAY, default_timeout_us, allow_timeout_override, max_queue_size). max_queue_delay_us and "
+        "preferred_batch_sizes are the 'fixed' batching policy's defaults; other policies choose their own.",
+    )
     description: str = ""
 
     @field_validator("name")
@@ -162,8 +178,40 @@ class ModelConfig(BaseModel):
             n += rows * math.prod(t.shape)
         return n
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fixed_from_dynamic_batching(cls, data: object) -> object:
+        """The ``fixed`` policy (Triton's dynamic batcher) takes dynamic_batching's queue delay and
+        preferred sizes unless ``batching`` gives its own."""
+        if not isinstance(data, dict):
+            return data
+        batching, db = data.get("batching"), data.get("dynamic_batching")
+        if not (isinstance(batching, dict) and batching.get("policy") == "fixed" and isinstance(db, dict)):
+            return data
+        knobs = {"max_queue_delay_ms": db.get("max_queue_delay_us", 0) / 1000.0}
+        if db.get("preferred_batch_sizes"):
+            knobs["preferred_batch_sizes"] = list(db["preferred_batch_sizes"])
+        return {**data, "batching": {**knobs, **batching}}
+
     @model_validator(mode="after")
     def _cross(self) -> ModelConfig:
+        db = self.dynamic_batching
+        if db is not None:
+            big = [b for b in db.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
+            if big:
+                raise ValueError(
+                    f"dynamic_batching.preferred_batch_sizes {big} outside 1..max_batch_size ({self.max_batch_size})"
+                )
+            if db.default_priority_level > db.priority_levels:
+                raise ValueError(
+                    f"dynamic_batching.default_priority_level {db.default_priority_level} is above priority_levels "
+                    f"{db.priority_levels}"
+                )
+            bad = sorted(k for k in db.priority_queue_policy if not 1 <= k <= db.priority_levels)
+            if bad:
+                raise ValueError(
+                    f"dynamic_batching.priority_queue_policy levels {bad} outside 1..priority_levels ({db.priority_levels})"
+                )
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate variant names in {names}")

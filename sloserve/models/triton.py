@@ -13,10 +13,12 @@ is a variant of the model named by its number; ``ModelConfig.versions`` lists th
 Honoured: ``name`` (the folder's), ``platform: "onnxruntime_onnx"`` or ``backend: "onnxruntime"``,
 ``max_batch_size``, ``input``/``output`` (``data_type``, ``dims``, ``reshape``; completed from the
 graph of the highest served version when the config lists none, as Triton's auto-complete does),
-``version_policy``, ``default_model_filename``, ``parameters`` (below). Kept in
-:class:`~sloserve.models.repository.TritonSettings` (``LoadedModel.triton``) for the gateway: ``dynamic_batching`` (and, with
-the parameter ``batching_policy: "fixed"``, turned into sloserve's ``fixed`` policy, Triton's dynamic
-batcher), ``instance_group`` (``count``, ``kind``, ``gpus``).
+``version_policy``, ``default_model_filename``, ``parameters`` (below), ``dynamic_batching`` (into
+``ModelConfig.dynamic_batching``: its queue policy, and with the parameter ``batching_policy: "fixed"``
+the delay and preferred sizes of sloserve's ``fixed`` policy, Triton's dynamic batcher). Kept in
+:class:`~sloserve.models.repository.TritonSettings` (``LoadedModel.triton``) for the gateway:
+``instance_group`` (its counts are the replicas per version; all ``KIND_CPU`` keeps the model on the
+CPU), the tensors' ``reshape`` (clients see the ``dims``).
 
 ``max_batch_size``: above 0, the first dimension of every tensor is the batch and ``dims`` leave it
 out (sloserve's own rule). 0 (or absent) with no ``input``/``output`` listed and a graph whose every
@@ -27,11 +29,12 @@ refused: sloserve batches along the first dimension, so it must be the batch (``
 or 1.
 
 ``reshape``: the model takes ``reshape.shape``; sloserve's tensor shape is that one, and
-``TritonSettings.reshape`` keeps the config's ``dims`` for the gateway.
+``TritonSettings.reshape`` keeps the config's ``dims``, in which the gateway takes and answers the
+tensor (as Triton does; the model's own shape is accepted too).
 
 Accepted, not honoured (``TritonSettings.ignored`` names them): ``optimization``, ``model_warmup``,
 ``response_cache``, ``model_metrics``, ``metric_tags``, ``instance_group.rate_limiter`` /
-``host_policy`` / ``profile``, ``output.label_filename``, ``input.format``, and ONNX Runtime backend
+``host_policy`` / ``profile`` / ``gpus``, ``output.label_filename``, ``input.format``, and ONNX Runtime backend
 tuning ``parameters`` (thread counts, memory arenas, ...: the server's replica settings decide them).
 
 Refused, naming the key: another platform or backend, ``runtime``, ``sequence_batching``,
@@ -315,29 +318,12 @@ def triton_settings(pb, where: Where, versions: tuple[str, ...]) -> TritonSettin
     groups = []
     for g in pb.instance_group:
         ignored += [f"instance_group.{k}" for k in ("rate_limiter", "host_policy", "profile") if _given(g, k)]
+        ignored += ["instance_group.gpus"] if g.gpus else []  # Ray places replicas on GPUs of their type
         kind = type(g).Kind.Name(g.kind)
         groups.append(InstanceGroup(name=g.name, kind=kind, count=max(g.count, 1), gpus=tuple(g.gpus)))
     ignored += [f"output.label_filename ({t.name})" for t in pb.output if t.label_filename]
     ignored += [f"input.format ({t.name})" for t in pb.input if t.format]
     ignored += [f"parameters.{k}" for k in sorted(pb.parameters) if k in ORT_PARAMETERS]
-    batching = None
-    if pb.WhichOneof("scheduling_choice") == "dynamic_batching":
-        db = pb.dynamic_batching
-        batching = DynamicBatching(
-            max_queue_delay_us=db.max_queue_delay_microseconds,
-            preferred_batch_sizes=tuple(db.preferred_batch_size),
-            preserve_ordering=db.preserve_ordering,
-            priority_levels=db.priority_levels,
-            default_priority_level=db.default_priority_level,
-            default_queue_policy=_queue_policy(db.default_queue_policy),
-            priority_queue_policy={int(k): _queue_policy(v) for k, v in db.priority_queue_policy.items()},
-        )
-        if batching.priority_levels and batching.default_priority_level > batching.priority_levels:
-            raise where.problem(
-                "dynamic_batching.default_priority_level",
-                f"{batching.default_priority_level} is above priority_levels {batching.priority_levels}",
-                where.line("default_priority_level"),
-            )
     accuracy_given = any(k == "accuracy" or k.startswith("accuracy_v") for k in pb.parameters)
     fallback = _param(pb, where, "variant_fallback", str(accuracy_given).lower()).lower()
     if fallback not in ("true", "false"):
@@ -351,10 +337,32 @@ def triton_settings(pb, where: Where, versions: tuple[str, ...]) -> TritonSettin
         version_policy=(pb.version_policy.WhichOneof("policy_choice") if pb.HasField("version_policy") else None)
         or "latest",
         variant_fallback=fallback == "true",
-        dynamic_batching=batching,
         instance_groups=tuple(groups),
         ignored=tuple(ignored),
     )
+
+
+def dynamic_batching(pb, where: Where) -> DynamicBatching | None:
+    """config.pbtxt's ``dynamic_batching`` block (None: the model has none)."""
+    if pb.WhichOneof("scheduling_choice") != "dynamic_batching":
+        return None
+    db = pb.dynamic_batching
+    batching = DynamicBatching(
+        max_queue_delay_us=db.max_queue_delay_microseconds,
+        preferred_batch_sizes=tuple(db.preferred_batch_size),
+        preserve_ordering=db.preserve_ordering,
+        priority_levels=db.priority_levels,
+        default_priority_level=db.default_priority_level,
+        default_queue_policy=_queue_policy(db.default_queue_policy),
+        priority_queue_policy={int(k): _queue_policy(v) for k, v in db.priority_queue_policy.items()},
+    )
+    if batching.priority_levels and batching.default_priority_level > batching.priority_levels:
+        raise where.problem(
+            "dynamic_batching.default_priority_level",
+            f"{batching.default_priority_level} is above priority_levels {batching.priority_levels}",
+            where.line("default_priority_level"),
+        )
+    return batching
 
 
 def _queue_policy(q) -> QueuePolicy:
@@ -387,7 +395,7 @@ def translate(
     max_batch, batch_dim = batch_size(pb, where, graph)
     inputs = tensors(pb, where, "input", graph[0], batch_dim)
     outputs = tensors(pb, where, "output", graph[1], batch_dim)
-    db = settings.dynamic_batching
+    db = dynamic_batching(pb, where)
     if db is not None:
         if not batch_dim:
             raise where.problem(
@@ -410,7 +418,9 @@ def translate(
         "outputs": outputs,
         "max_batch_size": max_batch,
     }
-    raw.update(sloserve_parameters(pb, where, versions, available, settings, max_batch))
+    if db is not None:
+        raw["dynamic_batching"] = db.model_dump()
+    raw.update(sloserve_parameters(pb, where, versions, available))
     final = {**settings.model_dump(), "batch_dimension": batch_dim, "reshape": reshapes(pb, batch_dim)}
     return raw, TritonSettings.model_validate(final)
 
@@ -420,8 +430,6 @@ def sloserve_parameters(
     where: Where,
     versions: tuple[str, ...],
     available: tuple[str, ...],
-    settings: TritonSettings,
-    max_batch: int,
 ) -> dict[str, Any]:
     """sloserve's config keys from config.pbtxt's ``parameters`` (see the module docstring)."""
     out: dict[str, Any] = {}
@@ -452,12 +460,7 @@ def sloserve_parameters(
         elif key == "description":
             out["description"] = value
         elif key == "batching_policy":
-            policy["policy"] = value
-            db = settings.dynamic_batching
-            if value == "fixed" and db is not None:
-                policy["max_queue_delay_ms"] = db.max_queue_delay_us / 1000.0
-                if db.preferred_batch_sizes:
-                    policy["preferred_batch_sizes"] = list(db.preferred_batch_sizes)
+            policy["policy"] = value  # "fixed" takes dynamic_batching's delay and sizes (ModelConfig)
         elif key == "batching":
             try:
                 doc = json.loads(value)

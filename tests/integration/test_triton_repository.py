@@ -25,13 +25,13 @@ CONFIG = """
 platform: "onnxruntime_onnx"
 max_batch_size: 16
 version_policy: { all { } }
-input [ { name: "input" data_type: TYPE_FP32 dims: [ 64 ] } ]
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 8, 8 ] reshape: { shape: [ 64 ] } } ]
 output [
   { name: "probs" data_type: TYPE_FP32 dims: [ 10 ] },
   { name: "label" data_type: TYPE_INT64 dims: [ 1 ] reshape: { shape: [ ] } }
 ]
 dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 500 }
-instance_group [ { count: 1 kind: KIND_CPU } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
 parameters { key: "slo_ms" value: { string_value: "40" } }
 """
 
@@ -49,6 +49,8 @@ def sloserve_folder(src, repo, name: str) -> None:
     shutil.copy(src / "digits" / "small" / "model.onnx", repo / name / "small" / "model.onnx")
     cfg = json.loads((src / "digits" / "config.json").read_text())
     cfg.update(name=name, variants=[v for v in cfg["variants"] if v["name"] == "small"])
+    # Triton's queue policy in sloserve's own layout: two priority levels, level 2 by default
+    cfg["dynamic_batching"] = {"priority_levels": 2, "default_priority_level": 2}
     cfg.pop("default_variant", None)
     (repo / name / "config.json").write_text(json.dumps(cfg))
 
@@ -94,7 +96,7 @@ def test_every_version_answers_over_both_protocols(served, kind, version):
     srv, _, _ = served
     client = clients(srv)[0 if kind == "http" else 1]
     res = infer(client, "digits_triton", version, rows=3)
-    assert res.as_numpy("probs").shape == (3, 10) and res.as_numpy("label").shape == (3,)
+    assert res.as_numpy("probs").shape == (3, 10) and res.as_numpy("label").shape == (3, 1)  # label's dims
     assert np.allclose(res.as_numpy("probs").sum(axis=1), 1.0, atol=1e-4)
     assert answered(res)[0] == (version or "2")
 
@@ -125,6 +127,65 @@ def test_an_unknown_version_is_refused(served):
             infer(client, "digits_triton", "3")
 
 
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_reshape_clients_send_and_receive_the_config_dims(served, kind):
+    """``input`` is ``dims: [8, 8]`` reshaped to the graph's [64], ``label`` ``dims: [1]`` reshaped to [];
+    a client sends and receives the dims, as with Triton, and the model's own shape still serves."""
+    srv, _, _ = served
+    client = clients(srv)[0 if kind == "http" else 1]
+    mod = httpclient if kind == "http" else grpcclient
+    rows = np.random.default_rng(7).random((3, 64), dtype=np.float32) * 16
+    x = mod.InferInput("input", [3, 8, 8], "FP32")
+    x.set_data_from_numpy(rows.reshape(3, 8, 8))
+    res = client.infer("digits_triton", [x], model_version="1")
+    x64 = mod.InferInput("input", [3, 64], "FP32")
+    x64.set_data_from_numpy(rows)
+    flat = client.infer("digits_triton", [x64], model_version="1")
+    assert res.as_numpy("label").shape == (3, 1)
+    assert np.allclose(res.as_numpy("probs"), flat.as_numpy("probs"), atol=1e-5)  # the same rows, reshaped
+    md = client.get_model_metadata("digits_triton")
+    shapes = (
+        {t["name"]: t["shape"] for t in md["inputs"] + md["outputs"]}
+        if kind == "http"
+        else {t.name: list(t.shape) for t in (*md.inputs, *md.outputs)}
+    )
+    assert shapes == {"input": [-1, 8, 8], "probs": [-1, 10], "label": [-1, 1]}
+    bad = mod.InferInput("input", [3, 4, 16], "FP32")
+    bad.set_data_from_numpy(rows.reshape(3, 4, 16))
+    with pytest.raises(InferenceServerException, match=r"expects \[-1, 8, 8\]"):
+        client.infer("digits_triton", [bad])
+
+
+def test_a_config_json_model_takes_tritons_priority_levels(served):
+    srv, _, _ = served
+    h, g = clients(srv)
+    assert h.get_model_config("digits")["dynamic_batching"]["priority_levels"] == 2
+    assert g.get_model_config("digits").config.dynamic_batching.default_priority_level == 2
+    for client, mod in ((h, httpclient), (g, grpcclient)):
+        x = mod.InferInput("input", [2, 64], "FP32")
+        x.set_data_from_numpy(np.ones((2, 64), np.float32))
+        for priority in (1, 2):  # tritonclient's own argument
+            assert client.infer("digits", [x], priority=priority).as_numpy("label").shape == (2,)
+
+
+def test_instance_group_counts_are_the_replicas_per_version(served):
+    """``count: 2`` of ``KIND_CPU``: two replicas of each version, on the CPU; the sloserve-layout model
+    beside it keeps the server's one."""
+    import urllib.request
+
+    from sloserve.loadtests.promtext import samples
+
+    srv, _, _ = served
+    with urllib.request.urlopen(f"http://{srv.http_url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    running = {}
+    for sample in samples(text, "sloserve_replicas", state="running"):
+        key = (sample.labels["model"], sample.labels["variant"])
+        running[key] = running.get(key, 0) + sample.value
+    assert running[("digits_triton", "1")] == running[("digits_triton", "2")] == 2, running
+    assert running[("digits", "small")] == 1, running
+
+
 def test_metadata_and_config_in_tritons_shape(served):
     srv, _, _ = served
     h, g = clients(srv)
@@ -133,7 +194,7 @@ def test_metadata_and_config_in_tritons_shape(served):
     assert [t["name"] for t in md["inputs"]] == ["input"]
     cfg = g.get_model_config("digits_triton").config
     assert cfg.max_batch_size == 16 and [t.name for t in cfg.input] == ["input"]
-    assert list(cfg.dynamic_batching.preferred_batch_size) == [4, 8] and cfg.instance_group[0].count == 1
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [4, 8] and cfg.instance_group[0].count == 2
     hc = h.get_model_config("digits_triton")
     assert hc["dynamic_batching"]["max_queue_delay_microseconds"] == 500
     assert hc["instance_group"][0]["kind"] == "KIND_CPU"

@@ -53,7 +53,8 @@ class ServeDeployer:
         runtime = {
             "intra_op_threads": self.opts.intra_op_threads,
             "allow_spinning": self.opts.allow_spinning,
-            "device": self.opts.device,
+            # a Triton model whose instance_group is all KIND_CPU computes on the CPU whatever the server's device
+            "device": "cpu" if lm.triton is not None and lm.triton.on_cpu() else self.opts.device,
         }
         name, model = lm.config.name, lm
         shared = layout.shared(name)

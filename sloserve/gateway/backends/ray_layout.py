@@ -149,8 +149,14 @@ class ModelLayout:
         return [split_key(k, "")[1] for k in plan.of_variant(variant_of(key), pinned=True)]
 
     def replicas_of(self, model: str) -> int:
+        """Replicas per variant: the operator's ``models.<m>.instances``, else a Triton model's
+        ``instance_group`` counts, else the server's ``instances``."""
         over = self.settings.models.get(model)
-        return over.instances if over and over.instances else self.settings.instances
+        if over is not None and over.instances:
+            return over.instances
+        lm = self.models.get(model)
+        triton = lm.triton if lm is not None else None
+        return (triton.replicas() if triton is not None else None) or self.settings.instances
 
     def fault_delay_s(self, model: str) -> float:
         over = self.settings.models.get(model)

@@ -130,16 +130,30 @@ def replica_cpus(s: Settings) -> float:
     ``s.repo`` on each of its device types (one deployment for a model with ``shared_replicas``),
     ``instances`` replicas each,
     ``replica_num_cpus`` apiece. 0 where the repository cannot be read (the gateway says why later)."""
+    from sloserve.models.schema import ModelProblem
+    from sloserve.models.triton import load_triton_model
+
     total = 0.0
-    for cfg in sorted(Path(s.repo).glob("*/config.json")):
-        try:
-            variants = len(json.loads(cfg.read_text())["variants"])
-        except (OSError, ValueError, KeyError, TypeError):
+    seen: set[str] = set()
+    for folder in sorted(
+        p.parent for p in Path(s.repo).glob("*/config.*") if p.name in ("config.json", "config.pbtxt")
+    ):
+        if folder.name in seen:
             continue
-        over = s.models.get(cfg.parent.name)
+        seen.add(folder.name)
+        group = None  # a Triton model's instance_group counts
+        try:
+            if (folder / "config.json").is_file():
+                variants = len(json.loads((folder / "config.json").read_text())["variants"])
+            else:
+                lm = load_triton_model(folder.parent, folder.name)
+                variants, group = len(lm.config.variants), lm.triton.replicas() if lm.triton else None
+        except (OSError, ValueError, KeyError, TypeError, ModelProblem):
+            continue
+        over = s.models.get(folder.name)
         types = max(1, len(over.devices())) if over else 1
         deployments = 1 if over and over.shared_replicas else variants * types
-        total += deployments * (over.instances if over and over.instances else s.instances) * s.replica_num_cpus
+        total += deployments * ((over.instances if over else None) or group or s.instances) * s.replica_num_cpus
     return total
 
 

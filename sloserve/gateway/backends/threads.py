@@ -56,6 +56,20 @@ def resolve_device(configured: str) -> DeviceSpec:
     return DeviceSpec(n, "cpu", True)
 
 
+def instances_of(model: LoadedModel | None, default: int) -> int:
+    """Replicas per variant: a Triton model's ``instance_group`` counts, else the server's ``instances``."""
+    triton = model.triton if model is not None else None
+    return (triton.replicas() if triton is not None else None) or default
+
+
+def opts_of(model: LoadedModel | None, opts: RuntimeOptions) -> RuntimeOptions:
+    """The model's runtime options: on the CPU for a Triton model whose instance groups are all KIND_CPU."""
+    triton = model.triton if model is not None else None
+    if triton is not None and triton.on_cpu() and opts.device != "cpu":
+        return dataclasses.replace(opts, device="cpu")
+    return opts
+
+
 class InProcessBackend(BackendBase):
     """``instances`` ONNX Runtime sessions per (model, variant) in this process.
 
@@ -151,7 +165,13 @@ class InProcessBackend(BackendBase):
 
     def _new_pool(self, variants: int) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
-            max_workers=max(2, variants * self.instances * self.pipeline_depth), thread_name_prefix="ort"
+            max_workers=max(
+                2,
+                variants
+                * max([self.instances, *(instances_of(m, self.instances) for m in self.models.values())])
+                * self.pipeline_depth,
+            ),
+            thread_name_prefix="ort",
         )
 
     async def _load_sessions(self, name: str, model: LoadedModel) -> None:
@@ -160,7 +180,7 @@ class InProcessBackend(BackendBase):
             await self._load_options(name, model, outs)
             return
         for v in model.config.variants:
-            reps = await self._sessions(name, model, v.name, outs, self.instances)
+            reps = await self._sessions(name, model, v.name, outs, instances_of(self.models.get(name), self.instances))
             self._install(name, v.name, reps)
             # a shared replica's batches all go through its free queue (none inline on the loop)
             self._fast[(name, v.name)] = name not in self._shared and self._probe_fast(reps[0], model)
@@ -204,7 +224,9 @@ class InProcessBackend(BackendBase):
             spec = specs[dev]
             self._devices[(name, key)] = spec
             opts = dataclasses.replace(self.opts, device=spec.session)
-            reps = await self._sessions(name, model, variant, outs, self.instances, opts)
+            reps = await self._sessions(
+                name, model, variant, outs, instances_of(self.models.get(name), self.instances), opts
+            )
             self._install(name, key, reps)
             self._fast[(name, key)] = not spec.emulated and self._probe_fast(reps[0], model)
             if spec.emulated:
@@ -320,15 +342,21 @@ class InProcessBackend(BackendBase):
                 if maybe_tiny:  # probe it here (no worker is started yet); as many sessions as without workers
                     reps = await self._sessions(name, model, v.name, outs, 1)
                     if self._probe_fast(reps[0], model):
-                        reps += await self._sessions(name, model, v.name, outs, self.instances - 1)
+                        reps += await self._sessions(
+                            name, model, v.name, outs, instances_of(self.models.get(name), self.instances) - 1
+                        )
                         self._install(name, v.name, reps)
                         self._fast[(name, v.name)] = True
                         continue
                 self._workers[(name, v.name)] = [
                     ProcessReplica(
-                        model.onnx_path(v.name), self.opts, outs, f"{name}/{v.name}#{i}", self.fault_delay_s.get(name)
+                        model.onnx_path(v.name),
+                        opts_of(self.models.get(name), self.opts),
+                        outs,
+                        f"{name}/{v.name}#{i}",
+                        self.fault_delay_s.get(name),
                     )
-                    for i in range(self.instances)
+                    for i in range(instances_of(self.models.get(name), self.instances))
                 ]
                 self._fast[(name, v.name)] = False
                 started += [(name, v.name, model, w) for w in self._workers[(name, v.name)]]
@@ -363,7 +391,13 @@ class InProcessBackend(BackendBase):
         for _ in range(n):
             try:
                 reps.append(
-                    await loop.run_in_executor(self._pool, Replica, model.onnx_path(variant), opts or self.opts, outs)
+                    await loop.run_in_executor(
+                        self._pool,
+                        Replica,
+                        model.onnx_path(variant),
+                        opts or opts_of(self.models.get(name), self.opts),
+                        outs,
+                    )
                 )
             except Exception as e:
                 raise ModelLoadError(
@@ -396,7 +430,9 @@ class InProcessBackend(BackendBase):
 
     def device_type_of(self, model: str) -> str:
         plan = self.options_of(model)
-        return plan.device_types()[0] if plan is not None else self.device_type
+        if plan is not None:
+            return plan.device_types()[0]
+        return device_type("cpu") if opts_of(self.models.get(model), self.opts) is not self.opts else self.device_type
 
     def replica_count(self, model: str, variant: str) -> int:
         """Replicas (ORT sessions or worker processes), not batch slots."""

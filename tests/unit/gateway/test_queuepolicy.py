@@ -11,7 +11,7 @@ from sloserve.batching.policy import make_policy
 from sloserve.batching.queuelimit import QueueFull, QueueLimit, QueueTimeout
 from sloserve.gateway.queuepolicy import QueueRules
 from sloserve.gateway.transports.status import grpc_code, http_status
-from sloserve.models.schema import DynamicBatching, QueuePolicy, TritonSettings
+from sloserve.models.schema import DynamicBatching, QueuePolicy
 
 
 class Runner:
@@ -59,14 +59,14 @@ def test_triton_levels_and_overrides():
         default_queue_policy=QueuePolicy(default_timeout_us=10_000, allow_timeout_override=True),
         priority_queue_policy={1: QueuePolicy(timeout_action="DELAY", default_timeout_us=0, max_queue_size=4)},
     )
-    r = QueueRules.of(TritonSettings(dynamic_batching=db))
+    r = QueueRules.of(db)
     assert [r.level(p) for p in (0, 1, 2, 3, 4)] == [2, 1, 2, 3, 2]
     assert r.limit(2, None) == QueueLimit(0.01, False, 0)
     assert r.limit(2, 5_000) == QueueLimit(0.005, False, 0)  # shorter than the default: taken
     assert r.limit(2, 50_000) == QueueLimit(0.01, False, 0)  # longer: the default stays
     assert r.limit(1, 5_000) == QueueLimit(None, True, 4)  # level 1 allows no override
     # a config.pbtxt's dynamic_batching without allow_timeout_override ignores a request's timeout
-    plain = QueueRules.of(TritonSettings(dynamic_batching=DynamicBatching()))
+    plain = QueueRules.of(DynamicBatching())
     assert plain.limit(0, 5_000) is None
 
 

@@ -39,6 +39,26 @@ def test_the_embedded_ray_offers_the_cpus_its_start_up_replicas_reserve(tmp_path
     assert local_cpus(Settings(repo=str(tmp_path / "missing"))) == 2
 
 
+def test_a_triton_models_instance_groups_reserve_their_replicas(tmp_path, model_repo):
+    """Two versions with ``instance_group`` counts 2 + 1: three replicas of each, and one of the
+    one-variant sloserve model beside them; the operator's ``instances`` wins."""
+    import shutil
+
+    from sloserve.gateway.backends.ray_local import replica_cpus
+    from sloserve.gateway.config import Settings
+
+    for v in ("1", "2"):
+        (tmp_path / "t" / v).mkdir(parents=True)
+        shutil.copy(model_repo / "digits" / "small" / "model.onnx", tmp_path / "t" / v / "model.onnx")
+    (tmp_path / "t" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\nversion_policy: { all { } }\n'
+        "instance_group [ { count: 2 kind: KIND_CPU }, { count: 1 kind: KIND_CPU } ]\n"
+    )
+    _repo(tmp_path, {"s": 1})
+    assert replica_cpus(Settings(repo=str(tmp_path))) == (2 * 3 + 1) * 0.25
+    assert replica_cpus(Settings(repo=str(tmp_path), models={"t": {"instances": 1}})) == 3 * 0.25
+
+
 def test_a_gateway_whose_lease_ran_out_is_not_ready():
     """On a cluster the slots come by lease: a gateway that cannot renew its lease (the lease actor went
     with the Ray head) holds no slot, so it says not ready even while replicas on other nodes live."""

@@ -172,9 +172,9 @@ def test_dynamic_batching_instance_groups_and_ignored_keys_are_kept(tmp_path):
         parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
         """,
     )
-    t = load(tmp_path).triton
-    assert t is not None and t.dynamic_batching is not None
-    db = t.dynamic_batching
+    m = load(tmp_path)
+    t, db = m.triton, m.config.dynamic_batching
+    assert t is not None and db is not None
     assert (db.preferred_batch_sizes, db.max_queue_delay_us, db.priority_levels, db.default_priority_level) == (
         (2, 4),
         300,
