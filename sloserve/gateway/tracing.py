@@ -18,9 +18,17 @@ the replica (the batch channel's frame, the Serve handle's argument), whose
 ``sloserve.replica.compute`` span is recorded and exported by the replica process itself
 (``sloserve/replica/tracing.py``).
 
-The process's provider, its bounded export queue and the dropped spans' count are
-``sloserve/replica/tracing.py``'s; :func:`setup` builds them from the settings and ``OTEL_*``
-variables (``sloserve/gateway/config_tracing.py``).
+Spans are plain records here, not SDK spans: a sampled request writes each of its spans as a tuple
+(its ids from ``random.getrandbits``, its times on the wall clock) and hands them over in one piece
+when it finishes; the batch span is one piece of its own. ``sloserve/gateway/span_export.py`` ships
+them to an exporter process that builds the SDK's spans and exports them, so the gateway's event
+loop pays neither for the SDK's span objects nor for the OTLP encoding.
+
+The sampler is the SDK's (``OTEL_TRACES_SAMPLER``, ``sloserve/replica/tracing.py``'s
+``sampler_of``), asked once per request. The SDK's tracer provider is still set up in this process
+for its other spans (the training controller's decisions, ``sloserve/replica/tracing.py``);
+:func:`setup` builds both from the settings and ``OTEL_*`` variables
+(``sloserve/gateway/config_tracing.py``).
 """
 
 from __future__ import annotations
@@ -29,20 +37,38 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
+from random import getrandbits
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.trace import SpanContext, SpanKind
 
 from sloserve.batching.options import split_key
 from sloserve.gateway.config_tracing import resolve
+from sloserve.gateway.span_export import Record, SpanShipper
 from sloserve.replica import tracing as process_tracing
-from sloserve.replica.tracing import TraceConfig, traceparent_of
+from sloserve.replica.tracing import TraceConfig, parse_traceparent, sampler_of
 
-TRACER: trace.Tracer | None = None
+
+class Recorder:
+    """What a traced gateway process records with: the sampler and the shipper of finished spans."""
+
+    __slots__ = ("sampler", "shipper")
+
+    def __init__(self, sampler: Sampler, shipper: SpanShipper):
+        self.sampler = sampler
+        self.shipper = shipper
+
+
+BatchContext = tuple  # (trace_id, span_id, tracestate pairs or None) of a batch span
+TRACER: Recorder | None = None
 CONFIG = TraceConfig()
 _REQUEST: ContextVar[RequestTrace | None] = ContextVar("sloserve_request_trace", default=None)
-_BATCH: ContextVar[SpanContext | None] = ContextVar("sloserve_batch_span", default=None)
+_BATCH: ContextVar[BatchContext | None] = ContextVar("sloserve_batch_span", default=None)
+_NO_PARENT = Context()
+_SERVER, _INTERNAL = SpanKind.SERVER.value, SpanKind.INTERNAL.value
 REST_ROUTE = "/v2/models/{model}/infer"
 GRPC_METHOD = "inference.GRPCInferenceService/ModelInfer"
 
@@ -50,17 +76,39 @@ GRPC_METHOD = "inference.GRPCInferenceService/ModelInfer"
 def setup(settings: Any, env: Mapping[str, str] | None = None) -> TraceConfig:
     """This gateway process's tracing, from ``settings.tracing`` and the ``OTEL_*`` variables (which win)."""
     global TRACER, CONFIG
+    shutdown()
     config = resolve(settings.tracing, os.environ if env is None else env)
     provider = process_tracing.setup(config, "gateway")
-    TRACER = None if provider is None else provider.get_tracer("sloserve.gateway")
+    if provider is not None:
+        shipper = SpanShipper(config, provider.resource.attributes)
+        TRACER = Recorder(sampler_of(config.sampler, config.sampler_arg), shipper)
     CONFIG = config
     return config
 
 
 def shutdown() -> None:
+    """Export what is still held (bounded by the export timeout) and stop; tracing is off afterwards."""
     global TRACER
-    TRACER = None
+    rec, TRACER = TRACER, None
+    if rec is not None:
+        rec.shipper.close()
     process_tracing.shutdown()
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Wait until every span finished so far has been exported or dropped."""
+    rec = TRACER
+    return process_tracing.flush(timeout_s) and (rec is None or rec.shipper.flush(timeout_s))
+
+
+def dropped() -> tuple[int, int]:
+    """Spans this gateway process dropped: (a queue was full, their export failed)."""
+    full, failed = process_tracing.dropped()
+    rec = TRACER
+    if rec is not None:
+        f, e = rec.shipper.dropped()
+        full, failed = full + f, failed + e
+    return full, failed
 
 
 def replica_config() -> dict[str, Any] | None:
@@ -68,9 +116,13 @@ def replica_config() -> dict[str, Any] | None:
     return CONFIG.to_dict() if TRACER is not None else None
 
 
-def wall_ns(mono_s: float) -> int:
-    """A ``time.monotonic()`` instant on the wall clock spans are stamped with."""
-    return time.time_ns() - int((time.monotonic() - mono_s) * 1e9)
+def _span_id() -> int:
+    return getrandbits(64) or 1
+
+
+def _traceparent(ctx: BatchContext) -> str:
+    """The W3C ``traceparent`` of a (sampled) span."""
+    return f"00-{ctx[0]:032x}-{ctx[1]:016x}-01"
 
 
 def _error_status(e: BaseException) -> tuple[str, str]:
@@ -86,15 +138,47 @@ def _error_status(e: BaseException) -> tuple[str, str]:
 
 class RequestTrace:
     """One sampled request's spans. Children are written once their end is known, with the times
-    the request path stamped, so nothing is held open but the server span."""
+    the request path stamped; the server span is written when the request finishes, and the whole
+    request goes to the shipper then."""
 
-    __slots__ = ("_answered", "_error", "ctx", "dispatched", "queued_at", "span", "start", "trace_id")
+    __slots__ = (
+        "_answered",
+        "_error",
+        "_offset",
+        "attributes",
+        "dispatched",
+        "name",
+        "parent",
+        "queued_at",
+        "span_id",
+        "spans",
+        "start",
+        "start_ns",
+        "trace_id",
+        "trace_int",
+        "tracestate",
+    )
 
-    def __init__(self, span: trace.Span, start: float):
-        self.span = span
-        self.ctx = trace.set_span_in_context(span)
+    def __init__(
+        self,
+        name: str,
+        trace_id: int,
+        parent: SpanContext | None,
+        tracestate: tuple[tuple[str, str], ...] | None,
+        attributes: dict[str, Any],
+        start: float,
+    ):
+        self.name = name
+        self.trace_int = trace_id
+        self.span_id = _span_id()
+        self.parent = parent
+        self.tracestate = tracestate
+        self.attributes = attributes
         self.start = start
-        self.trace_id = f"{span.get_span_context().trace_id:032x}"
+        self.start_ns = time.time_ns()
+        self._offset = self.start_ns - int(start * 1e9)  # monotonic -> wall clock, for this request
+        self.trace_id = f"{trace_id:032x}"
+        self.spans: list[Record] = []
         self.queued_at: float | None = None
         self.dispatched = False
         self._answered: float | None = None
@@ -105,17 +189,27 @@ class RequestTrace:
         name: str,
         start: float,
         end: float,
-        attributes: Mapping[str, Any] | None = None,
-        links: Iterable[Link] = (),
+        attributes: dict[str, Any] | None = None,
+        links: tuple[tuple[int, int], ...] = (),
         error: str | None = None,
     ) -> None:
-        assert TRACER is not None
-        span = TRACER.start_span(
-            name, context=self.ctx, attributes=attributes, links=list(links), start_time=wall_ns(start)
+        off = self._offset
+        self.spans.append(
+            (
+                name,
+                _INTERNAL,
+                self.trace_int,
+                _span_id(),
+                self.span_id,
+                False,
+                int(start * 1e9) + off,
+                int(end * 1e9) + off,
+                attributes,
+                links,
+                error,
+                self.tracestate,
+            )
         )
-        if error is not None:
-            span.set_status(Status(StatusCode.ERROR, error))
-        span.end(end_time=wall_ns(end))
 
     @property
     def exemplar(self) -> dict[str, str]:
@@ -148,11 +242,11 @@ class RequestTrace:
         if refused is None:
             self.queued_at = now
 
-    def batched(self, now: float, batch: SpanContext) -> None:
+    def batched(self, now: float, batch: BatchContext) -> None:
         """Its batch was dispatched at ``now``: the queue span, linked to the batch's."""
         self.dispatched = True
         start = self.queued_at if self.queued_at is not None else now
-        self.child("sloserve.queue", start, now, {"sloserve.queue_ms": round((now - start) * 1e3, 3)}, (Link(batch),))
+        self.child("sloserve.queue", start, now, {"sloserve.queue_ms": round((now - start) * 1e3, 3)}, (batch[:2],))
 
     def answered(self) -> None:
         """The data plane has the request's outputs: encoding and sending start."""
@@ -163,7 +257,7 @@ class RequestTrace:
         if self._error is not None:
             return
         kind, self._error = _error_status(e)
-        self.span.set_attribute("sloserve.outcome", kind)
+        self.attributes["sloserve.outcome"] = kind
         if self.queued_at is not None and not self.dispatched:  # shed, or failed, while it waited
             self.dispatched = True
             self.child("sloserve.queue", self.queued_at, time.monotonic(), error=self._error)
@@ -173,27 +267,52 @@ class RequestTrace:
             self.error(error)
         if self._answered is not None:
             self.child("sloserve.encode_send", self._answered, time.monotonic())
-        if self._error is not None:
-            self.span.set_status(Status(StatusCode.ERROR, self._error))
-        else:
-            self.span.set_attribute("sloserve.outcome", "ok")
-        self.span.end()
+        if self._error is None:
+            self.attributes["sloserve.outcome"] = "ok"
+        parent = self.parent
+        self.spans.append(
+            (
+                self.name,
+                _SERVER,
+                self.trace_int,
+                self.span_id,
+                0 if parent is None else parent.span_id,
+                parent is not None,
+                self.start_ns,
+                time.time_ns(),
+                self.attributes,
+                (),
+                self._error,
+                self.tracestate,
+            )
+        )
+        rec = TRACER
+        if rec is not None:
+            rec.shipper.add(tuple(self.spans))
 
 
 def start_request(
     name: str, traceparent: str | None, tracestate: str | None, attributes: Mapping[str, Any]
 ) -> RequestTrace | None:
-    """A request's server span (continuing ``traceparent`` when it is valid), or None when the
+    """A sampled request's trace (continuing ``traceparent`` when it is valid), or None when the
     sampler leaves it out (or tracing is off)."""
-    t = TRACER
-    if t is None:
+    rec = TRACER
+    if rec is None:
         return None
     start = time.monotonic()
-    parent = process_tracing.context_of(traceparent, tracestate) if traceparent else None
-    span = t.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-    if not span.is_recording():
+    parent = parse_traceparent(traceparent, tracestate) if traceparent else None
+    if parent is None:
+        trace_id = getrandbits(128) or 1
+        ctx = _NO_PARENT
+    else:
+        trace_id = parent.trace_id
+        ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+    result = rec.sampler.should_sample(ctx, trace_id, name, SpanKind.SERVER, attributes)
+    if not result.decision.is_sampled():
         return None
-    return RequestTrace(span, start)
+    state = result.trace_state
+    pairs = tuple(state.items()) if state else None
+    return RequestTrace(name, trace_id, parent, pairs, dict(result.attributes), start)
 
 
 def current() -> RequestTrace | None:
@@ -285,8 +404,7 @@ class BatchTracer:
     sampled member, its context current while the backend runs the batch."""
 
     def start(self, model: str, key: str, rows: int, requests: int, traces: list[Any], reason: str) -> Any:
-        t = TRACER
-        if t is None:
+        if TRACER is None:
             return None
         now = time.monotonic()
         variant, device = split_key(key, "")
@@ -300,25 +418,27 @@ class BatchTracer:
         }
         if device:
             attrs["sloserve.device_type"] = device
-        links = [Link(rt.span.get_span_context()) for rt in traces]
-        span = t.start_span("sloserve.batch", context=traces[0].ctx, links=links, attributes=attrs)
-        sc = span.get_span_context()
+        links = tuple((rt.trace_int, rt.span_id) for rt in traces)
+        first = traces[0]
+        ctx = (first.trace_int, _span_id(), first.tracestate)
         for rt in traces:
-            rt.batched(now, sc)
-        return span, _BATCH.set(sc)
+            rt.batched(now, ctx)
+        return (ctx, first.span_id, attrs, links, time.time_ns()), _BATCH.set(ctx)
 
     def end(
         self, handle: Any, device_type: str | None = None, compute_s: float | None = None, error: Any = None
     ) -> None:
-        span, token = handle
+        (ctx, parent_id, attrs, links, start_ns), token = handle
         _BATCH.reset(token)
         if device_type is not None:
-            span.set_attribute("sloserve.device_type", device_type)
+            attrs["sloserve.device_type"] = device_type
         if compute_s is not None:
-            span.set_attribute("sloserve.compute_ms", round(compute_s * 1e3, 3))
-        if error is not None:
-            span.set_status(Status(StatusCode.ERROR, _error_status(error)[1]))
-        span.end()
+            attrs["sloserve.compute_ms"] = round(compute_s * 1e3, 3)
+        status = None if error is None else _error_status(error)[1]
+        record = ("sloserve.batch", _INTERNAL, ctx[0], ctx[1], parent_id, False, start_ns, time.time_ns())
+        rec = TRACER
+        if rec is not None:
+            rec.shipper.add(((*record, attrs, links, status, ctx[2]),))
 
 
 def batch_tracer() -> BatchTracer | None:
@@ -327,29 +447,26 @@ def batch_tracer() -> BatchTracer | None:
 
 def batch_traceparent() -> str | None:
     """The running batch's context for its replica, when the batch is traced."""
-    sc = _BATCH.get()
-    return None if sc is None else traceparent_of(sc)
+    ctx = _BATCH.get()
+    return None if ctx is None else _traceparent(ctx)
 
 
 def local_compute(model: str, variant: str, rows: int, compute_s: float, device_type: str) -> None:
     """A batch computed in the gateway's own process (the in-process backend's threads): its compute span."""
-    sc = _BATCH.get()
-    t = TRACER
-    if sc is None or t is None:
+    ctx = _BATCH.get()
+    rec = TRACER
+    if ctx is None or rec is None:
         return
     end = time.time_ns()
-    span = t.start_span(
-        "sloserve.replica.compute",
-        context=trace.set_span_in_context(trace.NonRecordingSpan(sc)),
-        attributes={
-            "sloserve.model": model,
-            "sloserve.variant": variant,
-            "sloserve.batch.size": rows,
-            "sloserve.device_type": device_type,
-        },
-        start_time=end - int(compute_s * 1e9),
-    )
-    span.end(end_time=end)
+    attrs = {
+        "sloserve.model": model,
+        "sloserve.variant": variant,
+        "sloserve.batch.size": rows,
+        "sloserve.device_type": device_type,
+    }
+    start = end - int(compute_s * 1e9)
+    name = "sloserve.replica.compute"
+    rec.shipper.add(((name, _INTERNAL, ctx[0], _span_id(), ctx[1], False, start, end, attrs, (), None, ctx[2]),))
 
 
 # ---- the dropped spans' count, exported at scrape time -------------------------------------------
@@ -362,7 +479,7 @@ class DroppedSpans:
     def collect(self) -> Iterable[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        full, failed_export = process_tracing.dropped()
+        full, failed_export = dropped()
         c = CounterMetricFamily(
             "sloserve_trace_spans_dropped",
             "Spans this gateway process dropped instead of exporting: the export queue was full, or their export failed.",

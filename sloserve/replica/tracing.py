@@ -25,7 +25,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -175,7 +175,10 @@ class BoundedSpanProcessor(SpanProcessor):
 
     A span that finds the queue full is dropped and counted; so are the spans of a batch whose export
     failed (the exporter's own timeout bounds how long that thread waits). Nothing here ever blocks
-    the thread that ends a span."""
+    the thread that ends a span.
+
+    ``convert``: the queue holds something else than spans (:meth:`put`), and the export thread turns
+    each into a span with it (the gateway's exporter process queues the gateway's records so)."""
 
     def __init__(
         self,
@@ -183,12 +186,14 @@ class BoundedSpanProcessor(SpanProcessor):
         max_queue_size: int = 2048,
         max_export_batch_size: int = 512,
         schedule_delay_s: float = 0.5,
+        convert: Callable[[Any], ReadableSpan] | None = None,
     ):
         self.exporter = exporter
+        self.convert = convert
         self.max_queue_size = max(1, max_queue_size)
         self.batch_size = max(1, min(max_export_batch_size, self.max_queue_size))
         self.delay_s = schedule_delay_s
-        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._queue: collections.deque[Any] = collections.deque()
         self._wake = threading.Event()
         self._stop = False
         self._idle = threading.Event()
@@ -205,13 +210,16 @@ class BoundedSpanProcessor(SpanProcessor):
         pass
 
     def on_end(self, span: ReadableSpan) -> None:
+        self.put(span)
+
+    def put(self, item: Any) -> None:
         if self._stop:
             return
         if len(self._queue) >= self.max_queue_size:
             with self._lock:
                 self.dropped_full += 1
             return
-        self._queue.append(span)
+        self._queue.append(item)
         if len(self._queue) >= self.batch_size:
             self._wake.set()
 
@@ -229,6 +237,8 @@ class BoundedSpanProcessor(SpanProcessor):
             while self._queue:
                 batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
                 try:
+                    if self.convert is not None:
+                        batch = [self.convert(item) for item in batch]
                     ok = self.exporter.export(batch) == SpanExportResult.SUCCESS
                 except Exception as e:  # an exporter bug or a refused connection: counted, never raised
                     log.debug("span export failed: %r", e)
@@ -303,20 +313,12 @@ def exporter_of(config: TraceConfig) -> SpanExporter:
     return HttpExporter(endpoint=config.endpoint or "http://localhost:4318/v1/traces", timeout=config.export_timeout_s)
 
 
-def setup(config: TraceConfig, role: str, attributes: Mapping[str, Any] | None = None) -> TracerProvider | None:
-    """Build this process's tracer provider (replacing one set up before); None when tracing is off.
-
-    ``role`` (``gateway``, ``replica``, ``training``) and the process id go into the resource, so
-    that a backend shows which process recorded each span."""
-    global _provider, _processor
-    shutdown()
-    if not config.enabled:
-        return None
-    for name in _EXPORTER_LOGGERS:  # an error line per failed export: the processor counts and warns instead
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+def resource_of(role: str, config: TraceConfig, attributes: Mapping[str, Any] | None = None) -> Resource:
+    """This process's resource: the service, ``role`` (``gateway``, ``replica``, ``training``) and the
+    process id, so that a backend shows which process recorded each span."""
     pid = os.getpid()
     host = socket.gethostname()
-    resource = Resource.create(
+    return Resource.create(
         {
             "service.name": config.service_name,
             "service.instance.id": f"{role}-{host}-{pid}",
@@ -326,10 +328,29 @@ def setup(config: TraceConfig, role: str, attributes: Mapping[str, Any] | None =
             **(attributes or {}),
         }
     )
-    processor = BoundedSpanProcessor(
-        exporter_of(config), config.max_queue_size, config.max_export_batch_size, config.schedule_delay_s
+
+
+def processor_of(config: TraceConfig, convert: Callable[[Any], ReadableSpan] | None = None) -> BoundedSpanProcessor:
+    """The bounded export queue and its thread, exporting with ``config``'s exporter."""
+    for name in _EXPORTER_LOGGERS:  # an error line per failed export: the processor counts and warns instead
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    return BoundedSpanProcessor(
+        exporter_of(config), config.max_queue_size, config.max_export_batch_size, config.schedule_delay_s, convert
     )
-    provider = TracerProvider(resource=resource, sampler=sampler_of(config.sampler, config.sampler_arg))
+
+
+def setup(config: TraceConfig, role: str, attributes: Mapping[str, Any] | None = None) -> TracerProvider | None:
+    """Build this process's tracer provider (replacing one set up before); None when tracing is off.
+
+    Its resource is :func:`resource_of`'s, its processor :func:`processor_of`'s."""
+    global _provider, _processor
+    shutdown()
+    if not config.enabled:
+        return None
+    processor = processor_of(config)
+    provider = TracerProvider(
+        resource=resource_of(role, config, attributes), sampler=sampler_of(config.sampler, config.sampler_arg)
+    )
     provider.add_span_processor(processor)
     _provider, _processor = provider, processor
     return provider

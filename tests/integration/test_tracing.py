@@ -11,7 +11,9 @@ replicas, so the compute span must come from another process. Then:
 * a malformed ``traceparent`` starts a new trace and the request is served;
 * a refused request's server span carries the error and its reason;
 * the latency histogram carries the trace id as an exemplar in the OpenMetrics exposition;
-* with the endpoint down the requests are served as fast and the dropped spans are counted.
+* with the endpoint down the requests are served as fast and the dropped spans are counted;
+* the gateway's exporter process exports its records in the gateway's resource, and when it is
+  killed the gateway counts the spans it could not hand over and starts another one.
 """
 
 from __future__ import annotations
@@ -221,3 +223,47 @@ def test_ray_replicas_record_their_compute(model_repo):
             follow_one_request(server, rx)
         finally:
             server.stop()
+
+
+def test_the_exporter_process_exports_and_its_death_is_counted(monkeypatch):
+    """The gateway's records reach the receiver through the exporter process, in the gateway's resource;
+    a killed exporter process costs the gateway nothing but counted spans, and another one starts."""
+    import os
+    import signal
+
+    from sloserve.gateway import span_export
+    from sloserve.gateway.span_export import SpanShipper
+    from sloserve.replica.tracing import TraceConfig
+
+    def piece(trace_id: int, n: int) -> tuple:
+        return tuple(
+            (f"s{i}", 0, trace_id, i + 1, 0, False, time.time_ns(), time.time_ns(), {"i": i}, (), None, None)
+            for i in range(n)
+        )
+
+    monkeypatch.setattr(span_export, "RESTART_AFTER_S", 0.2)
+    with OtlpReceiver() as rx:
+        config = TraceConfig(exporter="otlp", endpoint=rx.endpoint + "/v1/traces", schedule_delay_s=0.05)
+        shipper = SpanShipper(config, {"service.name": "sloserve-test", "sloserve.role": "gateway", "process.pid": 7})
+        try:
+            shipper.add(piece(1, 3))
+            assert shipper.flush(30)
+            got = rx.wait_for(lambda spans: len(spans) == 3, 5)
+            assert {s.name for s in got} == {"s0", "s1", "s2"} and got[0].trace_id == f"{1:032x}"
+            assert got[0].resource["process.pid"] == 7 and got[0].resource["sloserve.role"] == "gateway"
+            first = shipper.exporter_pid
+            assert first is not None and first != os.getpid()
+
+            os.kill(first, signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while shipper.exporter_pid in (first, None) and time.monotonic() < deadline:
+                shipper.add(piece(2, 2))  # the gateway goes on: what no exporter takes is counted
+                time.sleep(0.02)
+            assert shipper.exporter_pid not in (first, None), "no new exporter process"
+            assert shipper.dropped()[1] > 0
+            shipper.add(piece(3, 4))
+            rx.wait_for(lambda spans: sum(s.trace_id == f"{3:032x}" for s in spans) == 4, 30)
+        finally:
+            t0 = time.monotonic()
+            shipper.close()
+            assert time.monotonic() - t0 < 10

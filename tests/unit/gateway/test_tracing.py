@@ -12,8 +12,9 @@ import pytest
 from sloserve.gateway import tracing
 from sloserve.gateway.config import load_settings
 from sloserve.gateway.config_tracing import TracingConfigError, TracingSettings, resolve
+from sloserve.gateway.span_export import SpanShipper
 from sloserve.replica import tracing as process_tracing
-from sloserve.replica.tracing import TraceConfig, parse_traceparent, parse_tracestate, traceparent_of
+from sloserve.replica.tracing import TraceConfig, parse_traceparent, parse_tracestate, sampler_of, traceparent_of
 from tests.otlp import OtlpReceiver
 
 GOOD = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -67,27 +68,33 @@ def test_a_malformed_tracestate_is_dropped_and_the_traceparent_kept(value):
     assert ctx is not None and ctx.trace_state is None or len(ctx.trace_state) == 0
 
 
+def recording(config: TraceConfig = TraceConfig(exporter="console")) -> SpanShipper:
+    """The gateway's request path traced as ``config`` says, its finished spans kept in a shipper
+    that starts no exporter process (``take`` reads them)."""
+    shipper = SpanShipper(config, {"service.name": "test"}, start=False)
+    tracing.TRACER = tracing.Recorder(sampler_of(config.sampler, config.sampler_arg), shipper)
+    return shipper
+
+
 def test_a_malformed_header_starts_a_root_span():
     """The request is traced all the same, as a new trace (the sampler decides at the root)."""
-    process_tracing.setup(TraceConfig(exporter="console"), "gateway")
-    tracing.TRACER = process_tracing.tracer("test")
+    recording()
     try:
         rt = tracing.start_request("x", "00-zz-zz-01", "not a tracestate", {})
         assert rt is not None
-        assert rt.span.parent is None
+        assert rt.parent is None
         assert rt.trace_id != "0af7651916cd43dd8448eb211c80319c"
         good = tracing.start_request("x", GOOD, None, {})
         assert good is not None and good.trace_id == "0af7651916cd43dd8448eb211c80319c"
-        assert good.span.parent is not None and good.span.parent.span_id == 0xB7AD6B7169203331
-        rt.span.end()
-        good.span.end()
+        assert good.parent is not None and good.parent.span_id == 0xB7AD6B7169203331
+        rt.finish()
+        good.finish()
     finally:
         tracing.shutdown()
 
 
 def test_an_unsampled_parent_records_nothing():
-    process_tracing.setup(TraceConfig(exporter="console"), "gateway")
-    tracing.TRACER = process_tracing.tracer("test")
+    recording()
     try:
         assert tracing.start_request("x", GOOD[:-2] + "00", None, {}) is None
     finally:
