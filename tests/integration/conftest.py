@@ -1,12 +1,10 @@
 import os
-import time
 
 import pytest
 
 from tests.conftest import ServerProcess
 
 BACKENDS = ["inprocess", "ray"]
-WORKERS = "ray-2-workers"  # a server param: the Ray backend run as `--workers 2`
 _SERVERS: dict[str, ServerProcess] = {}
 
 
@@ -32,11 +30,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not shared:
         return
     first = items.index(shared[0])
-    # the two-worker server's tests right after: it replaces the shared Ray server once, at its end
-    two = [i for i in items if getattr(i, "callspec", None) is not None and i.callspec.params.get("server") == WORKERS]
-    rest = [i for i in items if not uses_shared_ray(i) and i not in two]
+    rest = [i for i in items if not uses_shared_ray(i)]
     shared.sort(key=lambda i: i.path.name in _ROUGH_ON_THE_SHARED_SERVER)  # stable: file order otherwise
-    items[:] = rest[:first] + shared + two + rest[first:]
+    items[:] = rest[:first] + shared + rest[first:]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
@@ -72,16 +68,9 @@ def servers(model_repo):
                     )
                     for line in left:
                         os.kill(int(line.split()[0]), 9)
-            if backend == WORKERS:  # the Ray backend as two gateway workers (sloserve/gateway/workers.py)
-                s = ServerProcess(model_repo, "ray", ["--workers", "2"])
-            else:
-                s = ServerProcess(model_repo, backend)
+            s = ServerProcess(model_repo, backend)
             s.shared = True
             s.wait_ready()  # on failure it is killed, never kept: the next test starts a fresh one
-            end = time.monotonic() + 180
-            while backend == WORKERS and s.output(None).count("sloserve serving HTTP") < 2:  # both joined the ports
-                assert time.monotonic() < end and s.proc.poll() is None, s.output()
-                time.sleep(0.2)
             _SERVERS[backend] = s
         return s
 

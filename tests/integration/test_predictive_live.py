@@ -142,7 +142,7 @@ def test_queue_reorders_for_a_deadline_when_its_prediction_says_so(server):
             "total_iterations": 200,
             "iteration_time_s": 0.04,
             "model_class": "resnet18",
-            "deadline_s": 60,
+            "deadline_s": 40,
         },
     )
     assert code == 201

@@ -16,13 +16,13 @@ from tritonclient.utils import InferenceServerException
 
 from sloserve.loadtests.promtext import families
 from sloserve.models.repository import ModelConfig
-from tests.integration.conftest import BACKENDS, WORKERS
+from tests.integration.conftest import BACKENDS
 
 pytestmark = pytest.mark.integration
 RNG = np.random.default_rng(0)
 
 
-@pytest.fixture(params=[*BACKENDS, WORKERS])  # the protocol holds on two gateway workers as on one
+@pytest.fixture(params=BACKENDS)  # two gateway workers: tests/integration/test_workers*.py
 def server(request, servers):
     return servers(request.param)
 
