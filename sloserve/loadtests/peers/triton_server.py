@@ -52,6 +52,12 @@ def main() -> int:
     p.add_argument("--metrics", action="store_true", help="serve Triton's Prometheus metrics (off: faster)")
     p.add_argument("--decorator", action="store_true", help="pytriton's @batch decorator, not the plain callable")
     p.add_argument("--http-threads", type=int, default=0, help="Triton's HTTP threads (0: Triton's default)")
+    p.add_argument(
+        "--unrestricted",
+        action="store_true",
+        help="no access token on Triton's statistics, model-repository, shared-memory, trace and logging "
+        "endpoints (tritonserver's own default; pytriton restricts them): perf_analyzer reads the statistics",
+    )
     p.add_argument("--log-level", default="warning")
     args = p.parse_args()
     _ensure_libpython()
@@ -108,7 +114,12 @@ def main() -> int:
     batcher = DynamicBatcher(
         max_queue_delay_microseconds=args.max_queue_delay_us, preferred_batch_size=args.preferred_batch_size or None
     )
-    with Triton(config=cfg, workspace=workspace) as triton:
+    security: dict = {}
+    if args.unrestricted:
+        from pytriton.triton import TritonSecurityConfig
+
+        security["security_config"] = TritonSecurityConfig(restricted_endpoints=[])
+    with Triton(config=cfg, workspace=workspace, **security) as triton:
         triton.bind(
             model_name=args.model,
             infer_func=[make_infer(m) for m in models],
