@@ -102,7 +102,7 @@ from sloserve.loadtests.bench.systems import (
     request_body,
     split_tree,
 )
-from sloserve.loadtests.promtext import prom_max
+from sloserve.loadtests.promtext import prom_max, prom_sum
 from sloserve.loadtests.results import write_result
 
 
@@ -287,6 +287,11 @@ def measure_step(
         m.update(server_on_time(slo_counts(before), slo_counts(after)))
         m["shed_by_reason"] = shed_by_reason(before, after)
         m["batches"] = batch_stats(before, after)
+        dropped = prom_sum(after, "sloserve_trace_spans_dropped_total") - prom_sum(
+            before, "sloserve_trace_spans_dropped_total"
+        )
+        if dropped > 0:  # a traced gateway's spans that never reached the collector (queue full, export failed)
+            m["spans_dropped"] = int(dropped)
     print(
         f"  [{system} r{round_no}{' retry' if retry else ''}] {rate:>6.0f}/s att {m['attainment']:.4f} "
         f"good {m['goodput_rps']:.0f}/s p50 {m['p50_ms']} p99 {m['p99_ms']} shed {m['shed_share']:.3f} "
@@ -294,7 +299,8 @@ def measure_step(
         f"other {m['other_cores']:.2f} core {core_ms:.2f} ms"
         + (f" {m['variants']} late {m['late_by_variant']}" if "variants" in m else "")
         + (f" server-on-time {m['server_on_time']}" if m.get("server_on_time") is not None else "")
-        + (f" sheds {m['shed_by_reason']}" if m.get("shed_by_reason") else ""),
+        + (f" sheds {m['shed_by_reason']}" if m.get("shed_by_reason") else "")
+        + (f" spans-dropped {m['spans_dropped']}" if m.get("spans_dropped") else ""),
         file=sys.stderr,
         flush=True,
     )
