@@ -192,6 +192,18 @@ def load_triton_model(root: Path, name: str, override: dict | None = None) -> Lo
     return loaded
 
 
+def served_replicas(folder: Path) -> tuple[int, int | None]:
+    """From ``folder/config.pbtxt`` and its version folders alone (no graph read): the versions served
+    and the replicas per version its ``instance_group`` asks for (None: no group). Raises
+    :class:`ModelProblem` as :func:`load_triton_model` would."""
+    path = folder / "config.pbtxt"
+    text = path.read_text()
+    pb = parse_config(path, text)
+    where = Where(path, text)
+    versions, _ = served_versions(pb, folder, where)
+    return len(versions), triton_settings(pb, where, versions).replicas()
+
+
 def parse_config(path: Path, text: str):
     """``text`` as a ``ModelConfig`` message; a syntax error or an unknown field names its line."""
     from google.protobuf import text_format

@@ -131,7 +131,7 @@ def replica_cpus(s: Settings) -> float:
     ``instances`` replicas each,
     ``replica_num_cpus`` apiece. 0 where the repository cannot be read (the gateway says why later)."""
     from sloserve.models.schema import ModelProblem
-    from sloserve.models.triton import load_triton_model
+    from sloserve.models.triton import served_replicas
 
     total = 0.0
     seen: set[str] = set()
@@ -145,9 +145,8 @@ def replica_cpus(s: Settings) -> float:
         try:
             if (folder / "config.json").is_file():
                 variants = len(json.loads((folder / "config.json").read_text())["variants"])
-            else:
-                lm = load_triton_model(folder.parent, folder.name)
-                variants, group = len(lm.config.variants), lm.triton.replicas() if lm.triton else None
+            else:  # the config and version folders only: the gateway reads the graphs once, later
+                variants, group = served_replicas(folder)
         except (OSError, ValueError, KeyError, TypeError, ModelProblem):
             continue
         over = s.models.get(folder.name)
